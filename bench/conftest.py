@@ -1,0 +1,1 @@
+"""pytest-benchmark suites. Run: pytest bench/ --benchmark-only [--benchmark-json out.json]."""

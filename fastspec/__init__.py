@@ -1,0 +1,15 @@
+"""fastspec: lossless speculative decoding on the CPU, with a typed Cython core.
+
+See ``docs/`` and the README for the API tour. Everything public is importable from here.
+"""
+from fastspec.kernels import backend, set_backend, available_backends
+from fastspec import kernels
+from fastspec.cache import KVCache
+from fastspec.model import ModelConfig, Transformer, ForwardOutput
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "__version__", "backend", "set_backend", "available_backends", "kernels",
+    "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
+]

@@ -1,0 +1,165 @@
+"""Argument validation shared by the kernels of both backends.
+
+Every public kernel validates here (or in equivalent compiled code with the same messages)
+before any work starts, so the compute loops cannot fail and bad input never reaches them.
+Messages name the argument and the offending value.
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import numpy as np
+
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: Tolerance on ``|row.sum() - 1|`` for probability rows, per dtype.
+ROW_SUM_TOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float64): 1e-6}
+
+
+def check_float_array(a, name, ndim, dtype=None, writable=False):
+    """Check ``a`` is a C-contiguous float32/float64 ndarray of rank ``ndim``."""
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
+    if a.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {a.dtype}")
+    if dtype is not None and a.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if writable and not a.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+
+
+def check_index(value, name, low, high):
+    """Return ``value`` as an int, checking ``low <= value <= high``."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def check_attention_args(q, k_cache, v_cache, length, out):
+    """Validate :func:`attention` arguments; return ``(n, n_heads, head_dim, n_kv_heads)``."""
+    check_float_array(q, "q", 3)
+    check_float_array(k_cache, "k_cache", 3, q.dtype)
+    check_float_array(v_cache, "v_cache", 3, q.dtype)
+    n, n_heads, head_dim = q.shape
+    n_kv_heads, capacity, _ = k_cache.shape
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have the shape of k_cache {k_cache.shape}, got {v_cache.shape}")
+    if k_cache.shape[2] != head_dim:
+        raise ValueError(f"k_cache head_dim {k_cache.shape[2]} does not match q head_dim {head_dim}")
+    if n < 1 or head_dim < 1 or n_kv_heads < 1:
+        raise ValueError(f"q and k_cache must be non-empty, got q {q.shape}, k_cache {k_cache.shape}")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads {n_heads} (q) must be a multiple of n_kv_heads {n_kv_heads} (k_cache)")
+    check_index(length, "length", n, capacity)
+    if out is not None:
+        check_float_array(out, "out", 3, q.dtype, writable=True)
+        if out.shape != q.shape:
+            raise ValueError(f"out must have shape {q.shape}, got {out.shape}")
+    return n, n_heads, head_dim, n_kv_heads
+
+
+def check_cache_write_args(cache, new, start):
+    """Validate :func:`cache_write` arguments; return the number of new positions."""
+    check_float_array(cache, "cache", 3, writable=True)
+    check_float_array(new, "new", 3, cache.dtype)
+    n_kv_heads, capacity, head_dim = cache.shape
+    n = new.shape[0]
+    if new.shape[1:] != (n_kv_heads, head_dim):
+        raise ValueError(f"new must have shape (n, {n_kv_heads}, {head_dim}), got {new.shape}")
+    check_index(start, "start", 0, capacity)
+    if start + n > capacity:
+        raise ValueError(f"start + n = {start + n} exceeds the cache capacity {capacity}")
+    return n
+
+
+def check_sampling_params(temperature, top_k, top_p):
+    """Validate and normalise ``(temperature, top_k, top_p)``."""
+    try:
+        temperature = float(temperature)
+    except (TypeError, ValueError):
+        raise TypeError(f"temperature must be a real number, got {temperature!r}") from None
+    if not (math.isfinite(temperature) and temperature >= 0.0):
+        raise ValueError(f"temperature must be finite and >= 0, got {temperature}")
+    top_k = check_index(top_k, "top_k", 0, 2**62)
+    try:
+        top_p = float(top_p)
+    except (TypeError, ValueError):
+        raise TypeError(f"top_p must be a real number, got {top_p!r}") from None
+    if not 0.0 < top_p <= 1.0:  # also rejects NaN
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    return temperature, top_k, top_p
+
+
+def check_logits(logits, name="logits", ndim=None):
+    """Check logits are a finite float array of rank 1 or 2 (or ``ndim``) with V >= 1."""
+    if not isinstance(logits, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(logits).__name__}")
+    if logits.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name} must be float32 or float64, got {logits.dtype}")
+    allowed = (1, 2) if ndim is None else (ndim,)
+    if logits.ndim not in allowed:
+        raise ValueError(f"{name} must have {' or '.join(map(str, allowed))} dimensions, got shape {logits.shape}")
+    if logits.shape[-1] < 1 or logits.size == 0:
+        raise ValueError(f"{name} must be non-empty, got shape {logits.shape}")
+    if not logits.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if not np.isfinite(logits).all():
+        raise ValueError(f"{name} must be finite (found NaN or inf)")
+
+
+def check_probability_rows(p, name, normalised=True):
+    """Check ``p`` is a C-contiguous 2-D float array of non-negative rows summing to 1."""
+    check_float_array(p, name, 2)
+    if p.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one column, got shape {p.shape}")
+    if not (np.isfinite(p).all() and (p >= 0).all()):
+        raise ValueError(f"{name} must be finite and non-negative")
+    sums = p.sum(axis=1, dtype=np.float64)
+    if normalised:
+        bad = np.abs(sums - 1.0) > ROW_SUM_TOL[p.dtype]
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{name} rows must sum to 1, row {r} sums to {sums[r]:.6g}")
+    elif not (sums > 0).all():
+        raise ValueError(f"{name} must have a positive sum")
+
+
+def check_tokens(draft_tokens, rows, rows_name):
+    """Check draft tokens against a ``(g + 1, V)`` array; return ``g``."""
+    if not isinstance(draft_tokens, np.ndarray):
+        raise TypeError(f"draft_tokens must be a numpy.ndarray, got {type(draft_tokens).__name__}")
+    if draft_tokens.dtype.kind not in "iu":
+        raise TypeError(f"draft_tokens must be an integer array, got {draft_tokens.dtype}")
+    if draft_tokens.ndim != 1:
+        raise ValueError(f"draft_tokens must be 1-D, got shape {draft_tokens.shape}")
+    if not isinstance(rows, np.ndarray) or rows.ndim != 2:
+        raise ValueError(f"{rows_name} must be a 2-D numpy.ndarray")
+    g = draft_tokens.shape[0]
+    if rows.shape[0] != g + 1:
+        raise ValueError(f"{rows_name} must have g + 1 = {g + 1} rows, got {rows.shape[0]}")
+    vocab = rows.shape[1]
+    if g and (draft_tokens.min() < 0 or draft_tokens.max() >= vocab):
+        raise ValueError(f"draft_tokens must be in [0, {vocab}), got {draft_tokens.tolist()}")
+    return g
+
+
+def check_uniforms(uniforms, count, name="uniforms"):
+    """Check ``count`` float64 uniforms in ``[0, 1)``."""
+    if not isinstance(uniforms, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(uniforms).__name__}")
+    if uniforms.dtype != np.float64:
+        raise TypeError(f"{name} must be float64, got {uniforms.dtype}")
+    if uniforms.shape != (count,):
+        raise ValueError(f"{name} must have shape ({count},), got {uniforms.shape}")
+    if not ((uniforms >= 0.0) & (uniforms < 1.0)).all():
+        raise ValueError(f"{name} must lie in [0, 1)")

@@ -1,0 +1,255 @@
+"""NumPy twin of every compiled kernel in :mod:`fastspec._kernels`.
+
+Each function here has the same name, signature, validation and result as its Cython
+counterpart; it is the fallback backend and the oracle the tests compare against. It favours
+obvious code over speed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fastspec._checks import (
+    check_float_array,
+    check_attention_args,
+    check_cache_write_args,
+    check_logits,
+    check_probability_rows,
+    check_sampling_params,
+    check_tokens,
+    check_uniforms,
+)
+
+__all__ = [
+    "attention",
+    "cache_write",
+    "probs",
+    "sample",
+    "verify_greedy",
+    "verify_rejection",
+]
+
+
+def attention(q, k_cache, v_cache, length, causal=True, out=None):
+    """Scaled dot-product attention of ``n`` queries over the first ``length`` cached keys.
+
+    Parameters
+    ----------
+    q : ndarray of shape (n, n_heads, head_dim)
+        Queries of the ``n`` newest positions ``length - n .. length - 1``.
+    k_cache, v_cache : ndarray of shape (n_kv_heads, capacity, head_dim)
+        Cached keys and values; positions ``[0, length)`` are valid. ``n_heads`` must be a
+        multiple of ``n_kv_heads`` (grouped-query attention: head ``h`` reads kv head
+        ``h // (n_heads // n_kv_heads)``).
+    length : int
+        Number of valid keys, ``n <= length <= capacity``.
+    causal : bool, default True
+        If True, query ``i`` sees keys ``< length - n + i + 1``; otherwise every key.
+    out : ndarray of shape (n, n_heads, head_dim), optional
+        Caller-owned, writable, C-contiguous output of the same dtype.
+
+    Returns
+    -------
+    out : ndarray of shape (n, n_heads, head_dim)
+    """
+    n, n_heads, head_dim, n_kv_heads = check_attention_args(q, k_cache, v_cache, length, out)
+    group = n_heads // n_kv_heads
+    scale = 1.0 / np.sqrt(head_dim)
+    # float64 accumulation keeps float32 results within ~1e-6 of an exact computation.
+    keys = k_cache[:, :length].astype(np.float64)
+    values = v_cache[:, :length].astype(np.float64)
+    keys = np.repeat(keys, group, axis=0)  # (H, L, D)
+    values = np.repeat(values, group, axis=0)
+    scores = np.einsum("nhd,hld->hnl", q.astype(np.float64), keys) * scale
+    if causal:
+        visible = np.arange(length)[None, :] <= (length - n + np.arange(n))[:, None]
+        scores = np.where(visible[None], scores, -np.inf)
+    scores -= scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    result = np.einsum("hnl,hld->nhd", weights, values).astype(q.dtype, copy=False)
+    if out is None:
+        return np.ascontiguousarray(result)
+    out[...] = result
+    return out
+
+
+def cache_write(cache, new, start):
+    """Write ``n`` new positions into one layer's cache buffer, in place.
+
+    Parameters
+    ----------
+    cache : ndarray of shape (n_kv_heads, capacity, head_dim)
+        Writable, C-contiguous buffer; positions ``start .. start + n - 1`` are overwritten.
+    new : ndarray of shape (n, n_kv_heads, head_dim)
+        The keys (or values) of the new positions, same dtype as ``cache``.
+    start : int
+        First position to write, ``0 <= start`` and ``start + n <= capacity``.
+    """
+    n = check_cache_write_args(cache, new, start)
+    cache[:, start:start + n, :] = new.transpose(1, 0, 2)
+
+
+def probs(logits, temperature=1.0, top_k=0, top_p=1.0):
+    """Turn rows of logits into the sampling distribution fastspec verifies against.
+
+    The pipeline is temperature, then top-k, then top-p (nucleus). ``temperature == 0``
+    gives the one-hot of the argmax (the first index among ties). Top-k keeps every token
+    whose logit is at least the k-th largest (ties at the boundary are kept). Top-p sorts the
+    remaining tokens by probability, descending, ties by lower index first, and keeps each
+    token whose preceding mass (float64) is below ``top_p``.
+
+    Parameters
+    ----------
+    logits : ndarray of shape (n, V) or (V,)
+        Finite float32 or float64 logits.
+    temperature : float, default 1.0
+        ``>= 0``; 0 means greedy.
+    top_k : int, default 0
+        ``>= 0``; 0 disables it.
+    top_p : float, default 1.0
+        In ``(0, 1]``; 1 disables it.
+
+    Returns
+    -------
+    p : ndarray, same shape and dtype as ``logits``
+        Each row sums to 1.
+    """
+    check_logits(logits)
+    temperature, top_k, top_p = check_sampling_params(temperature, top_k, top_p)
+    rows = logits.reshape(-1, logits.shape[-1]) if logits.ndim == 2 else logits[None, :]
+    out = np.zeros(rows.shape, dtype=logits.dtype)
+    for r, row in enumerate(rows):
+        out[r] = _probs_row(row, temperature, top_k, top_p)
+    return out if logits.ndim == 2 else out[0]
+
+
+def _probs_row(row, temperature, top_k, top_p):
+    vocab = row.shape[0]
+    if temperature == 0.0:
+        p = np.zeros(vocab, dtype=np.float64)
+        p[int(np.argmax(row))] = 1.0
+        return p
+    z = row.astype(np.float64) / temperature
+    keep = np.ones(vocab, dtype=bool)
+    if 0 < top_k < vocab:
+        kth = np.sort(z)[vocab - top_k]
+        keep = z >= kth
+    e = np.where(keep, np.exp(z - z[keep].max()), 0.0)
+    p = e / e.sum()
+    if top_p < 1.0:
+        order = np.lexsort((np.arange(vocab), -p))  # descending p, then ascending index
+        mass_before = np.concatenate(([0.0], np.cumsum(p[order])[:-1]))
+        nucleus = np.zeros(vocab, dtype=bool)
+        nucleus[order] = (mass_before < top_p) & keep[order]
+        p = np.where(nucleus, p, 0.0)
+        p /= p.sum()
+    return p
+
+
+def sample(p, u):
+    """Draw one index from weights ``p`` by inverse CDF with the uniform ``u``.
+
+    Parameters
+    ----------
+    p : ndarray of shape (V,)
+        Non-negative weights (need not be normalised) with a positive sum.
+    u : float
+        Uniform draw in ``[0, 1)``.
+
+    Returns
+    -------
+    index : int
+        The first ``j`` whose cumulative weight exceeds ``u * sum(p)`` (float64).
+    """
+    check_float_array(p, "p", 1)
+    check_probability_rows(p.reshape(1, -1), "p", normalised=False)
+    check_uniforms(np.asarray([u], dtype=np.float64), 1, "u")
+    return _inverse_cdf(p.astype(np.float64), float(u))
+
+
+def _inverse_cdf(weights, u):
+    cumulative = np.cumsum(weights)
+    hits = np.flatnonzero(cumulative > u * cumulative[-1])
+    if hits.size:
+        return int(hits[0])
+    return int(np.flatnonzero(weights > 0)[-1])  # rounding left u * total at the very top
+
+
+def verify_greedy(draft_tokens, target_logits):
+    """Accept the longest prefix of the draft that matches the target's argmax.
+
+    Parameters
+    ----------
+    draft_tokens : ndarray of shape (g,), integer
+        Proposed tokens, ``0 <= token < V``.
+    target_logits : ndarray of shape (g + 1, V)
+        Row ``i`` scores the position of ``draft_tokens[i]``; row ``g`` scores the bonus.
+
+    Returns
+    -------
+    n_accepted : int
+        Number of accepted draft tokens, ``0 <= n_accepted <= g``.
+    next_token : int
+        The target's argmax at the first mismatch, or the bonus token after a full accept.
+    """
+    g = check_tokens(draft_tokens, target_logits, "target_logits")
+    check_logits(target_logits, "target_logits", ndim=2)
+    best = np.argmax(target_logits, axis=1)
+    for i in range(g):
+        if best[i] != draft_tokens[i]:
+            return i, int(best[i])
+    return g, int(best[g])
+
+
+def verify_rejection(draft_tokens, p, q, uniforms):
+    """Speculative-sampling accept/reject step; exactly preserves the target distribution.
+
+    Token ``i`` is accepted when ``uniforms[i] * q[i, x] < p[i, x]`` (probability
+    ``min(1, p/q)``). On the first rejection the correction is drawn from
+    ``normalise(max(p[i] - q[i], 0))``; after a full accept the bonus is drawn from ``p[g]``.
+    Both draws use ``uniforms[g]`` by inverse CDF.
+
+    Parameters
+    ----------
+    draft_tokens : ndarray of shape (g,), integer
+    p : ndarray of shape (g + 1, V)
+        Target probabilities (rows sum to 1).
+    q : ndarray of shape (g, V) or None
+        Draft probabilities the tokens were sampled from; None means deterministic (one-hot)
+        proposals, for which the correction is drawn from ``p`` with the proposal removed.
+    uniforms : ndarray of shape (g + 1,), float64
+        Draws in ``[0, 1)``.
+
+    Returns
+    -------
+    n_accepted : int
+    next_token : int
+        The correction after a rejection, else the bonus token.
+    """
+    g = check_tokens(draft_tokens, p, "p")
+    check_probability_rows(p, "p")
+    if q is not None:
+        if q.dtype != p.dtype:
+            raise TypeError(f"q must have the dtype of p ({p.dtype}), got {q.dtype}")
+        if q.ndim != 2 or q.shape != (g, p.shape[1]):
+            raise ValueError(f"q must have shape {(g, p.shape[1])}, got {q.shape}")
+        check_probability_rows(q, "q")
+        for i in range(g):
+            if not q[i, draft_tokens[i]] > 0:
+                raise ValueError(f"q[{i}, draft_tokens[{i}]] must be > 0: the draft token "
+                                 "cannot have been sampled from q")
+    check_uniforms(uniforms, g + 1)
+    for i in range(g):
+        x = int(draft_tokens[i])
+        qx = 1.0 if q is None else float(q[i, x])
+        if uniforms[i] * qx < p[i, x]:
+            continue
+        if q is None:
+            residual = p[i].astype(np.float64).copy()
+            residual[x] = 0.0
+        else:
+            residual = np.maximum(p[i].astype(np.float64) - q[i].astype(np.float64), 0.0)
+        if not residual.sum() > 0:  # only reachable through rounding; p itself is exact then
+            residual = p[i].astype(np.float64)
+        return i, _inverse_cdf(residual, float(uniforms[g]))
+    return g, _inverse_cdf(p[g].astype(np.float64), float(uniforms[g]))

@@ -1,0 +1,96 @@
+"""KVCache: one preallocated key/value buffer per model, appended in place, cropped by length."""
+from __future__ import annotations
+
+import numpy as np
+
+from fastspec._checks import check_index
+
+__all__ = ["KVCache"]
+
+
+class KVCache:
+    """Preallocated key/value cache of a stack of attention layers.
+
+    Parameters
+    ----------
+    n_layers, n_kv_heads, capacity, head_dim : int
+        Buffer geometry; ``capacity`` is the maximum number of positions.
+    dtype : {"float32", "float64"}
+
+    Attributes
+    ----------
+    k, v : ndarray of shape (n_layers, n_kv_heads, capacity, head_dim)
+        The buffers. Positions ``[0, length)`` are valid. Each layer's slice ``k[l]`` is a
+        C-contiguous ``(n_kv_heads, capacity, head_dim)`` block, the layout the attention
+        kernel reads.
+    length : int
+        Number of valid positions. Appending writes at ``length``; :meth:`crop` only moves it.
+    """
+
+    __slots__ = ("k", "v", "_length", "_lock_owner")
+
+    def __init__(self, n_layers: int, n_kv_heads: int, capacity: int, head_dim: int,
+                 dtype: str | np.dtype = "float32") -> None:
+        for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
+                            ("capacity", capacity), ("head_dim", head_dim)):
+            check_index(value, name, 1, 2**31 - 1)
+        shape = (n_layers, n_kv_heads, capacity, head_dim)
+        self.k = np.zeros(shape, dtype=np.dtype(dtype))
+        self.v = np.zeros(shape, dtype=np.dtype(dtype))
+        self._length = 0
+        self._lock_owner = None
+
+    @property
+    def length(self) -> int:
+        """Number of valid (committed) positions."""
+        return self._length
+
+    @property
+    def capacity(self) -> int:
+        """Maximum number of positions the buffers hold."""
+        return self.k.shape[2]
+
+    @property
+    def n_layers(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.k.dtype
+
+    def crop(self, length: int) -> None:
+        """Roll back to the first ``length`` positions (no copy, no allocation).
+
+        Raises
+        ------
+        ValueError
+            If ``length`` is negative or larger than the current length.
+        """
+        self._length = check_index(length, "length", 0, self._length)
+
+    def advance(self, n: int) -> None:
+        """Mark ``n`` more positions (already written) as valid."""
+        n = check_index(n, "n", 0, self.capacity - self._length)
+        self._length += n
+
+    def reset(self) -> None:
+        """Forget every position (same as ``crop(0)``)."""
+        self._length = 0
+
+    def keys(self, layer: int) -> np.ndarray:
+        """Return the valid keys of ``layer``, shape (n_kv_heads, length, head_dim) (a view)."""
+        return self.k[layer, :, :self._length]
+
+    def values(self, layer: int) -> np.ndarray:
+        """Return the valid values of ``layer``, shape (n_kv_heads, length, head_dim) (a view)."""
+        return self.v[layer, :, :self._length]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the two buffers."""
+        return self.k.nbytes + self.v.nbytes
+
+    def __repr__(self) -> str:
+        L, H, C, D = self.k.shape
+        return (f"KVCache(n_layers={L}, n_kv_heads={H}, capacity={C}, head_dim={D}, "
+                f"dtype={self.k.dtype}, length={self._length})")

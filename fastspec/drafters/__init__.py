@@ -1,0 +1,1 @@
+"""Drafters: cheap proposers of tokens that the target model verifies."""

@@ -1,0 +1,90 @@
+"""Backend dispatch for the compute kernels.
+
+``fastspec.kernels.attention(...)`` and friends call the active backend: the compiled
+:mod:`fastspec._kernels` ("cython") when it was built, else the NumPy twin
+:mod:`fastspec._reference` ("numpy"). ``FASTSPEC_BACKEND=numpy|cython`` chooses at import;
+:func:`set_backend` switches at run time. Both backends expose the same names and signatures.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+from typing import Any
+
+from fastspec import _reference
+
+__all__ = ["KERNEL_NAMES", "backend", "set_backend", "available_backends", "module",
+           "attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection"]
+
+#: The kernels every backend provides, with identical signatures.
+KERNEL_NAMES = ("attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection")
+
+_BACKENDS: dict[str, ModuleType] = {"numpy": _reference}
+try:
+    _BACKENDS["cython"] = importlib.import_module("fastspec._kernels")
+except ImportError as exc:  # the package still works on the NumPy twin
+    _IMPORT_ERROR: ImportError | None = exc
+else:
+    _IMPORT_ERROR = None
+
+_active = "numpy"
+
+
+def available_backends() -> tuple[str, ...]:
+    """Return the names of the backends that can be selected here."""
+    return tuple(sorted(_BACKENDS))
+
+
+def backend() -> str:
+    """Return the active backend, ``"cython"`` or ``"numpy"``."""
+    return _active
+
+
+def module(name: str | None = None) -> ModuleType:
+    """Return the kernel module of backend ``name`` (default: the active one)."""
+    return _BACKENDS[_active if name is None else name]
+
+
+def set_backend(name: str) -> None:
+    """Select the kernel backend for all later calls.
+
+    Parameters
+    ----------
+    name : {"cython", "numpy"}
+
+    Raises
+    ------
+    ValueError
+        For an unknown name.
+    RuntimeError
+        If ``"cython"`` is asked for but the compiled extension is not available.
+    """
+    global _active
+    if name not in ("cython", "numpy"):
+        raise ValueError(f"backend must be 'cython' or 'numpy', got {name!r}")
+    if name not in _BACKENDS:
+        raise RuntimeError(
+            "the Cython backend is not available (the compiled extension fastspec._kernels "
+            f"could not be imported: {_IMPORT_ERROR}); reinstall fastspec with a C compiler"
+        )
+    _active = name
+    for kernel in KERNEL_NAMES:
+        globals()[kernel] = getattr(_BACKENDS[name], kernel)
+
+
+def _initial_backend() -> str:
+    requested = os.environ.get("FASTSPEC_BACKEND", "").strip().lower()
+    if requested:
+        return requested
+    return "cython" if "cython" in _BACKENDS else "numpy"
+
+
+# Bound at import so that ``fastspec.kernels.attention`` is a plain attribute lookup.
+attention: Any
+cache_write: Any
+probs: Any
+sample: Any
+verify_greedy: Any
+verify_rejection: Any
+set_backend(_initial_backend())

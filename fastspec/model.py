@@ -1,0 +1,513 @@
+"""ModelConfig and Transformer: causal decoders (toy and Llama/Qwen-style) over a KV cache."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from fastspec import kernels
+from fastspec._checks import check_index
+from fastspec.cache import KVCache
+
+__all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
+
+_NORMS = ("rmsnorm", "layernorm")
+_POSITIONALS = ("rope", "learned")
+_ACTIVATIONS = ("swiglu", "tanh", "gelu")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and family of a causal transformer.
+
+    The toy family (:meth:`toy`) is pre-norm LayerNorm without affine parameters, learned
+    absolute positions, a tanh FFN and an untied head. The Llama family (defaults) is RMSNorm,
+    rotary positions, SwiGLU, grouped-query attention and optional QK-norm (Qwen3).
+    """
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    ffn_dim: int | None = None
+    max_seq_len: int = 2048
+    norm: str = "rmsnorm"
+    positional: str = "rope"
+    activation: str = "swiglu"
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dtype: str = "float32"
+    head_dim: int | None = None
+    qk_norm: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+            check_index(getattr(self, name), name, 1, 2**31 - 1)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.head_dim is None:
+            if self.dim % self.n_heads:
+                raise ValueError(f"dim {self.dim} must be divisible by n_heads {self.n_heads} "
+                                 "(or give head_dim)")
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        if self.ffn_dim is None:
+            object.__setattr__(self, "ffn_dim", 4 * self.dim)
+        check_index(self.n_kv_heads, "n_kv_heads", 1, self.n_heads)
+        check_index(self.head_dim, "head_dim", 1, 2**20)
+        check_index(self.ffn_dim, "ffn_dim", 1, 2**31 - 1)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} must be a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.norm not in _NORMS:
+            raise ValueError(f"norm must be one of {_NORMS}, got {self.norm!r}")
+        if self.positional not in _POSITIONALS:
+            raise ValueError(f"positional must be one of {_POSITIONALS}, got {self.positional!r}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+
+    @classmethod
+    def toy(cls, vocab_size: int = 8, dim: int = 16, n_heads: int = 2, n_layers: int = 2,
+            max_seq_len: int = 256, dtype: str = "float32") -> "ModelConfig":
+        """The seed experiment's decoder: LayerNorm, learned positions, tanh FFN (dim -> 2 dim)."""
+        return cls(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
+                   n_kv_heads=n_heads, ffn_dim=2 * dim, max_seq_len=max_seq_len,
+                   norm="layernorm", positional="learned", activation="tanh",
+                   tie_embeddings=False, dtype=dtype)
+
+    @classmethod
+    def tiny_llama(cls, dtype: str = "float32", **overrides) -> "ModelConfig":
+        """The benchmark model: vocab 260, dim 256, 4 layers, 8 heads, ffn 704."""
+        fields = dict(vocab_size=260, dim=256, n_layers=4, n_heads=8, n_kv_heads=8,
+                      ffn_dim=704, max_seq_len=4096 + 64, dtype=dtype)
+        fields.update(overrides)
+        return cls(**fields)
+
+    def to_dict(self) -> dict:
+        """Return the config as a JSON-serialisable dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Build a config from :meth:`to_dict` output; unknown keys raise ValueError."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig keys: {unknown}")
+        return cls(**d)
+
+    def replace(self, **changes) -> "ModelConfig":
+        """Return a copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class LayerWeights:
+    """Weights of one decoder layer, linear maps in ``(in, out)`` layout (``x @ W``).
+
+    Shapes: ``wq (dim, H*D)``, ``wk, wv (dim, Hkv*D)``, ``wo (H*D, dim)``, ``w_up (dim, F)``,
+    ``w_gate (dim, F)`` (SwiGLU only), ``w_down (F, dim)``, norms ``(dim,)`` (RMSNorm only),
+    ``q_norm, k_norm (D,)`` (QK-norm only). Absent weights are None.
+    """
+
+    wq: np.ndarray
+    wk: np.ndarray
+    wv: np.ndarray
+    wo: np.ndarray
+    w_up: np.ndarray
+    w_down: np.ndarray
+    w_gate: np.ndarray | None = None
+    attn_norm: np.ndarray | None = None
+    mlp_norm: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None}
+
+
+@dataclass
+class ForwardOutput:
+    """Result of :meth:`Transformer.forward`.
+
+    Attributes
+    ----------
+    logits : ndarray of shape (n, vocab_size)
+    hidden : dict[int, ndarray of shape (n, dim)]
+        Output of each requested layer.
+    """
+
+    logits: np.ndarray
+    hidden: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+# --- NumPy building blocks (the reference math, shared with the DFlash drafter) -------------
+
+def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
+    """Return ``x / sqrt(mean(x**2, -1) + eps) * weight`` (float64 statistics)."""
+    ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
+    y = (x / np.sqrt(ms + eps)).astype(x.dtype, copy=False)
+    return y if weight is None else y * weight
+
+
+def layer_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """Return ``(x - mean) / sqrt(var + eps)`` over the last axis, no affine parameters."""
+    x64 = x.astype(np.float64)
+    mu = x64.mean(axis=-1, keepdims=True)
+    var = np.mean(np.square(x64 - mu), axis=-1, keepdims=True)
+    return ((x64 - mu) / np.sqrt(var + eps)).astype(x.dtype, copy=False)
+
+
+def rope_tables(max_positions: int, head_dim: int, theta: float, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``cos, sin`` of shape (max_positions, head_dim // 2) for rotate-half RoPE."""
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate ``x`` of shape (n, heads, D) by per-position ``cos, sin`` of shape (n, D/2)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+class Transformer:
+    """A causal decoder over a preallocated KV cache.
+
+    Parameters
+    ----------
+    config : ModelConfig
+    embed : ndarray of shape (vocab_size, dim)
+    layers : list of LayerWeights
+    head : ndarray of shape (dim, vocab_size)
+        Output projection in ``(in, out)`` layout (for tied embeddings, ``embed.T`` copied).
+    final_norm : ndarray of shape (dim,), optional
+        RMSNorm weight (Llama family).
+    pos_embed : ndarray of shape (max_seq_len, dim), optional
+        Learned absolute positions (toy family).
+    """
+
+    def __init__(self, config: ModelConfig, embed: np.ndarray, layers: Sequence[LayerWeights],
+                 head: np.ndarray, final_norm: np.ndarray | None = None,
+                 pos_embed: np.ndarray | None = None) -> None:
+        self.config = config
+        dt = np.dtype(config.dtype)
+        cast = lambda a: None if a is None else np.ascontiguousarray(a, dtype=dt)  # noqa: E731
+        self.embed = cast(embed)
+        self.layers = [LayerWeights(**{k: cast(v) for k, v in lw.arrays().items()}) for lw in layers]
+        self.head = cast(head)
+        self.final_norm = cast(final_norm)
+        self.pos_embed = cast(pos_embed)
+        self._check_shapes()
+        if config.positional == "rope":
+            self.rope_cos, self.rope_sin = rope_tables(config.max_seq_len, config.head_dim,
+                                                       config.rope_theta, dt)
+        else:
+            self.rope_cos = self.rope_sin = None
+
+    # --- construction -------------------------------------------------------------------
+
+    @classmethod
+    def random(cls, config: ModelConfig, seed: int = 0) -> "Transformer":
+        """Return a model with random weights drawn from ``numpy.random.default_rng(seed)``."""
+        rng = np.random.default_rng(seed)
+        c = config
+        H, Hkv, D, F, d = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.dim
+        toy = c.norm == "layernorm"
+        w = lambda a, b: rng.normal(0.0, 1.0 / math.sqrt(a), (a, b))  # noqa: E731
+        embed = rng.normal(0.0, 0.3 if toy else 1.0, (c.vocab_size, d))
+        pos = rng.normal(0.0, 0.1, (c.max_seq_len, d)) if c.positional == "learned" else None
+        layers = []
+        for _ in range(c.n_layers):
+            lw = LayerWeights(wq=w(d, H * D), wk=w(d, Hkv * D), wv=w(d, Hkv * D), wo=w(H * D, d),
+                              w_up=w(d, F), w_down=w(F, d))
+            if c.activation == "swiglu":
+                lw.w_gate = w(d, F)
+            if c.norm == "rmsnorm":
+                lw.attn_norm = 1.0 + 0.1 * rng.normal(size=d)
+                lw.mlp_norm = 1.0 + 0.1 * rng.normal(size=d)
+            if c.qk_norm:
+                lw.q_norm = 1.0 + 0.1 * rng.normal(size=D)
+                lw.k_norm = 1.0 + 0.1 * rng.normal(size=D)
+            layers.append(lw)
+        final = 1.0 + 0.1 * rng.normal(size=d) if c.norm == "rmsnorm" else None
+        if c.tie_embeddings:
+            embed = embed / math.sqrt(d)  # keeps the tied head's logits O(1)
+            head = embed.T
+        else:
+            head = rng.normal(0.0, 0.25 if toy else 1.0 / math.sqrt(d), (d, c.vocab_size))
+        return cls(c, embed, layers, head, final, pos)
+
+    def _check_shapes(self) -> None:
+        c = self.config
+        H, Hkv, D, F, d = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.dim
+        expect = {"embed": (c.vocab_size, d), "head": (d, c.vocab_size)}
+        for name, shape in expect.items():
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {getattr(self, name).shape}")
+        if len(self.layers) != c.n_layers:
+            raise ValueError(f"expected {c.n_layers} layers, got {len(self.layers)}")
+        layer_shapes = {"wq": (d, H * D), "wk": (d, Hkv * D), "wv": (d, Hkv * D), "wo": (H * D, d),
+                        "w_up": (d, F), "w_down": (F, d), "w_gate": (d, F), "attn_norm": (d,),
+                        "mlp_norm": (d,), "q_norm": (D,), "k_norm": (D,)}
+        needed = {"w_gate": c.activation == "swiglu", "attn_norm": c.norm == "rmsnorm",
+                  "mlp_norm": c.norm == "rmsnorm", "q_norm": c.qk_norm, "k_norm": c.qk_norm}
+        for i, lw in enumerate(self.layers):
+            for name, shape in layer_shapes.items():
+                a = getattr(lw, name)
+                if a is None:
+                    if needed.get(name, True):
+                        raise ValueError(f"layer {i}: missing weight {name}")
+                elif a.shape != shape:
+                    raise ValueError(f"layer {i}: {name} must have shape {shape}, got {a.shape}")
+        if c.norm == "rmsnorm" and (self.final_norm is None or self.final_norm.shape != (d,)):
+            raise ValueError(f"final_norm must have shape ({d},)")
+        if c.positional == "learned" and (self.pos_embed is None
+                                          or self.pos_embed.shape != (c.max_seq_len, d)):
+            raise ValueError(f"pos_embed must have shape ({c.max_seq_len}, {d})")
+
+    # --- inference ----------------------------------------------------------------------
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """Return an empty :class:`KVCache` for this model (default capacity: max_seq_len)."""
+        c = self.config
+        capacity = c.max_seq_len if capacity is None else check_index(capacity, "capacity", 1, c.max_seq_len)
+        return KVCache(c.n_layers, c.n_kv_heads, capacity, c.head_dim, c.dtype)
+
+    def check_ids(self, ids, name: str = "ids") -> np.ndarray:
+        """Return ``ids`` as a 1-D int64 array, checking ``0 <= id < vocab_size``."""
+        arr = np.asarray(ids)
+        if arr.dtype == object or (arr.size and arr.dtype.kind not in "iu"):
+            raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
+        arr = arr.astype(np.int64, copy=False).reshape(-1) if arr.ndim <= 1 else None
+        if arr is None:
+            raise ValueError(f"{name} must be 1-D")
+        if arr.size == 0:
+            raise ValueError(f"{name} must not be empty")
+        if arr.min() < 0 or arr.max() >= self.config.vocab_size:
+            bad = arr[(arr < 0) | (arr >= self.config.vocab_size)][0]
+            raise ValueError(f"{name} must be in [0, {self.config.vocab_size}), got {int(bad)}")
+        return np.ascontiguousarray(arr)
+
+    def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
+                causal: bool = True) -> ForwardOutput:
+        """Run new positions through the model, appending them to ``cache``.
+
+        Parameters
+        ----------
+        ids : sequence of int, length n
+            Token ids of the new positions ``cache.length .. cache.length + n - 1``.
+        cache : KVCache, optional
+            Extended in place by ``n`` positions. Without it the ids are a whole sequence
+            starting at position 0 and a temporary cache is used.
+        hidden_layers : iterable of int
+            Layers whose outputs to return (``-1`` is the last layer).
+
+        Returns
+        -------
+        ForwardOutput
+            ``logits`` of shape (n, vocab_size); ``hidden[l]`` of shape (n, dim).
+        """
+        c = self.config
+        ids = self.check_ids(ids)
+        n = ids.shape[0]
+        layers = self.check_hidden_layers(hidden_layers)
+        if cache is None:
+            if n > c.max_seq_len:
+                raise ValueError(f"ids has {n} positions, more than max_seq_len {c.max_seq_len}")
+            cache = self.new_cache(n)
+        self._check_cache(cache)
+        start = cache.length
+        if start + n > cache.capacity:
+            raise ValueError(f"cache holds {start} positions; {n} more exceed its capacity {cache.capacity}")
+        logits, hidden = self._forward_numpy(ids, cache, start, causal, layers)
+        cache.advance(n)
+        return ForwardOutput(logits, hidden)
+
+    def check_hidden_layers(self, hidden_layers: Iterable[int]) -> tuple[int, ...]:
+        """Return sorted, de-duplicated layer indices (negative ones count from the end)."""
+        L = self.config.n_layers
+        out = set()
+        for layer in hidden_layers:
+            layer = check_index(layer, "hidden_layers", -L, L - 1)
+            out.add(layer % L)
+        return tuple(sorted(out))
+
+    def _check_cache(self, cache: KVCache) -> None:
+        c = self.config
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+        want = (c.n_layers, c.n_kv_heads, c.head_dim, np.dtype(c.dtype))
+        got = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[3], cache.k.dtype)
+        if want != got:
+            raise ValueError(f"cache (layers, kv heads, head_dim, dtype) = {got} does not match "
+                             f"the model's {want}")
+
+    def _forward_numpy(self, ids, cache, start, causal, hidden_layers):
+        c = self.config
+        n = ids.shape[0]
+        x = self.embed[ids]
+        if c.positional == "learned":
+            x = x + self.pos_embed[start:start + n]
+            cos = sin = None
+        else:
+            cos, sin = self.rope_cos[start:start + n], self.rope_sin[start:start + n]
+        hidden = {}
+        for i, lw in enumerate(self.layers):
+            x = self.layer_forward(x, lw, cache.k[i], cache.v[i], start, cos, sin, causal)
+            if i in hidden_layers:
+                hidden[i] = x.copy()
+        x = self.norm(x, self.final_norm)
+        return x @ self.head, hidden
+
+    def norm(self, x: np.ndarray, weight: np.ndarray | None) -> np.ndarray:
+        """Apply the family's normalisation (RMSNorm with ``weight``, or plain LayerNorm)."""
+        if self.config.norm == "rmsnorm":
+            return rms_norm(x, weight, self.config.norm_eps)
+        return layer_norm(x, self.config.norm_eps)
+
+    def layer_forward(self, x, lw: LayerWeights, k_cache, v_cache, start, cos, sin, causal=True,
+                      context=None):
+        """One decoder layer on ``x`` (n, dim) at positions ``start ..``; returns the new x.
+
+        Writes the new keys/values into ``k_cache``/``v_cache`` (n_kv_heads, C, head_dim) at
+        ``start ..`` and attends over positions ``[0, start + n)``.
+        """
+        c = self.config
+        n = x.shape[0]
+        h = self.norm(x, lw.attn_norm)
+        q = (h @ lw.wq).reshape(n, c.n_heads, c.head_dim)
+        k = (h @ lw.wk).reshape(n, c.n_kv_heads, c.head_dim)
+        v = (h @ lw.wv).reshape(n, c.n_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q = rms_norm(q, lw.q_norm, c.norm_eps)
+            k = rms_norm(k, lw.k_norm, c.norm_eps)
+        if cos is not None:
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+        kernels.cache_write(k_cache, np.ascontiguousarray(k), start)
+        kernels.cache_write(v_cache, np.ascontiguousarray(v), start)
+        a = kernels.attention(np.ascontiguousarray(q), k_cache, v_cache, start + n, causal)
+        x = x + a.reshape(n, -1) @ lw.wo
+        h = self.norm(x, lw.mlp_norm)
+        if c.activation == "swiglu":
+            f = silu(h @ lw.w_gate) * (h @ lw.w_up)
+        elif c.activation == "tanh":
+            f = np.tanh(h @ lw.w_up)
+        else:
+            f = gelu_tanh(h @ lw.w_up)
+        return x + f @ lw.w_down
+
+    # --- persistence (npz; Hugging Face folders live in fastspec.checkpoints) -------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Return the weights under Hugging Face names and layout (see docs/FORMATS.md)."""
+        c = self.config
+        sd = {"model.embed_tokens.weight": self.embed}
+        if self.pos_embed is not None:
+            sd["model.embed_positions.weight"] = self.pos_embed
+        names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+                 "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
+                 "w_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+                 "mlp_norm": "post_attention_layernorm", "q_norm": "self_attn.q_norm",
+                 "k_norm": "self_attn.k_norm"}
+        for i, lw in enumerate(self.layers):
+            for attr, a in lw.arrays().items():
+                sd[f"model.layers.{i}.{names[attr]}.weight"] = a.T if a.ndim == 2 else a
+        if self.final_norm is not None:
+            sd["model.norm.weight"] = self.final_norm
+        if not c.tie_embeddings:
+            sd["lm_head.weight"] = self.head.T
+        return {k: np.ascontiguousarray(v) for k, v in sd.items()}
+
+    @classmethod
+    def from_state_dict(cls, config: ModelConfig, sd: dict[str, np.ndarray]) -> "Transformer":
+        """Build a model from Hugging Face names and layout; missing tensors raise KeyError."""
+        def get(key):
+            if key not in sd:
+                raise KeyError(f"missing tensor {key!r}")
+            return np.asarray(sd[key])
+
+        c = config
+        names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+                 "wo": "self_attn.o_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
+        layers = []
+        for i in range(c.n_layers):
+            p = f"model.layers.{i}."
+            lw = LayerWeights(**{a: get(p + n + ".weight").T for a, n in names.items()})
+            if c.activation == "swiglu":
+                lw.w_gate = get(p + "mlp.gate_proj.weight").T
+            if c.norm == "rmsnorm":
+                lw.attn_norm = get(p + "input_layernorm.weight")
+                lw.mlp_norm = get(p + "post_attention_layernorm.weight")
+            if c.qk_norm:
+                lw.q_norm = get(p + "self_attn.q_norm.weight")
+                lw.k_norm = get(p + "self_attn.k_norm.weight")
+            layers.append(lw)
+        embed = get("model.embed_tokens.weight")
+        head = embed.T if c.tie_embeddings else get("lm_head.weight").T
+        final = get("model.norm.weight") if c.norm == "rmsnorm" else None
+        pos = get("model.embed_positions.weight") if c.positional == "learned" else None
+        return cls(c, embed, layers, head, final, pos)
+
+    def save(self, path: str | Path) -> None:
+        """Write the model to ``path``: an ``.npz`` file, or a Hugging Face folder otherwise."""
+        path = Path(path)
+        if path.suffix == ".npz":
+            np.savez(path, config=np.array(json.dumps(self.config.to_dict())), **self.state_dict())
+        else:
+            from fastspec.checkpoints import save_hf
+            save_hf(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: str | None = None) -> "Transformer":
+        """Load an ``.npz`` written by :meth:`save` or a Hugging Face checkpoint folder."""
+        path = Path(path)
+        if path.is_dir():
+            from fastspec.checkpoints import load_hf
+            return load_hf(path, dtype=dtype)
+        with np.load(path, allow_pickle=False) as f:
+            if "config" not in f.files:
+                raise ValueError(f"{path}: not a fastspec model file (no 'config' entry)")
+            cfg = json.loads(str(f["config"]))
+            if dtype is not None:
+                cfg["dtype"] = dtype
+            config = ModelConfig.from_dict(cfg)
+            sd = {k: f[k] for k in f.files if k != "config"}
+        return cls.from_state_dict(config, sd)
+
+    @property
+    def n_params(self) -> int:
+        """Number of parameters (a tied head counted once)."""
+        total = sum(a.size for a in self.state_dict().values())
+        return int(total)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Transformer(dim={c.dim}, n_layers={c.n_layers}, n_heads={c.n_heads}, "
+                f"n_kv_heads={c.n_kv_heads}, vocab_size={c.vocab_size}, {c.norm}/{c.positional}/"
+                f"{c.activation}, dtype={c.dtype}, params={self.n_params})")

@@ -1,0 +1,36 @@
+"""Shared fixtures: every kernel test runs over backend x dtype."""
+import os
+
+import numpy as np
+import pytest
+
+import fastspec as fs
+
+BACKENDS = fs.available_backends()
+DTYPES = (np.float32, np.float64)
+#: relative tolerance per dtype when comparing the two backends / a float64 oracle.
+RTOL = {np.float32: 1e-5, np.float64: 1e-10}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: long statistical or fuzzing tests")
+    config.addinivalue_line("markers", "hf: needs the [hf] extra (transformers, torch, safetensors)")
+
+
+def pytest_report_header(config):
+    return (f"fastspec {fs.__version__} from {os.path.dirname(fs.__file__)}; "
+            f"backend {fs.backend()}; available {BACKENDS}")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Run the test on each available backend, restoring the active one afterwards."""
+    previous = fs.backend()
+    fs.set_backend(request.param)
+    yield request.param
+    fs.set_backend(previous)
+
+
+@pytest.fixture(params=DTYPES, ids=["float32", "float64"])
+def dtype(request):
+    return request.param
