@@ -1,0 +1,213 @@
+/* fs_attention.h -- attention over a KV cache: plain C inner loops, float and double.
+ *
+ * SHARED: this header is #included by fastspec/_kernels.pyx (the `attention` kernel) AND by
+ * the fused Cython model forward. Keep the two public signatures below stable:
+ *
+ *   q (n, n_heads, head_dim); k, v (n_kv_heads, capacity, head_dim); out (n, n_heads, head_dim)
+ *   keys [0, length) are valid; query i sits at position length - n + i; causal: it sees keys
+ *   <= that position, non-causal: every valid key. Grouped-query: head h reads kv head
+ *   h / (n_heads / n_kv_heads). scratch: caller-provided, at least `length` doubles.
+ *   Preconditions (checked by the caller, never here): 1 <= n <= length <= capacity,
+ *   n_heads % n_kv_heads == 0, head_dim >= 1, all arrays C-contiguous. Cannot fail.
+ *
+ * Numerics: scores, softmax and the weighted sum of values are accumulated in double, so a
+ * float32 result is within ~1e-6 relative of the float64 computation (the NumPy twin).
+ *
+ * Speed: the hot loops are written so that GCC vectorises them; with GCC on x86-64 Linux they
+ * are compiled in AVX-512, AVX2 and baseline variants (function multi-versioning, picked at
+ * load time), which gives wide SIMD in a portable wheel without -march=native. Other compilers
+ * get the baseline code. Define FS_NO_CLONES to turn multi-versioning off.
+ */
+#ifndef FS_ATTENTION_H
+#define FS_ATTENTION_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) \
+    && !defined(FS_NO_CLONES) && !defined(__AVX512F__)
+#define FS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FS_CLONES
+#endif
+
+#if defined(__GNUC__)
+#define FS_RESTRICT __restrict__
+#else
+#define FS_RESTRICT
+#endif
+
+/* Number of queries of one kv head handled together: their dot products share each key row
+ * load, and their weighted sums share each value row load. */
+#define FS_ATTN_ROWS 4
+/* Values are accumulated in chunks of this many dimensions (the double accumulators live on
+ * the stack; any head_dim works). */
+#define FS_ATTN_DCHUNK 128
+
+/* exp(x) for x <= 0 in double, branch-free so loops over it vectorise. Relative error
+ * ~1e-15; x < -708 gives 0 (those weights are below 1e-307 of the row maximum, which is 1). */
+static inline double fs_exp_nonpos(double x)
+{
+    const double log2e = 1.4426950408889634074;
+    const double ln2_hi = 6.93147180369123816490e-01;
+    const double ln2_lo = 1.90821492927058770002e-10;
+    const double shifter = 6755399441055744.0; /* 1.5 * 2^52: rounds to integer in the low bits */
+    double xc = x < -708.0 ? -708.0 : x;
+    double kd = xc * log2e + shifter;
+    uint64_t kbits;
+    memcpy(&kbits, &kd, sizeof kbits);
+    kd -= shifter;
+    double r = (xc - kd * ln2_hi) - kd * ln2_lo; /* |r| <= ln2 / 2 */
+    /* Taylor polynomial of degree 12 in Horner form: error < 2e-16 on |r| <= 0.347 */
+    double p = 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    uint64_t sbits = (kbits + 1023u) << 52; /* 2^k, k in [-1022, 0] */
+    double scale;
+    memcpy(&scale, &sbits, sizeof scale);
+    return x < -708.0 ? 0.0 : p * scale;
+}
+
+/* s[j] <- exp(s[j] - m) for j < count; return the sum (double). */
+FS_CLONES static double fs_attn_exp_sum(double *FS_RESTRICT s, int count, double m)
+{
+    double total = 0.0;
+    for (int j = 0; j < count; j++) {
+        double e = fs_exp_nonpos(s[j] - m);
+        s[j] = e;
+        total += e;
+    }
+    return total;
+}
+
+/* ---- float / double variants, generated from one template ---------------------------- */
+
+#define FS_ATTN_DEFINE(SFX, T)                                                                 \
+/* Scores of `rows` queries (rows <= FS_ATTN_ROWS) against keys [0, count): s[r][j] =        \
+ * scale * dot(q[r], k[j]) in double, stored in s + r * stride. Returns nothing. */            \
+FS_CLONES static void fs_attn_scores_##SFX(const T *const *q, int rows, const T *FS_RESTRICT k, \
+                                           int count, int head_dim, double scale,             \
+                                           double *s, int stride)                             \
+{                                                                                              \
+    for (int j = 0; j < count; j++) {                                                          \
+        const T *kj = k + (size_t)j * head_dim;                                                \
+        for (int r = 0; r < rows; r++) {                                                       \
+            const T *qr = q[r];                                                                \
+            double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \
+            int d = 0;                                                                         \
+            for (; d + 8 <= head_dim; d += 8)                                                  \
+                for (int l = 0; l < 8; l++)                                                    \
+                    acc[l] += (double)qr[d + l] * (double)kj[d + l];                           \
+            double tail = 0.0;                                                                 \
+            for (; d < head_dim; d++)                                                          \
+                tail += (double)qr[d] * (double)kj[d];                                         \
+            s[(size_t)r * stride + j] = scale * ((((acc[0] + acc[4]) + (acc[1] + acc[5]))      \
+                                                 + ((acc[2] + acc[6]) + (acc[3] + acc[7])))   \
+                                                 + tail);                                     \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* acc[r][0:width) += sum_j w[r][j] * v[j][d0:d0+width) for j < count[r]. */                 \
+FS_CLONES static void fs_attn_wsum_##SFX(const double *w, int stride, const int *count,        \
+                                         int rows, const T *FS_RESTRICT v, int head_dim,      \
+                                         int d0, int width, double *FS_RESTRICT acc)          \
+{                                                                                              \
+    int most = 0;                                                                              \
+    for (int r = 0; r < rows; r++)                                                             \
+        if (count[r] > most)                                                                   \
+            most = count[r];                                                                   \
+    for (int j = 0; j < most; j++) {                                                           \
+        const T *vj = v + (size_t)j * head_dim + d0;                                           \
+        for (int r = 0; r < rows; r++) {                                                       \
+            if (j >= count[r])                                                                 \
+                continue;                                                                      \
+            double wr = w[(size_t)r * stride + j];                                             \
+            double *ar = acc + (size_t)r * FS_ATTN_DCHUNK;                                     \
+            for (int d = 0; d < width; d++)                                                    \
+                ar[d] += wr * (double)vj[d];                                                   \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* One block of `rows` queries that read the same kv head; w holds rows * stride doubles. */  \
+static void fs_attn_block_##SFX(const T *const *qrows, T *const *orows, const int *count,      \
+                                int rows, const T *kh, const T *vh, int head_dim,            \
+                                double scale, double *w, int stride)                          \
+{                                                                                              \
+    double total[FS_ATTN_ROWS];                                                                \
+    double acc[FS_ATTN_ROWS * FS_ATTN_DCHUNK];                                                 \
+    int most = 0;                                                                              \
+    for (int r = 0; r < rows; r++)                                                             \
+        if (count[r] > most)                                                                   \
+            most = count[r];                                                                   \
+    fs_attn_scores_##SFX(qrows, rows, kh, most, head_dim, scale, w, stride);                   \
+    for (int r = 0; r < rows; r++) {                                                           \
+        double *wr = w + (size_t)r * stride;                                                   \
+        double m = wr[0];                                                                      \
+        for (int j = 1; j < count[r]; j++)                                                     \
+            m = wr[j] > m ? wr[j] : m;                                                         \
+        total[r] = fs_attn_exp_sum(wr, count[r], m);                                           \
+    }                                                                                          \
+    for (int d0 = 0; d0 < head_dim; d0 += FS_ATTN_DCHUNK) {                                    \
+        int width = head_dim - d0 < FS_ATTN_DCHUNK ? head_dim - d0 : FS_ATTN_DCHUNK;           \
+        for (int i = 0; i < rows * FS_ATTN_DCHUNK; i++)                                        \
+            acc[i] = 0.0;                                                                      \
+        fs_attn_wsum_##SFX(w, stride, count, rows, vh, head_dim, d0, width, acc);              \
+        for (int r = 0; r < rows; r++) {                                                       \
+            double inv = 1.0 / total[r];                                                       \
+            for (int d = 0; d < width; d++)                                                    \
+                orows[r][d0 + d] = (T)(acc[(size_t)r * FS_ATTN_DCHUNK + d] * inv);             \
+        }                                                                                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+static void fs_attention_##SFX(const T *q, const T *k, const T *v, T *out,                     \
+                               int n, int n_heads, int n_kv_heads, int head_dim, int capacity, \
+                               int length, int causal, double *scratch)                        \
+{                                                                                              \
+    int group = n_heads / n_kv_heads;                                                          \
+    int rows_per_kv = n * group; /* row index t = i * group + g, head h = kv * group + g */   \
+    double scale = 1.0 / sqrt((double)head_dim);                                               \
+    /* Blocks of several rows need rows * length doubles of scores; the caller guarantees     \
+     * only `length`, so several rows are used only when they fit in a stack buffer. */        \
+    double stack_w[FS_ATTN_ROWS * 1024];                                                       \
+    int block = length <= 1024 ? FS_ATTN_ROWS : 1;                                             \
+    double *w = block > 1 ? stack_w : scratch;                                                 \
+    int stride = block > 1 ? 1024 : length;                                                    \
+    for (int kv = 0; kv < n_kv_heads; kv++) {                                                  \
+        const T *kh = k + (size_t)kv * capacity * head_dim;                                    \
+        const T *vh = v + (size_t)kv * capacity * head_dim;                                    \
+        for (int t0 = 0; t0 < rows_per_kv; t0 += block) {                                      \
+            const T *qrows[FS_ATTN_ROWS];                                                      \
+            T *orows[FS_ATTN_ROWS];                                                            \
+            int count[FS_ATTN_ROWS];                                                           \
+            int rows = rows_per_kv - t0 < block ? rows_per_kv - t0 : block;                    \
+            for (int r = 0; r < rows; r++) {                                                   \
+                int i = (t0 + r) / group, h = kv * group + (t0 + r) % group;                   \
+                qrows[r] = q + ((size_t)i * n_heads + h) * head_dim;                           \
+                orows[r] = out + ((size_t)i * n_heads + h) * head_dim;                         \
+                count[r] = causal ? length - n + i + 1 : length;                               \
+            }                                                                                  \
+            fs_attn_block_##SFX(qrows, orows, count, rows, kh, vh, head_dim, scale, w, stride); \
+        }                                                                                      \
+    }                                                                                          \
+}
+
+FS_ATTN_DEFINE(f32, float)
+FS_ATTN_DEFINE(f64, double)
+
+#undef FS_ATTN_DEFINE
+
+#endif /* FS_ATTENTION_H */
