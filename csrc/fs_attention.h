@@ -93,52 +93,173 @@ FS_CLONES static double fs_attn_exp_sum(double *FS_RESTRICT s, int count, double
 
 /* ---- float / double variants, generated from one template ---------------------------- */
 
+#if defined(__GNUC__)
+#define FS_ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define FS_ALWAYS_INLINE static inline
+#endif
+
+/* Keys are processed in tiles that stay in L1 while every row of a block reads them. */
+#define FS_ATTN_TILE 64
+
+#if defined(__GNUC__) && !defined(__clang__)
+/* The vector helpers below are always inlined, so the ABI note about passing 64-byte
+ * vectors by value does not apply. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+#if defined(__GNUC__)
+/* Explicit 8-wide double vectors: GCC/clang map them to one zmm, two ymm or four xmm
+ * registers depending on the clone; loads go through memcpy (unaligned, alias-safe). */
+typedef double fs_v8d __attribute__((vector_size(64)));
+typedef float fs_v8f __attribute__((vector_size(32)));
+FS_ALWAYS_INLINE fs_v8d fs_load8_f64(const double *p)
+{
+    fs_v8d x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+FS_ALWAYS_INLINE fs_v8d fs_load8_f32(const float *p)
+{
+    fs_v8f x;
+    memcpy(&x, p, sizeof x);
+    return __builtin_convertvector(x, fs_v8d);
+}
+#define FS_HSUM8(a) ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
+#define FS_HAVE_VEC 1
+#else
+#define FS_HAVE_VEC 0
+#endif
+
+#if FS_HAVE_VEC
+#define FS_ATTN_DOT4(SFX, T)                                                                   \
+        fs_v8d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                         \
+        int d = 0;                                                                             \
+        for (; d + 8 <= D; d += 8) {                                                           \
+            fs_v8d x = fs_load8_##SFX(qr + d);                                                 \
+            a0 += x * fs_load8_##SFX(k0 + d);                                                  \
+            a1 += x * fs_load8_##SFX(k1 + d);                                                  \
+            a2 += x * fs_load8_##SFX(k2 + d);                                                  \
+            a3 += x * fs_load8_##SFX(k3 + d);                                                  \
+        }                                                                                      \
+        double t0 = FS_HSUM8(a0), t1 = FS_HSUM8(a1), t2 = FS_HSUM8(a2), t3 = FS_HSUM8(a3);
+#else
+#define FS_ATTN_DOT4(SFX, T)                                                                   \
+        double t0 = 0.0, t1 = 0.0, t2 = 0.0, t3 = 0.0;                                         \
+        int d = 0;
+#endif
+
 #define FS_ATTN_DEFINE(SFX, T)                                                                 \
-/* Scores of `rows` queries (rows <= FS_ATTN_ROWS) against keys [0, count): s[r][j] =        \
- * scale * dot(q[r], k[j]) in double, stored in s + r * stride. Returns nothing. */            \
-FS_CLONES static void fs_attn_scores_##SFX(const T *const *q, int rows, const T *FS_RESTRICT k, \
-                                           int count, int head_dim, double scale,             \
-                                           double *s, int stride)                             \
+/* sr[j] = scale * dot(qr, k[j]) for j in [j0, j1), in double (products of two floats are     \
+ * exact in double). Four keys at a time keep independent accumulator chains in flight. */    \
+FS_ALWAYS_INLINE void fs_attn_dots_##SFX(const T *FS_RESTRICT qr, const T *FS_RESTRICT k,      \
+                                         int j0, int j1, int D, double scale,                 \
+                                         double *FS_RESTRICT sr)                              \
 {                                                                                              \
-    for (int j = 0; j < count; j++) {                                                          \
-        const T *kj = k + (size_t)j * head_dim;                                                \
+    int j = j0;                                                                                \
+    for (; j + 4 <= j1; j += 4) {                                                              \
+        const T *k0 = k + (size_t)j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;             \
+        FS_ATTN_DOT4(SFX, T)                                                                   \
+        for (; d < D; d++) {                                                                   \
+            double x = (double)qr[d];                                                          \
+            t0 += x * (double)k0[d];                                                           \
+            t1 += x * (double)k1[d];                                                           \
+            t2 += x * (double)k2[d];                                                           \
+            t3 += x * (double)k3[d];                                                           \
+        }                                                                                      \
+        sr[j] = scale * t0;                                                                    \
+        sr[j + 1] = scale * t1;                                                                \
+        sr[j + 2] = scale * t2;                                                                \
+        sr[j + 3] = scale * t3;                                                                \
+    }                                                                                          \
+    for (; j < j1; j++) {                                                                      \
+        const T *k0 = k + (size_t)j * D;                                                       \
+        double t0 = 0.0;                                                                       \
+        for (int d = 0; d < D; d++)                                                            \
+            t0 += (double)qr[d] * (double)k0[d];                                               \
+        sr[j] = scale * t0;                                                                    \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+FS_ALWAYS_INLINE void fs_attn_scores_body_##SFX(const T *const *q, int rows,                   \
+                                                const T *FS_RESTRICT k, int count, int D,     \
+                                                double scale, double *s, int stride)          \
+{                                                                                              \
+    for (int j0 = 0; j0 < count; j0 += FS_ATTN_TILE) {                                         \
+        int j1 = count - j0 < FS_ATTN_TILE ? count : j0 + FS_ATTN_TILE;                        \
+        for (int r = 0; r < rows; r++)                                                         \
+            fs_attn_dots_##SFX(q[r], k, j0, j1, D, scale, s + (size_t)r * stride);             \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+/* Scores of `rows` queries against keys [0, count), into s + r * stride. Common head        \
+ * sizes get their own compiled body (loops fully unrolled, accumulators in registers). */    \
+FS_CLONES static void fs_attn_scores_##SFX(const T *const *q, int rows, const T *FS_RESTRICT k, \
+                                           int count, int D, double scale, double *s,         \
+                                           int stride)                                        \
+{                                                                                              \
+    if (D == 64)                                                                               \
+        fs_attn_scores_body_##SFX(q, rows, k, count, 64, scale, s, stride);                    \
+    else if (D == 128)                                                                         \
+        fs_attn_scores_body_##SFX(q, rows, k, count, 128, scale, s, stride);                   \
+    else if (D == 32)                                                                          \
+        fs_attn_scores_body_##SFX(q, rows, k, count, 32, scale, s, stride);                    \
+    else                                                                                       \
+        fs_attn_scores_body_##SFX(q, rows, k, count, D, scale, s, stride);                     \
+}                                                                                              \
+                                                                                               \
+/* ar[0:W) += sum_j wr[j] * v[j][d0:d0+W) for j in [j0, j1), four keys per pass over ar. */  \
+FS_ALWAYS_INLINE void fs_attn_axpy_##SFX(const double *FS_RESTRICT wr, const T *FS_RESTRICT v, \
+                                         int j0, int j1, int D, int d0, int W,                \
+                                         double *FS_RESTRICT ar)                              \
+{                                                                                              \
+    int j = j0;                                                                                \
+    for (; j + 4 <= j1; j += 4) {                                                              \
+        const T *v0 = v + (size_t)j * D + d0, *v1 = v0 + D, *v2 = v1 + D, *v3 = v2 + D;        \
+        double w0 = wr[j], w1 = wr[j + 1], w2 = wr[j + 2], w3 = wr[j + 3];                     \
+        for (int d = 0; d < W; d++)                                                            \
+            ar[d] += (w0 * (double)v0[d] + w1 * (double)v1[d])                                 \
+                     + (w2 * (double)v2[d] + w3 * (double)v3[d]);                              \
+    }                                                                                          \
+    for (; j < j1; j++) {                                                                      \
+        const T *v0 = v + (size_t)j * D + d0;                                                  \
+        double w0 = wr[j];                                                                     \
+        for (int d = 0; d < W; d++)                                                            \
+            ar[d] += w0 * (double)v0[d];                                                       \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
+FS_ALWAYS_INLINE void fs_attn_wsum_body_##SFX(const double *w, int stride, const int *count,   \
+                                              int rows, const T *FS_RESTRICT v, int D,        \
+                                              int d0, int W, double *FS_RESTRICT acc)         \
+{                                                                                              \
+    int most = 0;                                                                              \
+    for (int r = 0; r < rows; r++)                                                             \
+        most = count[r] > most ? count[r] : most;                                              \
+    for (int j0 = 0; j0 < most; j0 += FS_ATTN_TILE) {                                          \
+        int j1 = most - j0 < FS_ATTN_TILE ? most : j0 + FS_ATTN_TILE;                          \
         for (int r = 0; r < rows; r++) {                                                       \
-            const T *qr = q[r];                                                                \
-            double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                          \
-            int d = 0;                                                                         \
-            for (; d + 8 <= head_dim; d += 8)                                                  \
-                for (int l = 0; l < 8; l++)                                                    \
-                    acc[l] += (double)qr[d + l] * (double)kj[d + l];                           \
-            double tail = 0.0;                                                                 \
-            for (; d < head_dim; d++)                                                          \
-                tail += (double)qr[d] * (double)kj[d];                                         \
-            s[(size_t)r * stride + j] = scale * ((((acc[0] + acc[4]) + (acc[1] + acc[5]))      \
-                                                 + ((acc[2] + acc[6]) + (acc[3] + acc[7])))   \
-                                                 + tail);                                     \
+            int end = count[r] < j1 ? count[r] : j1;                                           \
+            if (end > j0)                                                                      \
+                fs_attn_axpy_##SFX(w + (size_t)r * stride, v, j0, end, D, d0, W,               \
+                                   acc + (size_t)r * FS_ATTN_DCHUNK);                          \
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
                                                                                                \
-/* acc[r][0:width) += sum_j w[r][j] * v[j][d0:d0+width) for j < count[r]. */                 \
+/* acc[r][0:W) += sum_j w[r][j] * v[j][d0:d0+W) for j < count[r]. */                         \
 FS_CLONES static void fs_attn_wsum_##SFX(const double *w, int stride, const int *count,        \
-                                         int rows, const T *FS_RESTRICT v, int head_dim,      \
-                                         int d0, int width, double *FS_RESTRICT acc)          \
+                                         int rows, const T *FS_RESTRICT v, int D,             \
+                                         int d0, int W, double *FS_RESTRICT acc)              \
 {                                                                                              \
-    int most = 0;                                                                              \
-    for (int r = 0; r < rows; r++)                                                             \
-        if (count[r] > most)                                                                   \
-            most = count[r];                                                                   \
-    for (int j = 0; j < most; j++) {                                                           \
-        const T *vj = v + (size_t)j * head_dim + d0;                                           \
-        for (int r = 0; r < rows; r++) {                                                       \
-            if (j >= count[r])                                                                 \
-                continue;                                                                      \
-            double wr = w[(size_t)r * stride + j];                                             \
-            double *ar = acc + (size_t)r * FS_ATTN_DCHUNK;                                     \
-            for (int d = 0; d < width; d++)                                                    \
-                ar[d] += wr * (double)vj[d];                                                   \
-        }                                                                                      \
-    }                                                                                          \
+    if (D == 64 && W == 64)                                                                    \
+        fs_attn_wsum_body_##SFX(w, stride, count, rows, v, 64, 0, 64, acc);                    \
+    else if (D == 128 && W == 128)                                                             \
+        fs_attn_wsum_body_##SFX(w, stride, count, rows, v, 128, 0, 128, acc);                  \
+    else if (D == 32 && W == 32)                                                               \
+        fs_attn_wsum_body_##SFX(w, stride, count, rows, v, 32, 0, 32, acc);                    \
+    else                                                                                       \
+        fs_attn_wsum_body_##SFX(w, stride, count, rows, v, D, d0, W, acc);                     \
 }                                                                                              \
                                                                                                \
 /* One block of `rows` queries that read the same kv head; w holds rows * stride doubles. */  \
