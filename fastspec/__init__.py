@@ -6,10 +6,15 @@ from fastspec.kernels import backend, set_backend, available_backends
 from fastspec import kernels
 from fastspec.cache import KVCache
 from fastspec.model import ModelConfig, Transformer, ForwardOutput
+from fastspec.drafters import (Drafter, Proposal, SamplingParams, DraftModelDrafter,
+                                NgramDrafter)
+from fastspec.decoding import DecodeStats, GenerationResult, generate, speculative_generate
 
 __version__ = "0.1.0"
 
 __all__ = [
     "__version__", "backend", "set_backend", "available_backends", "kernels",
     "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
+    "Drafter", "Proposal", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
+    "DecodeStats", "GenerationResult", "generate", "speculative_generate",
 ]

@@ -1,0 +1,474 @@
+"""generate() and speculative_generate(): vanilla and lossless speculative decoding, DecodeStats.
+
+Both loops form the target's distribution the same way (:func:`fastspec.kernels.probs`:
+temperature -> top-k -> top-p; temperature 0 is argmax) and take every random draw from
+``numpy.random.default_rng(seed)``, so a run is reproducible from its seed on either backend.
+
+The speculative loop keeps the invariant documented in :mod:`fastspec.drafters.base`: between
+rounds the target's cache holds the committed sequence minus its last token. A round feeds
+``[seq[-1], *proposal]`` to the target in one forward, verifies (greedy:
+:func:`fastspec.kernels.verify_greedy`; sampling: :func:`fastspec.kernels.verify_rejection`),
+crops the cache back to ``len(new_seq) - 1`` and tells the drafter what was committed.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from fastspec import kernels
+from fastspec._checks import check_index, check_sampling_params
+from fastspec.cache import KVCache
+from fastspec.drafters.base import Drafter, Proposal, SamplingParams
+
+__all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate",
+           "ADAPTIVE_GAMMA_START", "ADAPTIVE_GAMMA_MAX"]
+
+#: ``gamma="adaptive"`` starts here and stays within ``[1, ADAPTIVE_GAMMA_MAX]``.
+ADAPTIVE_GAMMA_START = 4
+ADAPTIVE_GAMMA_MAX = 16
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one generation: what was done, so that a speedup can be explained.
+
+    Attributes
+    ----------
+    new_tokens : int
+        Tokens emitted (``len(result.tokens)``).
+    rounds : int
+        Target verification calls after the prefill (one per emitted token for vanilla
+        decoding; one per draft/verify round for speculative decoding).
+    drafted, accepted : int
+        Draft tokens proposed and accepted, over all rounds.
+    target_calls, draft_calls : int
+        Forward calls of the target (prefill included) and of the drafter's model (for
+        drafters without a model: ``propose`` calls).
+    target_positions, draft_positions : int
+        Positions pushed through each model.
+    target_score_cells, draft_score_cells : int
+        Attention score cells computed, ``n_layers * n_heads * n * (past + n)`` per call.
+    elapsed_s : float
+        Wall time of the whole call, prefill included.
+    proposed_at, accepted_at : ndarray of shape (max_gamma,), int64
+        ``proposed_at[i]``: rounds whose proposal had a token at block position ``i``;
+        ``accepted_at[i]``: rounds in which that token was accepted.
+    trace : list of dict or None
+        Per-round records when requested (``trace=True``).
+    """
+
+    new_tokens: int = 0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    target_positions: int = 0
+    draft_positions: int = 0
+    target_score_cells: int = 0
+    draft_score_cells: int = 0
+    elapsed_s: float = 0.0
+    proposed_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    trace: list | None = None
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: tokens emitted per target verification call (1.0 for vanilla decoding)."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted (0.0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Emitted tokens per second of wall time."""
+        return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else math.inf
+
+    @property
+    def per_position_acceptance(self) -> np.ndarray:
+        """``accepted_at / proposed_at`` (NaN where nothing was proposed)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.accepted_at / self.proposed_at
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return every counter and derived figure as JSON-serialisable values."""
+        d = {name: getattr(self, name) for name in (
+            "new_tokens", "rounds", "drafted", "accepted", "target_calls", "draft_calls",
+            "target_positions", "draft_positions", "target_score_cells", "draft_score_cells",
+            "elapsed_s", "mean_accepted_length", "acceptance_rate", "tokens_per_s")}
+        d["proposed_at"] = self.proposed_at.tolist()
+        d["accepted_at"] = self.accepted_at.tolist()
+        if self.trace is not None:
+            d["trace"] = self.trace
+        return d
+
+
+@dataclass
+class GenerationResult:
+    """Result of :func:`generate` / :func:`speculative_generate`.
+
+    Attributes
+    ----------
+    tokens : list of int
+        The new tokens only (an ``eos_token_id`` that stopped generation is included).
+    stats : DecodeStats
+    """
+
+    tokens: list[int]
+    stats: DecodeStats
+
+
+# --- validation ------------------------------------------------------------------------------
+
+def _check_common(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
+                  eos_token_id):
+    """Validate the arguments shared by both loops; return normalised values."""
+    prompt = model.check_ids(prompt_ids, "prompt_ids")
+    max_new_tokens = check_index(max_new_tokens, "max_new_tokens", 1, 2**31 - 1)
+    temperature, top_k, top_p = check_sampling_params(temperature, top_k, top_p)
+    check_index(seed, "seed", 0, 2**63 - 1)
+    vocab = model.config.vocab_size
+    if eos_token_id is not None:
+        eos_token_id = check_index(eos_token_id, "eos_token_id", 0, vocab - 1)
+    total = prompt.shape[0] + max_new_tokens
+    if total > model.config.max_seq_len:
+        raise ValueError(f"prompt_ids ({prompt.shape[0]} tokens) + max_new_tokens "
+                         f"({max_new_tokens}) = {total} exceeds max_seq_len "
+                         f"{model.config.max_seq_len}")
+    return prompt, max_new_tokens, SamplingParams(temperature, top_k, top_p), eos_token_id
+
+
+def _check_cache_arg(model, cache, needed):
+    if cache is None:
+        return model.new_cache()
+    model._check_cache(cache)
+    if cache.capacity < needed:
+        raise ValueError(f"cache capacity {cache.capacity} is smaller than the {needed} "
+                         "positions this generation needs")
+    return cache
+
+
+def _score_cells(config, n, past):
+    return config.n_layers * config.n_heads * n * (past + n)
+
+
+def _next_token(logits_row2d, sampling: SamplingParams, rng) -> int:
+    """Pick the token after a (1, V) logits row: argmax, or one inverse-CDF draw from p."""
+    if sampling.temperature == 0.0:
+        return int(logits_row2d[0].argmax())
+    p = kernels.probs(logits_row2d, sampling.temperature, sampling.top_k, sampling.top_p)
+    return int(kernels.sample(p[0], rng.random()))
+
+
+# --- vanilla ---------------------------------------------------------------------------------
+
+def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, eos_token_id: int | None = None,
+             use_cache: bool = True, *, cache: KVCache | None = None) -> GenerationResult:
+    """Decode autoregressively from ``model``, one target call per new token.
+
+    Parameters
+    ----------
+    model : Transformer
+    prompt_ids : sequence of int, length >= 1
+    max_new_tokens : int, >= 1
+    temperature, top_k, top_p : sampling settings (see :func:`fastspec.kernels.probs`);
+        ``temperature == 0`` is greedy.
+    seed : int
+        Seed of the ``numpy.random.default_rng`` that supplies one uniform per sampled token.
+    eos_token_id : int, optional
+        Stop right after emitting it.
+    use_cache : bool, default True
+        False recomputes the whole prefix for every token (the reference path).
+    cache : KVCache, optional
+        Reuse this cache (reset first) instead of allocating one.
+
+    Returns
+    -------
+    GenerationResult
+    """
+    prompt, max_new, sampling, eos = _check_common(model, prompt_ids, max_new_tokens,
+                                                   temperature, top_k, top_p, seed, eos_token_id)
+    if use_cache:
+        cache = _check_cache_arg(model, cache, prompt.shape[0] + max_new)
+    rng = np.random.default_rng(seed)
+    cfg = model.config
+    stats = DecodeStats()
+    start_time = time.perf_counter()
+    n = prompt.shape[0]
+    seq = np.empty(n + max_new, dtype=np.int64)
+    seq[:n] = prompt
+    if use_cache:
+        cache.reset()
+        logits = model.forward(prompt, cache).logits
+        stats.target_score_cells += _score_cells(cfg, n, 0)
+        stats.target_positions += n
+    else:
+        logits = model.forward(prompt).logits
+        stats.target_score_cells += _score_cells(cfg, n, 0)
+        stats.target_positions += n
+    stats.target_calls += 1
+    step = seq[n - 1:n]  # reused one-token input
+    emitted = 0
+    while True:
+        token = _next_token(logits[-1:], sampling, rng)
+        seq[n] = token
+        n += 1
+        emitted += 1
+        if emitted == max_new or token == eos:
+            break
+        if use_cache:
+            step = seq[n - 1:n]
+            logits = model.forward(step, cache).logits
+            stats.target_score_cells += _score_cells(cfg, 1, n - 1)
+            stats.target_positions += 1
+        else:
+            logits = model.forward(seq[:n]).logits
+            stats.target_score_cells += _score_cells(cfg, n, 0)
+            stats.target_positions += n
+        stats.target_calls += 1
+    stats.elapsed_s = time.perf_counter() - start_time
+    stats.new_tokens = emitted
+    stats.rounds = emitted
+    return GenerationResult(seq[prompt.shape[0]:n].tolist(), stats)
+
+
+# --- speculative -----------------------------------------------------------------------------
+
+def _check_gamma(gamma):
+    if isinstance(gamma, str):
+        if gamma != "adaptive":
+            raise ValueError(f"gamma must be a positive integer or 'adaptive', got {gamma!r}")
+        return None
+    return check_index(gamma, "gamma", 1, 4096)
+
+
+#: What the loop needs from a drafter (checked with hasattr: a runtime Protocol isinstance
+#: check costs tens of microseconds, too much for short generations run many times).
+_DRAFTER_ATTRS = ("reset", "propose", "commit", "hidden_layers", "max_gamma")
+
+
+def _drafter_counters(drafter) -> tuple[int, int, int] | None:
+    """Read the optional cumulative counters a drafter with a model exposes."""
+    calls = getattr(drafter, "forward_calls", None)
+    if calls is None:
+        return None
+    return calls, getattr(drafter, "forward_positions", 0), getattr(drafter, "score_cells", 0)
+
+
+def speculative_generate(target, drafter: Drafter, prompt_ids, max_new_tokens: int,
+                         gamma: int | str = 4, temperature: float = 0.0, top_k: int = 0,
+                         top_p: float = 1.0, seed: int = 0, eos_token_id: int | None = None,
+                         trace: bool = False, *, cache: KVCache | None = None,
+                         callback: Callable[[np.ndarray, int], None] | None = None,
+                         ) -> GenerationResult:
+    """Decode with a drafter proposing blocks that ``target`` verifies losslessly.
+
+    Greedy (``temperature == 0``) output equals :func:`generate`'s greedy output token for
+    token; sampled output has exactly the target's distribution (drafters with a known
+    ``q`` are verified by rejection sampling, deterministic ones with the one-hot rule).
+
+    Parameters
+    ----------
+    target : Transformer
+    drafter : Drafter
+        See :mod:`fastspec.drafters.base` for the protocol and the loop invariant.
+    prompt_ids : sequence of int, length >= 1
+    max_new_tokens : int, >= 1
+    gamma : int >= 1 or "adaptive"
+        Draft tokens per round (fewer in the last round, so that ``max_new_tokens`` is never
+        exceeded, and never more than ``drafter.max_gamma``). ``"adaptive"`` starts at 4,
+        grows by 2 after a fully accepted block and shrinks by 1 after a rejection, within
+        ``[1, 16]``.
+    temperature, top_k, top_p : sampling settings of the target (and of sampling drafters).
+    seed : int
+        Seed of the ``numpy.random.default_rng`` shared by drafter and verifier.
+    eos_token_id : int, optional
+        Stop right after it; nothing after it is emitted.
+    trace : bool
+        Record a dict per round in ``stats.trace``.
+    cache : KVCache, optional
+        Reuse this target cache (reset first) instead of allocating one.
+    callback : callable, optional
+        ``callback(seq, n_committed)`` after every round with the committed sequence
+        (used by the rollback audit).
+
+    Returns
+    -------
+    GenerationResult
+    """
+    return _speculative(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k,
+                        top_p, seed, eos_token_id, trace, cache, callback,
+                        kernels_verify_rejection=None)
+
+
+def _speculative(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k, top_p,
+                 seed, eos_token_id, trace, cache, callback, kernels_verify_rejection):
+    """The loop behind :func:`speculative_generate`.
+
+    ``kernels_verify_rejection`` replaces the verifier (the audit's negative control passes a
+    broken one); None means :func:`fastspec.kernels.verify_rejection`.
+    """
+    prompt, max_new, sampling, eos = _check_common(target, prompt_ids, max_new_tokens,
+                                                   temperature, top_k, top_p, seed, eos_token_id)
+    gamma_fixed = _check_gamma(gamma)
+    if not all(hasattr(drafter, a) for a in _DRAFTER_ATTRS):
+        raise TypeError(f"drafter must implement the Drafter protocol (reset, propose, commit, "
+                        f"hidden_layers, max_gamma), got {type(drafter).__name__}")
+    hidden_layers = target.check_hidden_layers(drafter.hidden_layers)
+    max_gamma = drafter.max_gamma
+    if max_gamma is not None:
+        max_gamma = check_index(max_gamma, "drafter.max_gamma", 1, 2**31 - 1)
+    n_prompt = prompt.shape[0]
+    cache = _check_cache_arg(target, cache, n_prompt + max_new)
+
+    cfg = target.config
+    vocab = cfg.vocab_size
+    greedy = sampling.greedy
+    g_cap = ADAPTIVE_GAMMA_MAX if gamma_fixed is None else gamma_fixed
+    if max_gamma is not None:
+        g_cap = min(g_cap, max_gamma)
+    gamma_now = min(ADAPTIVE_GAMMA_START, g_cap) if gamma_fixed is None else g_cap
+    rng = np.random.default_rng(seed)
+    stats = DecodeStats(proposed_at=np.zeros(g_cap, dtype=np.int64),
+                        accepted_at=np.zeros(g_cap, dtype=np.int64),
+                        trace=[] if trace else None)
+    counters0 = _drafter_counters(drafter)
+    verify_rejection = kernels.verify_rejection if kernels_verify_rejection is None \
+        else kernels_verify_rejection
+    verify_greedy = kernels.verify_greedy
+    probs = kernels.probs
+    p_dtype = np.dtype(cfg.dtype)
+    temperature_, top_k_, top_p_ = sampling.temperature, sampling.top_k, sampling.top_p
+
+    start_time = time.perf_counter()
+    # Scratch reused every round: the committed sequence, the target's block input, uniforms.
+    seq = np.empty(n_prompt + max_new + 1, dtype=np.int64)
+    seq[:n_prompt] = prompt
+    block = np.empty(g_cap + 1, dtype=np.int64)
+    uniforms = np.empty(g_cap + 1, dtype=np.float64)
+    empty_tokens = np.zeros(0, dtype=np.int64)
+
+    cache.reset()
+    if n_prompt > 1:
+        out = target.forward(prompt[:-1], cache, hidden_layers)
+        stats.target_calls += 1
+        stats.target_positions += n_prompt - 1
+        stats.target_score_cells += _score_cells(cfg, n_prompt - 1, 0)
+        hidden = out.hidden
+    else:
+        hidden = {layer: np.zeros((0, cfg.dim), dtype=p_dtype) for layer in hidden_layers}
+    drafter.reset(prompt.copy(), hidden)
+
+    n = n_prompt  # committed length; the cache holds n - 1 positions
+    emitted = 0
+    propose_calls = 0
+    while emitted < max_new:
+        # Reserve one position for the correction/bonus token: g may be 0 in the last round.
+        g = min(gamma_now, max_new - emitted - 1)
+        if g > 0:
+            proposal = drafter.propose(seq[:n], g, sampling, rng)
+            propose_calls += 1
+            tokens, q = _check_proposal(proposal, g, vocab)
+            g_used = tokens.shape[0]
+        else:
+            tokens, q, g_used = empty_tokens, None, 0
+        block[0] = seq[n - 1]
+        block[1:g_used + 1] = tokens
+        out = target.forward(block[:g_used + 1], cache, hidden_layers)
+        stats.target_calls += 1
+        stats.target_positions += g_used + 1
+        stats.target_score_cells += _score_cells(cfg, g_used + 1, n - 1)
+        logits = out.logits
+        if greedy:
+            n_acc, next_token = verify_greedy(tokens, logits)
+        else:
+            p = probs(logits, temperature_, top_k_, top_p_)
+            u = uniforms[:g_used + 1]
+            rng.random(out=u)
+            if q is not None and q.dtype != p_dtype:
+                q = np.ascontiguousarray(q, dtype=p_dtype)
+            n_acc, next_token = verify_rejection(tokens, p, q, u)
+        n_acc = int(n_acc)
+        cache.crop(n + n_acc)
+        seq[n:n + n_acc] = tokens[:n_acc]
+        seq[n + n_acc] = next_token
+        round_start = n
+        n += n_acc + 1
+        emitted += n_acc + 1
+        stats.rounds += 1
+        stats.drafted += g_used
+        stats.accepted += n_acc
+        if g_used:
+            stats.proposed_at[:g_used] += 1
+            stats.accepted_at[:n_acc] += 1
+        stopped = False
+        if eos is not None:
+            hits = np.flatnonzero(seq[round_start:n] == eos)
+            if hits.size:
+                # Nothing after eos is emitted; the cache keeps the invariant for that prefix.
+                n = round_start + int(hits[0]) + 1
+                emitted = n - n_prompt
+                cache.crop(min(cache.length, n - 1))
+                stopped = True
+        if trace:
+            stats.trace.append(dict(
+                prefix_length=round_start, gamma=g, proposed=g_used, accepted=n_acc,
+                next_token=int(next_token), bonus=bool(g_used and n_acc == g_used),
+                tokens=seq[round_start:n].tolist(), target_cache_length=cache.length))
+        if stopped:
+            break
+        committed_hidden = out.hidden
+        if hidden_layers:
+            committed_hidden = {layer: h[:n_acc + 1] for layer, h in out.hidden.items()}
+        drafter.commit(seq[:n], n_acc, committed_hidden)
+        if callback is not None:
+            callback(seq[:n], n)
+        if gamma_fixed is None and g_used:
+            if n_acc == g_used and g_used == g:
+                gamma_now = min(gamma_now + 2, g_cap)
+            elif n_acc < g_used:
+                gamma_now = max(gamma_now - 1, 1)
+
+    stats.elapsed_s = time.perf_counter() - start_time
+    stats.new_tokens = emitted
+    counters1 = _drafter_counters(drafter)
+    if counters0 is not None and counters1 is not None:
+        stats.draft_calls = counters1[0] - counters0[0]
+        stats.draft_positions = counters1[1] - counters0[1]
+        stats.draft_score_cells = counters1[2] - counters0[2]
+    else:
+        stats.draft_calls = propose_calls
+    return GenerationResult(seq[n_prompt:n].tolist(), stats)
+
+
+def _check_proposal(proposal, g: int, vocab: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """Validate a drafter's proposal; return ``(tokens int64 (g',), q or None)``."""
+    if not isinstance(proposal, Proposal):
+        raise TypeError(f"drafter.propose must return a Proposal, got {type(proposal).__name__}")
+    tokens = proposal.tokens
+    if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        raise ValueError("drafter proposal tokens must be a 1-D integer ndarray, got "
+                         f"{type(tokens).__name__} {getattr(tokens, 'shape', '')}")
+    count = tokens.shape[0]
+    if count > g:
+        raise ValueError(f"drafter proposed {count} tokens, more than gamma = {g}")
+    if count and (tokens.min() < 0 or tokens.max() >= vocab):
+        raise ValueError(f"drafter proposed token ids outside [0, {vocab}): {tokens.tolist()}")
+    if tokens.dtype != np.int64 or not tokens.flags.c_contiguous:
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+    q = proposal.q
+    if q is not None:
+        if not isinstance(q, np.ndarray) or q.shape != (count, vocab):
+            raise ValueError(f"drafter proposal q must have shape {(count, vocab)}, got "
+                             f"{getattr(q, 'shape', type(q).__name__)}")
+        if not q.flags.c_contiguous:
+            q = np.ascontiguousarray(q)
+    return tokens, q
