@@ -1,0 +1,85 @@
+"""The Drafter protocol: what the speculative loop asks of a drafter.
+
+The loop (``fastspec.speculative_generate``) keeps this invariant between rounds: the target's
+cache holds the committed sequence ``seq`` minus its last token (``len(seq) - 1`` positions).
+Each round:
+
+1. ``proposal = drafter.propose(seq, gamma, sampling, rng)``: up to ``gamma`` tokens that
+   would follow ``seq``; ``proposal.q`` is the per-position distribution they were sampled
+   from, or None for deterministic proposals (verified with the one-hot rule).
+2. The target runs ``[seq[-1], *proposal.tokens]`` (g + 1 positions) in one forward, also
+   returning the hidden states of ``drafter.hidden_layers``.
+3. Verification accepts ``n_accepted`` tokens and yields ``next_token`` (correction or bonus).
+   The target cache is cropped to ``len(seq) + n_accepted``.
+4. ``drafter.commit(new_seq, n_accepted, hidden)``: ``new_seq = seq + accepted + [next_token]``;
+   ``hidden[l]`` holds the target layer-``l`` outputs of the ``n_accepted + 1`` positions that
+   became committed context (``seq[-1]`` and the accepted tokens), so drafters that read the
+   target's hidden states (DFlash) are fed without a second target call.
+
+At the start, ``drafter.reset(prompt, hidden)`` receives the prompt and the hidden states of
+its first ``len(prompt) - 1`` positions (the target's prefill).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Drafter", "Proposal", "SamplingParams"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target's distribution is formed: temperature -> top-k -> top-p.
+
+    ``temperature == 0`` is greedy decoding. Drafters that sample use the same settings.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Proposal:
+    """Tokens proposed by a drafter for one round.
+
+    Attributes
+    ----------
+    tokens : ndarray of shape (g,), int64
+        Proposed continuation, ``0 <= g <= gamma``.
+    q : ndarray of shape (g, V) or None
+        Distribution each token was sampled from; None for deterministic proposals.
+    """
+
+    tokens: np.ndarray
+    q: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """What :func:`fastspec.speculative_generate` needs from a drafter."""
+
+    #: Target layers whose hidden states the drafter consumes (empty for most drafters).
+    hidden_layers: tuple[int, ...]
+    #: Largest block the drafter can propose in one round (None: unbounded).
+    max_gamma: int | None
+
+    def reset(self, prompt: np.ndarray, hidden: dict[int, np.ndarray] | None) -> None:
+        """Start a new generation from ``prompt`` (1-D int64)."""
+
+    def propose(self, seq: np.ndarray, gamma: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        """Propose up to ``gamma`` tokens following the committed sequence ``seq``."""
+
+    def commit(self, seq: np.ndarray, n_accepted: int,
+               hidden: dict[int, np.ndarray] | None) -> None:
+        """Learn the verification result; ``seq`` is the new committed sequence."""
