@@ -1,0 +1,409 @@
+"""``fastspec bench``: the machine's limits, scaling, Cython vs NumPy, and peers, in one run.
+
+Every figure is measured in the run that reports it; ratios compare cases timed in the same
+process one after the other. Results are written as JSON; with the ``[plot]`` extra, PNG plots
+are drawn from that JSON by :mod:`fastspec.plots`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+import fastspec as fs
+
+__all__ = ["timeit", "machine_limits", "attention_rates", "kernel_ratios", "decode_bound",
+           "context_scaling", "gamma_scaling", "peers", "run", "bench_main"]
+
+
+# --- timing ---------------------------------------------------------------------------------
+
+def timeit(fn: Callable[[], object], min_time: float = 0.05, repeats: int = 5) -> float:
+    """Return the best, over ``repeats``, of the mean seconds per call of ``fn``.
+
+    Each repeat calls ``fn`` as many times as fit in ``min_time`` (at least once) after one
+    warm-up call. The minimum is the figure least disturbed by other processes.
+    """
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - t0, 1e-7)
+    loops = max(1, int(min_time / once))
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(loops):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / loops)
+    return best
+
+
+class Progress:
+    """A one-line text progress bar on stderr (no dependency)."""
+
+    def __init__(self, total: int, label: str = "bench", stream=sys.stderr) -> None:
+        self.total, self.done, self.label, self.stream = max(total, 1), 0, label, stream
+        self.t0 = time.perf_counter()
+
+    def step(self, what: str = "") -> None:
+        self.done += 1
+        width = 28
+        filled = int(width * min(self.done, self.total) / self.total)
+        elapsed = time.perf_counter() - self.t0
+        print(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+              f"{elapsed:5.0f}s {what[:40]:<40}", end="", file=self.stream, flush=True)
+        if self.done >= self.total:
+            print(file=self.stream)
+
+
+# --- the machine ----------------------------------------------------------------------------
+
+def machine_limits(quick: bool = True) -> dict:
+    """Measure streaming read bandwidth (cache-resident and DRAM-sized) and float32 GEMM.
+
+    Streaming reads use BLAS ``sdot`` over two float32 arrays (it reads both once and does
+    two flops per 8 bytes, so it is bandwidth-bound); the cache-resident case uses 2 x 512 KiB,
+    the DRAM case 2 x 128 MiB (2 x 512 MiB with ``quick=False``).
+    """
+    out = {}
+    small = np.ones(128 * 1024, np.float32)
+    small_b = np.ones_like(small)
+    t = timeit(lambda: small @ small_b, min_time=0.05)
+    out["stream_cache_GBps"] = 2 * small.nbytes / t / 1e9
+    n_big = (128 if quick else 512) * 1024 * 1024 // 4
+    big, big_b = np.ones(n_big, np.float32), np.ones(n_big, np.float32)
+    t = timeit(lambda: big @ big_b, min_time=0.2, repeats=3)
+    out["stream_dram_GBps"] = 2 * big.nbytes / t / 1e9
+    del big, big_b
+    n = 512 if quick else 1024
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    t = timeit(lambda: a @ a, min_time=0.1, repeats=3)
+    out["gemm_f32_GFLOPs"] = 2 * n ** 3 / t / 1e9
+    out["gemm_size"] = n
+    return out
+
+
+def attention_rates(lengths: Sequence[int] = (1024, 4096), n_heads: int = 8, head_dim: int = 64) -> list[dict]:
+    """Time single-query float32 attention per backend; report effective GB/s of K and V read."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for length in lengths:
+        q = rng.standard_normal((1, n_heads, head_dim)).astype(np.float32)
+        k = rng.standard_normal((n_heads, length, head_dim)).astype(np.float32)
+        v = rng.standard_normal((n_heads, length, head_dim)).astype(np.float32)
+        for name in fs.available_backends():
+            mod = fs.kernels.module(name)
+            t = timeit(lambda: mod.attention(q, k, v, length))
+            rows.append({"backend": name, "length": length, "seconds": t,
+                         "GBps": (k.nbytes + v.nbytes) / t / 1e9})
+    return rows
+
+
+def kernel_ratios() -> list[dict]:
+    """Cython vs NumPy time of each kernel on the issue's benchmark shapes (float32)."""
+    rng = np.random.default_rng(0)
+    V, g = 32000, 8
+    logits = rng.standard_normal((1, V)).astype(np.float32)
+    p = rng.random((g + 1, V)).astype(np.float32)
+    p /= p.sum(1, keepdims=True)
+    q = rng.random((g, V)).astype(np.float32)
+    q /= q.sum(1, keepdims=True)
+    draft = rng.integers(0, V, g)
+    u = rng.random(g + 1)
+    qa = rng.standard_normal((1, 8, 64)).astype(np.float32)
+    q9 = rng.standard_normal((9, 8, 64)).astype(np.float32)
+    kc = rng.standard_normal((8, 1024, 64)).astype(np.float32)
+    cache = np.zeros((8, 4096, 64), np.float32)
+    new = rng.standard_normal((1, 8, 64)).astype(np.float32)
+    cases = {
+        "attention n=1 L=1024": lambda m: m.attention(qa, kc, kc, 1024),
+        "attention n=9 L=1024": lambda m: m.attention(q9, kc, kc, 1024),
+        "cache_write 1 pos": lambda m: m.cache_write(cache, new, 4000),
+        "probs V=32000 top_p=0.9": lambda m: m.probs(logits, 1.0, 0, 0.9),
+        "verify_rejection g=8 V=32000": lambda m: m.verify_rejection(draft, p, q, u),
+        "verify_greedy g=8 V=32000": lambda m: m.verify_greedy(draft, p),
+    }
+    rows = []
+    for case, fn in cases.items():
+        times = {name: timeit(lambda: fn(fs.kernels.module(name))) for name in fs.available_backends()}
+        row = {"case": case, **{f"{k}_s": v for k, v in times.items()}}
+        if "cython" in times:
+            row["speedup"] = times["numpy"] / times["cython"]
+        rows.append(row)
+    return rows
+
+
+# --- models ---------------------------------------------------------------------------------
+
+def _models(prefer_pretrained: bool = True):
+    """Return ``(target, draft, dflash_or_None, source)``: the embedded models, else random ones."""
+    from fastspec import pretrained
+
+    if prefer_pretrained and pretrained.available():
+        b = pretrained.load()
+        return b.target, b.draft, b.dflash, "embedded"
+    cfg = fs.ModelConfig.tiny_llama()
+    target = fs.Transformer.random(cfg, seed=0)
+    draft = fs.Transformer.random(cfg.replace(n_layers=1), seed=1)
+    return target, draft, None, "random tiny Llama"
+
+
+def _with_context(model, max_seq_len: int):
+    """Return ``model`` rebuilt with room for ``max_seq_len`` positions (RoPE models only)."""
+    if model.config.max_seq_len >= max_seq_len or model.config.positional != "rope":
+        return model
+    cfg = model.config.replace(max_seq_len=max_seq_len)
+    return fs.Transformer.from_state_dict(cfg, model.state_dict())
+
+
+def _prompt_tokens(length: int, vocab: int) -> np.ndarray:
+    """Real text when the corpus is there, cut to ``length`` byte tokens."""
+    try:
+        from fastspec.corpus import load_bytes
+
+        data = load_bytes("validation")
+        if len(data) >= length:
+            return np.asarray(data[:length], dtype=np.int64) % vocab
+    except Exception:  # the corpus is a nicety here; random tokens time the same
+        pass
+    return np.random.default_rng(0).integers(0, min(vocab, 256), length)
+
+
+def decode_bound(model, limits: dict, step_s: float) -> dict:
+    """Compare a measured decode step with the memory and compute bounds of its weights."""
+    n_params = model.n_params
+    weight_bytes = n_params * np.dtype(model.config.dtype).itemsize
+    flops = 2 * n_params
+    t_mem_cache = weight_bytes / (limits["stream_cache_GBps"] * 1e9)
+    t_mem_dram = weight_bytes / (limits["stream_dram_GBps"] * 1e9)
+    t_compute = flops / (limits["gemm_f32_GFLOPs"] * 1e9)
+    bound = max(t_mem_cache, t_compute)
+    return {"params": n_params, "weight_bytes": weight_bytes, "step_s": step_s,
+            "bound_memory_cache_s": t_mem_cache, "bound_memory_dram_s": t_mem_dram,
+            "bound_compute_s": t_compute,
+            "binding": "memory" if t_mem_cache >= t_compute else "compute",
+            "achieved_fraction": bound / step_s}
+
+
+def _decode_step_time(model, context: int) -> float:
+    cache = model.new_cache()
+    ids = _prompt_tokens(context, model.config.vocab_size)
+    model.forward(ids, cache)
+    tok = np.array([1])
+
+    def step():
+        model.forward(tok, cache)
+        cache.crop(context)
+
+    return timeit(step)
+
+
+def context_scaling(target, draft, contexts: Sequence[int], new_tokens: int = 32,
+                    gamma: int = 4, progress: Progress | None = None) -> list[dict]:
+    """Decode cost per token vs context length, vanilla and speculative, per backend."""
+    target = _with_context(target, max(contexts) + new_tokens + 16)
+    draft = _with_context(draft, max(contexts) + new_tokens + 16)
+    rows = []
+    for name in fs.available_backends():
+        fs.set_backend(name)
+        for ctx in contexts:
+            ids = _prompt_tokens(ctx, target.config.vocab_size)
+            van = timeit(lambda: fs.generate(target, ids, new_tokens), min_time=0.0, repeats=2)
+            spec = timeit(lambda: fs.speculative_generate(
+                target, fs.DraftModelDrafter(draft), ids, new_tokens, gamma=gamma), min_time=0.0, repeats=2)
+            rows.append({"backend": name, "context": ctx, "vanilla_ms_per_token": 1e3 * van / new_tokens,
+                         "speculative_ms_per_token": 1e3 * spec / new_tokens, "speedup": van / spec})
+            if progress:
+                progress.step(f"{name} context {ctx}")
+    return rows
+
+
+def gamma_scaling(target, draft, dflash, gammas: Sequence[int] = (1, 2, 4, 8, 16),
+                  new_tokens: int = 128, progress: Progress | None = None) -> list[dict]:
+    """Speedup over vanilla vs gamma (draft model) and block size (DFlash), per backend."""
+    rows = []
+    ids = _prompt_tokens(256, target.config.vocab_size)
+    for name in fs.available_backends():
+        fs.set_backend(name)
+        van = timeit(lambda: fs.generate(target, ids, new_tokens), min_time=0.0, repeats=2)
+        for g in gammas:
+            runs = {"draft": lambda: fs.speculative_generate(target, fs.DraftModelDrafter(draft), ids,
+                                                             new_tokens, gamma=g)}
+            if dflash is not None:
+                runs["dflash"] = lambda: fs.speculative_generate(
+                    target, fs.DFlashDrafter(dflash), ids, new_tokens,
+                    gamma=min(g, dflash.config.block_size - 1))
+            for drafter, fn in runs.items():
+                t = timeit(fn, min_time=0.0, repeats=2)
+                tau = fn().stats.mean_accepted_length
+                rows.append({"backend": name, "drafter": drafter, "gamma": g, "speedup": van / t,
+                             "tau": tau, "ms_per_token": 1e3 * t / new_tokens})
+            if progress:
+                progress.step(f"{name} gamma {g}")
+    return rows
+
+
+# --- peers ----------------------------------------------------------------------------------
+
+def peers(target, draft, new_tokens: int = 256, prompt_len: int = 64, threads: int = 2) -> dict:
+    """fastspec vs Hugging Face transformers on the same weights (needs the ``[hf]`` extra).
+
+    Greedy ``generate``, assisted generation with the same draft, and prompt lookup, each
+    compared on tokens/s, output equality and target forward calls.
+    """
+    import tempfile
+
+    import torch
+    import transformers
+
+    torch.set_num_threads(threads)
+    ids = _prompt_tokens(prompt_len, target.config.vocab_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        target.save(Path(tmp) / "target")
+        draft.save(Path(tmp) / "draft")
+        load = lambda d: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
+            Path(tmp) / d, torch_dtype=torch.float32).eval()
+        hf_target, hf_draft = load("target"), load("draft")
+    calls = {"n": 0}
+    hf_target.register_forward_pre_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
+    for m in (hf_target, hf_draft):
+        m.generation_config.eos_token_id = None
+        m.generation_config.pad_token_id = 0
+    hf_draft.generation_config.num_assistant_tokens = 4
+    hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
+    inp = torch.tensor(ids[None, :], dtype=torch.long)
+
+    def hf_run(**kw):
+        calls["n"] = 0
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = hf_target.generate(inp, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                     do_sample=False, **kw)
+            dt = time.perf_counter() - t0
+        return out[0, len(ids):].tolist(), dt, calls["n"]
+
+    def fs_run(fn):
+        fn()  # warm-up
+        t0 = time.perf_counter()
+        res = fn()
+        dt = time.perf_counter() - t0
+        calls_ = res.stats.target_calls if hasattr(res, "stats") and res.stats.target_calls else len(res.tokens)
+        return list(res.tokens), dt, calls_
+
+    pairs = {
+        "greedy": (lambda: hf_run(),
+                   lambda: fs.generate(target, ids, new_tokens)),
+        "assisted / draft model": (lambda: hf_run(assistant_model=hf_draft),
+                                   lambda: fs.speculative_generate(target, fs.DraftModelDrafter(draft),
+                                                                   ids, new_tokens, gamma=4)),
+        "prompt lookup / n-gram": (lambda: hf_run(prompt_lookup_num_tokens=4),
+                                   lambda: fs.speculative_generate(target, fs.NgramDrafter(max_ngram=3),
+                                                                   ids, new_tokens, gamma=4)),
+    }
+    rows = []
+    for name, (hf_fn, fs_fn) in pairs.items():
+        hf_fn()  # warm-up
+        hf_tokens, hf_dt, hf_calls = hf_fn()
+        fs_tokens, fs_dt, fs_calls = fs_run(fs_fn)
+        same = hf_tokens == fs_tokens
+        first_diff = next((i for i, (a, b) in enumerate(zip(hf_tokens, fs_tokens)) if a != b), None)
+        rows.append({"pair": name, "hf_tokens_per_s": new_tokens / hf_dt,
+                     "fs_tokens_per_s": len(fs_tokens) / fs_dt, "ratio": (len(fs_tokens) / fs_dt) / (new_tokens / hf_dt),
+                     "hf_target_calls": hf_calls, "fs_target_calls": fs_calls,
+                     "identical": same, "first_difference": first_diff})
+    return {"transformers": transformers.__version__, "torch": torch.__version__,
+            "threads": threads, "new_tokens": new_tokens, "rows": rows}
+
+
+# --- driver ---------------------------------------------------------------------------------
+
+def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> dict:
+    """Run the suite and return the JSON-ready report."""
+    from fastspec.demo import environment
+
+    contexts = (64, 256, 1024, 2048, 4096) if full else (64, 512, 2048)
+    gammas = (1, 2, 4, 8, 16) if full else (1, 4, 8)
+    backends = fs.available_backends()
+    steps = 4 + len(backends) * (len(contexts) + len(gammas)) + (1 if with_peers else 0)
+    bar = Progress(steps) if progress else None
+    tick = (lambda what: bar.step(what)) if bar else (lambda what: None)
+    previous = fs.backend()
+    report = {"environment": environment(), "mode": "full" if full else "quick"}
+    try:
+        report["machine"] = machine_limits(quick=not full)
+        tick("machine limits")
+        report["attention"] = attention_rates()
+        best = max(r["GBps"] for r in report["attention"] if r["length"] == 4096)
+        report["attention_fraction_of_cache_bandwidth"] = best / report["machine"]["stream_cache_GBps"]
+        tick("attention")
+        report["kernels"] = kernel_ratios()
+        tick("kernels")
+        target, draft, dflash, source = _models()
+        report["models"] = {"source": source, "target_params": target.n_params,
+                            "draft_params": draft.n_params}
+        bounds = []
+        for name in backends:
+            fs.set_backend(name)
+            step = _decode_step_time(target, 64)
+            bounds.append({"backend": name, **decode_bound(target, report["machine"], step)})
+        report["decode_bound"] = bounds
+        tick("decode bound")
+        report["context_scaling"] = context_scaling(target, draft, contexts, progress=bar)
+        report["gamma_scaling"] = gamma_scaling(target, draft, dflash, gammas, progress=bar)
+        fs.set_backend(previous)
+        if with_peers:
+            try:
+                report["peers"] = [
+                    {"models": "random tiny Llama", **peers(fs.Transformer.random(fs.ModelConfig.tiny_llama(), 0),
+                                                            fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=1), 1))},
+                ]
+                if source == "embedded":
+                    report["peers"].append({"models": "embedded", **peers(target, draft)})
+            except ImportError as exc:
+                report["peers"] = {"skipped": f"needs the [hf] extra: {exc}"}
+            tick("peers")
+    finally:
+        fs.set_backend(previous)
+    return report
+
+
+def bench_main(args) -> int:
+    """Entry point of ``fastspec bench``."""
+    report = run(full=args.full, with_peers=args.peers, progress=not args.quiet)
+    Path(args.out).write_text(json.dumps(report, indent=1, default=float))
+    print(f"wrote {args.out}", file=sys.stderr)
+    print(summary_text(report))
+    if args.plot_dir:
+        try:
+            from fastspec.plots import plot_report
+        except ImportError as exc:
+            print(f"plots skipped (install fastspec[plot]): {exc}", file=sys.stderr)
+        else:
+            for path in plot_report(report, args.plot_dir):
+                print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def summary_text(report: dict) -> str:
+    """A short human-readable summary of a report."""
+    m = report["machine"]
+    lines = [f"machine: stream {m['stream_cache_GBps']:.1f} GB/s (cache-resident), "
+             f"{m['stream_dram_GBps']:.1f} GB/s (DRAM), GEMM {m['gemm_f32_GFLOPs']:.0f} GFLOP/s"]
+    for r in report["attention"]:
+        lines.append(f"attention L={r['length']:5d} {r['backend']:>6}: {r['GBps']:6.1f} GB/s")
+    for r in report["kernels"]:
+        if "speedup" in r:
+            lines.append(f"kernel {r['case']:<30} cython/numpy speedup {r['speedup']:6.1f}x")
+    for r in report["decode_bound"]:
+        lines.append(f"decode step {r['backend']:>6}: {1e6 * r['step_s']:.0f} us, {r['binding']}-bound, "
+                     f"{r['achieved_fraction']:.0%} of the bound")
+    for r in report.get("peers", []) if isinstance(report.get("peers"), list) else []:
+        for row in r["rows"]:
+            lines.append(f"peers [{r['models']}] {row['pair']:<24} fastspec/transformers "
+                         f"{row['ratio']:5.1f}x identical={row['identical']}")
+    return "\n".join(lines)
