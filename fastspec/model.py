@@ -14,6 +14,11 @@ from fastspec import kernels
 from fastspec._checks import check_index
 from fastspec.cache import KVCache
 
+try:  # the fused forward; without it every model runs on the NumPy path
+    from fastspec import _model as _model_ext
+except ImportError:  # pragma: no cover - exercised by source checkouts without a build
+    _model_ext = None
+
 __all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
 
 _NORMS = ("rmsnorm", "layernorm")
@@ -46,6 +51,7 @@ class ModelConfig:
     dtype: str = "float32"
     head_dim: int | None = None
     qk_norm: bool = False
+    qkv_bias: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -82,7 +88,7 @@ class ModelConfig:
     @classmethod
     def toy(cls, vocab_size: int = 8, dim: int = 16, n_heads: int = 2, n_layers: int = 2,
             max_seq_len: int = 256, dtype: str = "float32") -> "ModelConfig":
-        """The seed experiment's decoder: LayerNorm, learned positions, tanh FFN (dim -> 2 dim)."""
+        """Return the seed experiment's decoder: LayerNorm, learned positions, tanh FFN (dim -> 2 dim)."""
         return cls(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
                    n_kv_heads=n_heads, ffn_dim=2 * dim, max_seq_len=max_seq_len,
                    norm="layernorm", positional="learned", activation="tanh",
@@ -90,7 +96,7 @@ class ModelConfig:
 
     @classmethod
     def tiny_llama(cls, dtype: str = "float32", **overrides) -> "ModelConfig":
-        """The benchmark model: vocab 260, dim 256, 4 layers, 8 heads, ffn 704."""
+        """Return the benchmark model's config: vocab 260, dim 256, 4 layers, 8 heads, ffn 704."""
         fields = dict(vocab_size=260, dim=256, n_layers=4, n_heads=8, n_kv_heads=8,
                       ffn_dim=704, max_seq_len=4096 + 64, dtype=dtype)
         fields.update(overrides)
@@ -120,7 +126,8 @@ class LayerWeights:
 
     Shapes: ``wq (dim, H*D)``, ``wk, wv (dim, Hkv*D)``, ``wo (H*D, dim)``, ``w_up (dim, F)``,
     ``w_gate (dim, F)`` (SwiGLU only), ``w_down (F, dim)``, norms ``(dim,)`` (RMSNorm only),
-    ``q_norm, k_norm (D,)`` (QK-norm only). Absent weights are None.
+    ``q_norm, k_norm (D,)`` (QK-norm only), ``q_bias (H*D,)``, ``k_bias, v_bias (Hkv*D,)``
+    (``qkv_bias`` only: Qwen2). Absent weights are None.
     """
 
     wq: np.ndarray
@@ -134,6 +141,9 @@ class LayerWeights:
     mlp_norm: np.ndarray | None = None
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
+    q_bias: np.ndarray | None = None
+    k_bias: np.ndarray | None = None
+    v_bias: np.ndarray | None = None
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
@@ -191,6 +201,11 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def _linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    y = x @ w
+    return y if bias is None else y + bias
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
@@ -228,6 +243,7 @@ class Transformer:
                                                        config.rope_theta, dt)
         else:
             self.rope_cos = self.rope_sin = None
+        self._runner = None
 
     # --- construction -------------------------------------------------------------------
 
@@ -253,6 +269,10 @@ class Transformer:
             if c.qk_norm:
                 lw.q_norm = 1.0 + 0.1 * rng.normal(size=D)
                 lw.k_norm = 1.0 + 0.1 * rng.normal(size=D)
+            if c.qkv_bias:
+                lw.q_bias = 0.1 * rng.normal(size=H * D)
+                lw.k_bias = 0.1 * rng.normal(size=Hkv * D)
+                lw.v_bias = 0.1 * rng.normal(size=Hkv * D)
             layers.append(lw)
         final = 1.0 + 0.1 * rng.normal(size=d) if c.norm == "rmsnorm" else None
         if c.tie_embeddings:
@@ -273,9 +293,11 @@ class Transformer:
             raise ValueError(f"expected {c.n_layers} layers, got {len(self.layers)}")
         layer_shapes = {"wq": (d, H * D), "wk": (d, Hkv * D), "wv": (d, Hkv * D), "wo": (H * D, d),
                         "w_up": (d, F), "w_down": (F, d), "w_gate": (d, F), "attn_norm": (d,),
-                        "mlp_norm": (d,), "q_norm": (D,), "k_norm": (D,)}
+                        "mlp_norm": (d,), "q_norm": (D,), "k_norm": (D,), "q_bias": (H * D,),
+                        "k_bias": (Hkv * D,), "v_bias": (Hkv * D,)}
         needed = {"w_gate": c.activation == "swiglu", "attn_norm": c.norm == "rmsnorm",
-                  "mlp_norm": c.norm == "rmsnorm", "q_norm": c.qk_norm, "k_norm": c.qk_norm}
+                  "mlp_norm": c.norm == "rmsnorm", "q_norm": c.qk_norm, "k_norm": c.qk_norm,
+                  "q_bias": c.qkv_bias, "k_bias": c.qkv_bias, "v_bias": c.qkv_bias}
         for i, lw in enumerate(self.layers):
             for name, shape in layer_shapes.items():
                 a = getattr(lw, name)
@@ -314,7 +336,7 @@ class Transformer:
         return np.ascontiguousarray(arr)
 
     def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
-                causal: bool = True) -> ForwardOutput:
+                causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
         """Run new positions through the model, appending them to ``cache``.
 
         Parameters
@@ -326,27 +348,125 @@ class Transformer:
             starting at position 0 and a temporary cache is used.
         hidden_layers : iterable of int
             Layers whose outputs to return (``-1`` is the last layer).
+        causal : bool, default True
+            False lets every new position attend to all new positions (and the cache).
+        out : ndarray of shape (n, vocab_size), optional
+            Caller-owned, C-contiguous logits buffer of the model dtype. A decoding loop can
+            reuse one buffer per step instead of receiving a fresh array each call.
 
         Returns
         -------
         ForwardOutput
-            ``logits`` of shape (n, vocab_size); ``hidden[l]`` of shape (n, dim).
+            ``logits`` of shape (n, vocab_size) in the model dtype (``out`` when given);
+            ``hidden[l]`` of shape (n, dim).
+
+        Notes
+        -----
+        With the Cython backend active (``fastspec.backend() == "cython"``) and the
+        extension ``fastspec._model`` built, the whole step runs in one fused ``nogil`` call;
+        otherwise the NumPy twin below runs. Both give the same result within rounding.
         """
-        c = self.config
-        ids = self.check_ids(ids)
-        n = ids.shape[0]
-        layers = self.check_hidden_layers(hidden_layers)
+        runner = self._fused()
         if cache is None:
-            if n > c.max_seq_len:
-                raise ValueError(f"ids has {n} positions, more than max_seq_len {c.max_seq_len}")
-            cache = self.new_cache(n)
+            cache = self._temp_cache(ids)
+        elif type(cache) is not KVCache:
+            self._check_cache(cache)
+        start = cache.length
+        if runner is not None:
+            logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal, hidden_layers,
+                                            out)
+            cache.advance(logits.shape[0])
+            return ForwardOutput(logits, hidden)
+        ids = self.check_ids(ids)
+        layers = self.check_hidden_layers(hidden_layers)
+        self._check_cache(cache)
+        self._check_room(cache, start, ids.shape[0])
+        out = self._check_out(out, ids.shape[0])
+        x = self.embed[ids]
+        if self.config.positional == "learned":
+            x = x + self.pos_embed[start:start + ids.shape[0]]
+        logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
+        cache.advance(ids.shape[0])
+        return ForwardOutput(logits, hidden)
+
+    def forward_embeddings(self, x: np.ndarray, cache: KVCache, hidden_layers: Iterable[int] = (),
+                           causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
+        """Run input embeddings through the layer stack WITHOUT advancing the cache.
+
+        The DFlash drafter's block step: ``x`` sits at positions ``cache.length ..
+        cache.length + n - 1``; its keys/values are written there (past the committed length,
+        so the next write or :meth:`write_context_kv` overwrites them) and every position
+        attends to the committed cache plus the block (all of it when ``causal=False``).
+
+        Parameters
+        ----------
+        x : ndarray of shape (n, dim)
+            Input embeddings in the model dtype, used as given (no position embedding is
+            added; RoPE models rotate q/k at the block positions).
+        cache : KVCache
+            Its length is left unchanged.
+        hidden_layers : iterable of int
+        causal : bool, default True
+        out : ndarray of shape (n, vocab_size), optional
+
+        Returns
+        -------
+        ForwardOutput
+            ``final_norm(x_out) @ head`` logits of shape (n, vocab_size) and the requested
+            hidden states.
+        """
+        runner = self._fused()
+        start = cache.length
+        if runner is not None:
+            logits, hidden = runner.forward_embeddings(x, cache.k, cache.v, start, causal,
+                                                       hidden_layers, out)
+            return ForwardOutput(logits, hidden)
+        x = self._check_rows(x, "x")
+        layers = self.check_hidden_layers(hidden_layers)
+        self._check_cache(cache)
+        self._check_room(cache, start, x.shape[0])
+        out = self._check_out(out, x.shape[0])
+        logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
+        return ForwardOutput(logits, hidden)
+
+    def write_context_kv(self, features: np.ndarray, cache: KVCache, layer: int | None = None,
+                         advance: bool = True) -> None:
+        """Project context features straight into the K/V cache (DFlash KV injection).
+
+        For each layer ``l`` (or only ``layer``): ``k = features @ Wk_l`` (+ bias), per-head
+        k-norm when ``qk_norm``, RoPE at positions ``cache.length ..``; ``v = features @
+        Wv_l``. No input norm is applied to ``features``.
+
+        Parameters
+        ----------
+        features : ndarray of shape (n, dim)
+            Context features of positions ``cache.length .. cache.length + n - 1``.
+        cache : KVCache
+        layer : int, optional
+            Write only this layer (negative counts from the end); default every layer.
+        advance : bool, default True
+            Mark the ``n`` positions as committed. Pass False while writing layer by layer.
+        """
+        features = self._check_rows(features, "features")
+        n = features.shape[0]
         self._check_cache(cache)
         start = cache.length
-        if start + n > cache.capacity:
-            raise ValueError(f"cache holds {start} positions; {n} more exceed its capacity {cache.capacity}")
-        logits, hidden = self._forward_numpy(ids, cache, start, causal, layers)
-        cache.advance(n)
-        return ForwardOutput(logits, hidden)
+        self._check_room(cache, start, n)
+        L = self.config.n_layers
+        if layer is None:
+            lo, hi = 0, L
+        else:
+            lo = check_index(layer, "layer", -L, L - 1) % L
+            hi = lo + 1
+        runner = self._fused()
+        if runner is not None:
+            runner.context_kv(features, cache.k, cache.v, start, lo, hi)
+        else:
+            cos, sin = self._rope_rows(start, n)
+            for i in range(lo, hi):
+                self._store_kv(features, self.layers[i], cache.k[i], cache.v[i], start, cos, sin)
+        if advance:
+            cache.advance(n)
 
     def check_hidden_layers(self, hidden_layers: Iterable[int]) -> tuple[int, ...]:
         """Return sorted, de-duplicated layer indices (negative ones count from the end)."""
@@ -356,6 +476,27 @@ class Transformer:
             layer = check_index(layer, "hidden_layers", -L, L - 1)
             out.add(layer % L)
         return tuple(sorted(out))
+
+    # --- dispatch and checks --------------------------------------------------------------
+
+    def _fused(self):
+        """Return the fused Cython runner when the Cython backend is active, else None."""
+        if kernels.backend() != "cython" or _model_ext is None:
+            return None
+        runner = self._runner
+        if runner is None:
+            runner = self._runner = _model_ext.TransformerRunner(self)
+        return runner
+
+    def invalidate(self) -> None:
+        """Forget the fused runner; call after replacing (not updating in place) a weight array."""
+        self._runner = None
+
+    def _temp_cache(self, ids) -> KVCache:
+        n = len(ids) if hasattr(ids, "__len__") else np.asarray(ids).size
+        if n > self.config.max_seq_len:
+            raise ValueError(f"ids has {n} positions, more than max_seq_len {self.config.max_seq_len}")
+        return self.new_cache(max(int(n), 1))
 
     def _check_cache(self, cache: KVCache) -> None:
         c = self.config
@@ -367,22 +508,47 @@ class Transformer:
             raise ValueError(f"cache (layers, kv heads, head_dim, dtype) = {got} does not match "
                              f"the model's {want}")
 
-    def _forward_numpy(self, ids, cache, start, causal, hidden_layers):
-        c = self.config
-        n = ids.shape[0]
-        x = self.embed[ids]
-        if c.positional == "learned":
-            x = x + self.pos_embed[start:start + n]
-            cos = sin = None
-        else:
-            cos, sin = self.rope_cos[start:start + n], self.rope_sin[start:start + n]
+    def _check_room(self, cache: KVCache, start: int, n: int) -> None:
+        if start + n > cache.capacity:
+            raise ValueError(f"cache holds {start} positions; {n} more exceed its capacity {cache.capacity}")
+        if start + n > self.config.max_seq_len:
+            raise ValueError(f"positions up to {start + n} exceed max_seq_len {self.config.max_seq_len}")
+
+    def _check_rows(self, x, name: str) -> np.ndarray:
+        dt, d = np.dtype(self.config.dtype), self.config.dim
+        if not isinstance(x, np.ndarray) or x.dtype != dt or x.ndim != 2 or x.shape[1] != d or x.shape[0] < 1:
+            raise ValueError(f"{name} must be a {dt} array of shape (n >= 1, {d})")
+        return x
+
+    def _check_out(self, out, n: int):
+        if out is None:
+            return None
+        dt, V = np.dtype(self.config.dtype), self.config.vocab_size
+        if (not isinstance(out, np.ndarray) or out.dtype != dt or out.shape != (n, V)
+                or not out.flags.c_contiguous or not out.flags.writeable):
+            raise ValueError(f"out must be a writable C-contiguous {dt} array of shape ({n}, {V})")
+        return out
+
+    def _rope_rows(self, start: int, n: int):
+        if self.rope_cos is None:
+            return None, None
+        return self.rope_cos[start:start + n], self.rope_sin[start:start + n]
+
+    # --- the NumPy twin of the fused runner ----------------------------------------------
+
+    def _layers_numpy(self, x, cache, start, causal, hidden_layers, out):
+        n = x.shape[0]
+        cos, sin = self._rope_rows(start, n)
         hidden = {}
         for i, lw in enumerate(self.layers):
             x = self.layer_forward(x, lw, cache.k[i], cache.v[i], start, cos, sin, causal)
             if i in hidden_layers:
                 hidden[i] = x.copy()
-        x = self.norm(x, self.final_norm)
-        return x @ self.head, hidden
+        logits = self.norm(x, self.final_norm) @ self.head
+        if out is not None:
+            out[...] = logits
+            logits = out
+        return logits, hidden
 
     def norm(self, x: np.ndarray, weight: np.ndarray | None) -> np.ndarray:
         """Apply the family's normalisation (RMSNorm with ``weight``, or plain LayerNorm)."""
@@ -390,8 +556,20 @@ class Transformer:
             return rms_norm(x, weight, self.config.norm_eps)
         return layer_norm(x, self.config.norm_eps)
 
-    def layer_forward(self, x, lw: LayerWeights, k_cache, v_cache, start, cos, sin, causal=True,
-                      context=None):
+    def _store_kv(self, h, lw: LayerWeights, k_cache, v_cache, start, cos, sin) -> None:
+        """Project ``h`` (n, dim) to keys/values (k-norm, RoPE) and write them at ``start ..``."""
+        c = self.config
+        n = h.shape[0]
+        k = _linear(h, lw.wk, lw.k_bias).reshape(n, c.n_kv_heads, c.head_dim)
+        v = _linear(h, lw.wv, lw.v_bias).reshape(n, c.n_kv_heads, c.head_dim)
+        if c.qk_norm:
+            k = rms_norm(k, lw.k_norm, c.norm_eps)
+        if cos is not None:
+            k = apply_rope(k, cos, sin)
+        kernels.cache_write(k_cache, np.ascontiguousarray(k), start)
+        kernels.cache_write(v_cache, np.ascontiguousarray(v), start)
+
+    def layer_forward(self, x, lw: LayerWeights, k_cache, v_cache, start, cos, sin, causal=True):
         """One decoder layer on ``x`` (n, dim) at positions ``start ..``; returns the new x.
 
         Writes the new keys/values into ``k_cache``/``v_cache`` (n_kv_heads, C, head_dim) at
@@ -400,17 +578,12 @@ class Transformer:
         c = self.config
         n = x.shape[0]
         h = self.norm(x, lw.attn_norm)
-        q = (h @ lw.wq).reshape(n, c.n_heads, c.head_dim)
-        k = (h @ lw.wk).reshape(n, c.n_kv_heads, c.head_dim)
-        v = (h @ lw.wv).reshape(n, c.n_kv_heads, c.head_dim)
+        q = _linear(h, lw.wq, lw.q_bias).reshape(n, c.n_heads, c.head_dim)
         if c.qk_norm:
             q = rms_norm(q, lw.q_norm, c.norm_eps)
-            k = rms_norm(k, lw.k_norm, c.norm_eps)
         if cos is not None:
             q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
-        kernels.cache_write(k_cache, np.ascontiguousarray(k), start)
-        kernels.cache_write(v_cache, np.ascontiguousarray(v), start)
+        self._store_kv(h, lw, k_cache, v_cache, start, cos, sin)
         a = kernels.attention(np.ascontiguousarray(q), k_cache, v_cache, start + n, causal)
         x = x + a.reshape(n, -1) @ lw.wo
         h = self.norm(x, lw.mlp_norm)
@@ -434,10 +607,12 @@ class Transformer:
                  "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
                  "w_down": "mlp.down_proj", "attn_norm": "input_layernorm",
                  "mlp_norm": "post_attention_layernorm", "q_norm": "self_attn.q_norm",
-                 "k_norm": "self_attn.k_norm"}
+                 "k_norm": "self_attn.k_norm", "q_bias": "self_attn.q_proj",
+                 "k_bias": "self_attn.k_proj", "v_bias": "self_attn.v_proj"}
         for i, lw in enumerate(self.layers):
             for attr, a in lw.arrays().items():
-                sd[f"model.layers.{i}.{names[attr]}.weight"] = a.T if a.ndim == 2 else a
+                kind = "bias" if attr.endswith("_bias") else "weight"
+                sd[f"model.layers.{i}.{names[attr]}.{kind}"] = a.T if a.ndim == 2 else a
         if self.final_norm is not None:
             sd["model.norm.weight"] = self.final_norm
         if not c.tie_embeddings:
@@ -467,6 +642,10 @@ class Transformer:
             if c.qk_norm:
                 lw.q_norm = get(p + "self_attn.q_norm.weight")
                 lw.k_norm = get(p + "self_attn.k_norm.weight")
+            if c.qkv_bias:
+                lw.q_bias = get(p + "self_attn.q_proj.bias")
+                lw.k_bias = get(p + "self_attn.k_proj.bias")
+                lw.v_bias = get(p + "self_attn.v_proj.bias")
             layers.append(lw)
         embed = get("model.embed_tokens.weight")
         head = embed.T if c.tie_embeddings else get("lm_head.weight").T

@@ -1,0 +1,257 @@
+/* Template body of fs_model.h: included once per dtype with FS_T (float/double) and FS_SFX
+ * (f32/f64) defined. No include guard on purpose. */
+
+#define FS_FN(name) FS_CAT(name, FS_SFX)
+
+/* Weights of one decoder layer; absent ones are NULL. */
+typedef struct {
+    const FS_T *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    const FS_T *attn_norm, *mlp_norm, *q_norm, *k_norm;
+    const FS_T *bq, *bk, *bv;
+} FS_FN(fs_layer);
+
+typedef struct {
+    fs_dims d;
+    const FS_T *embed;       /* (vocab, dim) */
+    const FS_T *pos_embed;   /* (max_pos, dim) or NULL */
+    const FS_T *head;        /* (dim, vocab) */
+    const FS_T *final_norm;  /* (dim,) or NULL */
+    const FS_T *rope_cos, *rope_sin;  /* (max_pos, head_dim/2) or NULL */
+    const FS_FN(fs_layer) *layers;
+} FS_FN(fs_model);
+
+/* Views into one preallocated buffer of rows * fs_scratch_row(d) elements, plus a double
+ * buffer of capacity + head_dim for attention scores and accumulators. */
+typedef struct {
+    FS_T *x, *h, *q, *k, *v, *att, *f1, *f2;
+    double *scores, *acc;
+} FS_FN(fs_scratch);
+
+static inline void FS_FN(fs_scratch_init)(FS_FN(fs_scratch) *s, const fs_dims *d, FS_T *buf,
+                                          size_t rows, double *dbuf, size_t capacity)
+{
+    size_t HD = (size_t)d->n_heads * d->head_dim, KD = (size_t)d->n_kv_heads * d->head_dim;
+    s->x = buf;             buf += rows * d->dim;
+    s->h = buf;             buf += rows * d->dim;
+    s->q = buf;             buf += rows * HD;
+    s->att = buf;           buf += rows * HD;
+    s->k = buf;             buf += rows * KD;
+    s->v = buf;             buf += rows * KD;
+    s->f1 = buf;            buf += rows * d->ffn_dim;
+    s->f2 = buf;
+    s->scores = dbuf;
+    s->acc = dbuf + capacity;
+}
+
+/* out (n, dim) = norm(x) [* w]; statistics in double like the NumPy twin. */
+FS_LIN_INLINE void FS_FN(fs_norm_rows)(const fs_dims *d, const FS_T *x, const FS_T *w,
+                                          FS_T *out, int n, int width, int rms)
+{
+    for (int i = 0; i < n; i++) {
+        const FS_T *xi = x + (size_t)i * width;
+        FS_T *oi = out + (size_t)i * width;
+        if (rms) {
+            double ss = 0.0;
+            for (int j = 0; j < width; j++) ss += (double)xi[j] * (double)xi[j];
+            double r = sqrt(ss / width + d->eps);
+            for (int j = 0; j < width; j++) {
+                FS_T y = (FS_T)((double)xi[j] / r);
+                oi[j] = w ? y * w[j] : y;
+            }
+        } else {
+            double mu = 0.0, var = 0.0;
+            for (int j = 0; j < width; j++) mu += (double)xi[j];
+            mu /= width;
+            for (int j = 0; j < width; j++) {
+                double t = (double)xi[j] - mu;
+                var += t * t;
+            }
+            double r = sqrt(var / width + d->eps);
+            for (int j = 0; j < width; j++) oi[j] = (FS_T)(((double)xi[j] - mu) / r);
+        }
+    }
+}
+
+/* Rotate-half RoPE on (n, heads, D) rows at positions pos0 + i. */
+FS_LIN_INLINE void FS_FN(fs_rope)(const FS_FN(fs_model) *m, FS_T *x, int n, int heads,
+                                     int pos0)
+{
+    int D = m->d.head_dim, half = D / 2;
+    for (int i = 0; i < n; i++) {
+        const FS_T *c = m->rope_cos + (size_t)(pos0 + i) * half;
+        const FS_T *s = m->rope_sin + (size_t)(pos0 + i) * half;
+        for (int h = 0; h < heads; h++) {
+            FS_T *x1 = x + ((size_t)i * heads + h) * D, *x2 = x1 + half;
+            for (int j = 0; j < half; j++) {
+                FS_T a = x1[j], b = x2[j];
+                x1[j] = a * c[j] - b * s[j];
+                x2[j] = b * c[j] + a * s[j];
+            }
+        }
+    }
+}
+
+/* k-norm (optional), RoPE and cache write of n new key/value rows at positions pos0 + i. */
+FS_LIN_INLINE void FS_FN(fs_store_kv)(const FS_FN(fs_model) *m, const FS_FN(fs_layer) *L,
+                                         FS_T *k, const FS_T *v, int n, int pos0,
+                                         FS_T *kc, FS_T *vc, int capacity)
+{
+    const fs_dims *d = &m->d;
+    int Hkv = d->n_kv_heads, D = d->head_dim;
+    if (d->qk_norm) FS_FN(fs_norm_rows)(d, k, L->k_norm, k, n * Hkv, D, 1);
+    if (d->rope) FS_FN(fs_rope)(m, k, n, Hkv, pos0);
+    for (int i = 0; i < n; i++)
+        for (int g = 0; g < Hkv; g++) {
+            size_t src = ((size_t)i * Hkv + g) * D;
+            size_t dst = ((size_t)g * capacity + pos0 + i) * D;
+            memcpy(kc + dst, k + src, (size_t)D * sizeof(FS_T));
+            memcpy(vc + dst, v + src, (size_t)D * sizeof(FS_T));
+        }
+}
+
+#if !defined(FS_HAVE_ATTENTION_H)
+/* Scaled dot-product attention of n queries (n, H, D) over keys [0, length) of one layer's
+ * cache; query i sits at position length - n + i. Scores and sums in double. */
+FS_LIN_CLONES static void FS_FN(fs_attend)(const FS_T *q, const FS_T *kc, const FS_T *vc,
+                                       FS_T *out, int n, int H, int Hkv, int D, int capacity,
+                                       int length, int causal, double *scores, double *acc)
+{
+    int group = H / Hkv;
+    double scale = 1.0 / sqrt((double)D);
+    for (int i = 0; i < n; i++) {
+        int lim = causal ? length - n + i + 1 : length;
+        for (int h = 0; h < H; h++) {
+            const FS_T *qi = q + ((size_t)i * H + h) * D;
+            const FS_T *K = kc + (size_t)(h / group) * capacity * D;
+            const FS_T *V = vc + (size_t)(h / group) * capacity * D;
+            double mx = -INFINITY;
+            for (int j = 0; j < lim; j++) {
+                const FS_T *kj = K + (size_t)j * D;
+                /* Eight partial sums: vectorises without -ffast-math. */
+                FS_T part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                int t = 0;
+                for (; t + 8 <= D; t += 8)
+                    for (int u = 0; u < 8; u++) part[u] += qi[t + u] * kj[t + u];
+                double s = 0.0;
+                for (; t < D; t++) s += (double)qi[t] * (double)kj[t];
+                for (int u = 0; u < 8; u++) s += (double)part[u];
+                s *= scale;
+                scores[j] = s;
+                if (s > mx) mx = s;
+            }
+            double sum = 0.0;
+            for (int j = 0; j < lim; j++) {
+                double w = exp(scores[j] - mx);
+                scores[j] = w;
+                sum += w;
+            }
+            for (int t = 0; t < D; t++) acc[t] = 0.0;
+            for (int j = 0; j < lim; j++) {
+                const FS_T *vj = V + (size_t)j * D;
+                double w = scores[j];
+                for (int t = 0; t < D; t++) acc[t] += w * (double)vj[t];
+            }
+            FS_T *oi = out + ((size_t)i * H + h) * D;
+            double inv = 1.0 / sum;
+            for (int t = 0; t < D; t++) oi[t] = (FS_T)(acc[t] * inv);
+        }
+    }
+}
+#endif
+
+/* x (n, dim) <- embed[ids] (+ pos_embed[pos0 + i]). */
+static void FS_FN(fs_embed)(const FS_FN(fs_model) *m, const int64_t *ids, int n, int pos0,
+                            FS_T *x)
+{
+    int dim = m->d.dim;
+    for (int i = 0; i < n; i++) {
+        FS_T *xi = x + (size_t)i * dim;
+        memcpy(xi, m->embed + (size_t)ids[i] * dim, (size_t)dim * sizeof(FS_T));
+        if (m->pos_embed) {
+            const FS_T *p = m->pos_embed + (size_t)(pos0 + i) * dim;
+            for (int j = 0; j < dim; j++) xi[j] += p[j];
+        }
+    }
+}
+
+/* Run every layer on s->x (n, dim) in place for positions pos0 .. pos0+n-1, writing their
+ * K/V into the cache and attending over [0, pos0 + n). hidden[l], when not NULL, receives a
+ * copy of layer l's output (n, dim). */
+static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s, int n, int pos0,
+                             int causal, FS_T *k_cache, FS_T *v_cache, size_t layer_stride,
+                             int capacity, FS_T *const *hidden)
+{
+    const fs_dims *d = &m->d;
+    int dim = d->dim, H = d->n_heads, Hkv = d->n_kv_heads, D = d->head_dim, F = d->ffn_dim;
+    int HD = H * D, KD = Hkv * D;
+    for (int l = 0; l < d->n_layers; l++) {
+        const FS_FN(fs_layer) *L = &m->layers[l];
+        FS_T *kc = k_cache + (size_t)l * layer_stride, *vc = v_cache + (size_t)l * layer_stride;
+        FS_FN(fs_norm_rows)(d, s->x, L->attn_norm, s->h, n, dim, d->rmsnorm);
+        FS_FN(fs_linear)(s->h, L->wq, L->bq, s->q, n, dim, HD, 0);
+        FS_FN(fs_linear)(s->h, L->wk, L->bk, s->k, n, dim, KD, 0);
+        FS_FN(fs_linear)(s->h, L->wv, L->bv, s->v, n, dim, KD, 0);
+        if (d->qk_norm) FS_FN(fs_norm_rows)(d, s->q, L->q_norm, s->q, n * H, D, 1);
+        if (d->rope) FS_FN(fs_rope)(m, s->q, n, H, pos0);
+        FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, kc, vc, capacity);
+#if defined(FS_HAVE_ATTENTION_H)
+        FS_FN(fs_attention)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n, causal,
+                            s->scores);
+#else
+        FS_FN(fs_attend)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n, causal,
+                         s->scores, s->acc);
+#endif
+        FS_FN(fs_linear)(s->att, L->wo, NULL, s->x, n, HD, dim, 1);
+        FS_FN(fs_norm_rows)(d, s->x, L->mlp_norm, s->h, n, dim, d->rmsnorm);
+        size_t nf = (size_t)n * F;
+        if (d->act == FS_ACT_SWIGLU) {
+            FS_FN(fs_linear)(s->h, L->w_gate, NULL, s->f1, n, dim, F, 0);
+            FS_FN(fs_linear)(s->h, L->w_up, NULL, s->f2, n, dim, F, 0);
+            for (size_t j = 0; j < nf; j++) {
+                FS_T g = s->f1[j];
+                s->f1[j] = g / ((FS_T)1 + (FS_T)exp(-(double)g)) * s->f2[j];
+            }
+        } else {
+            FS_FN(fs_linear)(s->h, L->w_up, NULL, s->f1, n, dim, F, 0);
+            if (d->act == FS_ACT_TANH) {
+                for (size_t j = 0; j < nf; j++) s->f1[j] = (FS_T)tanh((double)s->f1[j]);
+            } else {
+                const double c = 0.7978845608028654;  /* sqrt(2 / pi) */
+                for (size_t j = 0; j < nf; j++) {
+                    double t = (double)s->f1[j];
+                    s->f1[j] = (FS_T)(0.5 * t * (1.0 + tanh(c * (t + 0.044715 * t * t * t))));
+                }
+            }
+        }
+        FS_FN(fs_linear)(s->f1, L->w_down, NULL, s->x, n, F, dim, 1);
+        if (hidden && hidden[l])
+            memcpy(hidden[l], s->x, (size_t)n * dim * sizeof(FS_T));
+    }
+}
+
+/* logits (n, vocab) = final_norm(s->x) @ head. */
+static void FS_FN(fs_head)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s, int n, FS_T *logits)
+{
+    const fs_dims *d = &m->d;
+    FS_FN(fs_norm_rows)(d, s->x, m->final_norm, s->h, n, d->dim, d->rmsnorm);
+    FS_FN(fs_linear)(s->h, m->head, NULL, logits, n, d->dim, d->vocab, 0);
+}
+
+/* DFlash context injection: for layers [l0, l1), k = feat @ Wk (+bk) -> k-norm -> RoPE,
+ * v = feat @ Wv (+bv), written at positions pos0 .. pos0+n-1. No input norm on feat. */
+static void FS_FN(fs_context_kv)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s,
+                                 const FS_T *feat, int n, int pos0, FS_T *k_cache,
+                                 FS_T *v_cache, size_t layer_stride, int capacity, int l0, int l1)
+{
+    const fs_dims *d = &m->d;
+    int KD = d->n_kv_heads * d->head_dim;
+    for (int l = l0; l < l1; l++) {
+        const FS_FN(fs_layer) *L = &m->layers[l];
+        FS_FN(fs_linear)(feat, L->wk, L->bk, s->k, n, d->dim, KD, 0);
+        FS_FN(fs_linear)(feat, L->wv, L->bv, s->v, n, d->dim, KD, 0);
+        FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, k_cache + (size_t)l * layer_stride,
+                           v_cache + (size_t)l * layer_stride, capacity);
+    }
+}
+
+#undef FS_FN
