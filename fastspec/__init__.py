@@ -9,6 +9,8 @@ from fastspec.model import ModelConfig, Transformer, ForwardOutput
 from fastspec.drafters import (Drafter, Proposal, SamplingParams, DraftModelDrafter,
                                 NgramDrafter)
 from fastspec.decoding import DecodeStats, GenerationResult, generate, speculative_generate
+from fastspec.dflash import DFlashConfig, DFlashModel
+from fastspec.drafters.dflash import DFlashDrafter
 
 __version__ = "0.1.0"
 
@@ -17,4 +19,5 @@ __all__ = [
     "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
     "Drafter", "Proposal", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
     "DecodeStats", "GenerationResult", "generate", "speculative_generate",
+    "DFlashConfig", "DFlashModel", "DFlashDrafter",
 ]

@@ -2,5 +2,6 @@
 from fastspec.drafters.base import Drafter, Proposal, SamplingParams
 from fastspec.drafters.draft_model import DraftModelDrafter
 from fastspec.drafters.ngram import NgramDrafter
+from fastspec.drafters.dflash import DFlashDrafter
 
-__all__ = ["Drafter", "Proposal", "SamplingParams", "DraftModelDrafter", "NgramDrafter"]
+__all__ = ["Drafter", "Proposal", "SamplingParams", "DraftModelDrafter", "NgramDrafter", "DFlashDrafter"]

@@ -1,0 +1,606 @@
+"""DFlash block-diffusion drafter: KV injection of the target's hidden states, one-forward blocks.
+
+The drafter ("DFlash: Block Diffusion for Flash Speculative Decoding", arXiv 2602.06036) is a
+small stack of non-causal Llama-style layers that shares the target's token embedding and LM
+head. It taps the outputs of a few target layers, fuses them into *context features*
+(``rmsnorm(concat(taps) @ Wfc) * hidden_norm``), and injects them as extra keys/values in every
+draft layer. A block ``[bonus, MASK, ..., MASK]`` of size B at positions ``P .. P+B-1`` is drafted
+in one forward with bidirectional attention over ``[context K/V ; block K/V]``.
+
+The context K/V depend only on the committed context, so they live in a :class:`KVCache` over
+the draft layers: positions ``[0, P)`` are valid, new committed positions are appended after each
+verification, and the block's own K/V are written *past* the valid length (scratch space that the
+next append overwrites) and never kept. The exact math and the ``.npz`` layout are in
+``docs/FORMATS.md`` (section "DFlash drafter").
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from fastspec import kernels
+from fastspec._checks import check_index
+from fastspec.cache import KVCache
+from fastspec.model import LayerWeights, ModelConfig, Transformer, apply_rope, rms_norm, rope_tables, silu
+
+__all__ = ["DFlashConfig", "DFlashModel", "BYTE_MASK_TOKEN_ID", "MAX_BLOCK_SIZE"]
+
+#: MASK id of the byte tokenizer (vocab 260: bytes, BOS, EOS, MASK, PAD).
+BYTE_MASK_TOKEN_ID = 258
+_BYTE_VOCAB_SIZE = 260
+#: Largest supported block (the paper uses 8 to 16).
+MAX_BLOCK_SIZE = 16
+
+_LAYER_KEYS = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+               "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
+               "w_down": "mlp.down_proj", "attn_norm": "input_layernorm",
+               "mlp_norm": "post_attention_layernorm", "q_norm": "self_attn.q_norm",
+               "k_norm": "self_attn.k_norm"}
+
+
+def default_tap_layers(n_target_layers: int, n_draft_layers: int = 1) -> tuple[int, ...]:
+    """Return ``k = min(L, max(2, n_draft_layers))`` target layers spread evenly, ending at L-1.
+
+    This is the rule of ``fastspec.training.dflash_config`` (the torch trainer), so a config
+    written without explicit taps resolves the same way on both sides.
+    """
+    L = check_index(n_target_layers, "n_target_layers", 1, 2**31 - 1)
+    k = min(L, max(2, n_draft_layers))
+    return tuple(sorted({round((i + 1) * L / k) - 1 for i in range(k)}))
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    """Shape of a DFlash drafter; fields left as None are taken from the target.
+
+    Every field has a default, so ``DFlashConfig(block_size=8)`` is a valid config;
+    :meth:`resolve` fills the None fields from a target's :class:`ModelConfig`.
+
+    Parameters
+    ----------
+    block_size : int, default 8
+        Block length B (bonus token + B-1 masks), ``2 <= B <= 16``; one round drafts up to B-1.
+    n_layers : int, default 1
+        Number of draft layers.
+    tap_layers : tuple of int, optional
+        Target layers whose outputs feed the context features, in concatenation order.
+        Default: :func:`default_tap_layers` (spread over the target, always the last layer).
+        Negative indices count from the end and are normalised by :meth:`resolve`.
+    n_heads, n_kv_heads, head_dim, ffn_dim : int, optional
+        Attention/MLP shape of the draft layers (default: the target's; ``head_dim`` defaults
+        to the target's when the head count is the target's, else ``dim // n_heads``).
+    qk_norm : bool, optional
+        Per-head RMSNorm on queries and keys (Qwen3 style); default: as the target.
+    rope_theta, norm_eps : float, optional
+        Default: the target's.
+    mask_token_id : int, optional
+        Id of the MASK token (an embedding row of the target). Default: 258 (the byte
+        tokenizer's MASK) when the target vocabulary has 260 entries, else ``vocab_size - 1``.
+        The latter is a convention for toy targets without a dedicated MASK token: the id is
+        then also an ordinary token, which is harmless (drafts are verified) but wastes the
+        drafter's capacity; give an explicit id for real vocabularies.
+    """
+
+    block_size: int = 8
+    n_layers: int = 1
+    tap_layers: tuple[int, ...] | None = None
+    n_heads: int | None = None
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    ffn_dim: int | None = None
+    qk_norm: bool | None = None
+    rope_theta: float | None = None
+    norm_eps: float | None = None
+    mask_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        check_index(self.block_size, "block_size", 2, MAX_BLOCK_SIZE)
+        check_index(self.n_layers, "n_layers", 1, 1024)
+        if self.tap_layers is not None:
+            taps = tuple(check_index(t, "tap_layers", -2**31, 2**31 - 1) for t in self.tap_layers)
+            if not taps:
+                raise ValueError("tap_layers must not be empty")
+            object.__setattr__(self, "tap_layers", taps)
+        for name in ("n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
+            if getattr(self, name) is not None:
+                check_index(getattr(self, name), name, 1, 2**31 - 1)
+        if self.mask_token_id is not None:
+            check_index(self.mask_token_id, "mask_token_id", 0, 2**31 - 1)
+        if self.qk_norm is not None and not isinstance(self.qk_norm, (bool, np.bool_)):
+            raise TypeError(f"qk_norm must be a bool or None, got {self.qk_norm!r}")
+        for name in ("rope_theta", "norm_eps"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(float(v)) and float(v) > 0):
+                raise ValueError(f"{name} must be positive, got {v}")
+
+    @property
+    def resolved(self) -> bool:
+        """True when no field is None (the config of a built :class:`DFlashModel`)."""
+        return all(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+
+    def resolve(self, target: ModelConfig) -> "DFlashConfig":
+        """Return a copy with every None field taken from ``target`` and checked against it.
+
+        Raises
+        ------
+        ValueError
+            If a tap layer, the MASK id or the head geometry does not fit the target.
+        """
+        if not isinstance(target, ModelConfig):
+            raise TypeError(f"target must be a ModelConfig, got {type(target).__name__}")
+        L = target.n_layers
+        taps = self.tap_layers if self.tap_layers is not None else default_tap_layers(L, self.n_layers)
+        taps = tuple(check_index(t, "tap_layers", -L, L - 1) % L for t in taps)
+        if len(set(taps)) != len(taps):
+            raise ValueError(f"tap_layers must not repeat a layer, got {list(taps)}")
+        n_heads = self.n_heads if self.n_heads is not None else target.n_heads
+        if self.n_kv_heads is not None:
+            n_kv = self.n_kv_heads
+        else:
+            n_kv = target.n_kv_heads if n_heads == target.n_heads else n_heads
+        if self.head_dim is not None:
+            head_dim = self.head_dim
+        elif n_heads == target.n_heads:
+            head_dim = target.head_dim
+        else:
+            if target.dim % n_heads:
+                raise ValueError(f"target dim {target.dim} is not divisible by n_heads {n_heads}; "
+                                 "give head_dim")
+            head_dim = target.dim // n_heads
+        if n_heads % n_kv:
+            raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv}")
+        if head_dim % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
+        if self.mask_token_id is not None:
+            mask = self.mask_token_id
+        elif target.vocab_size == _BYTE_VOCAB_SIZE:
+            mask = BYTE_MASK_TOKEN_ID
+        else:
+            mask = target.vocab_size - 1
+        if mask >= target.vocab_size:
+            raise ValueError(f"mask_token_id {mask} is outside the target vocabulary "
+                             f"(vocab_size {target.vocab_size})")
+        return dataclasses.replace(
+            self, tap_layers=taps, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
+            ffn_dim=self.ffn_dim if self.ffn_dim is not None else target.ffn_dim,
+            qk_norm=bool(target.qk_norm if self.qk_norm is None else self.qk_norm),
+            rope_theta=float(target.rope_theta if self.rope_theta is None else self.rope_theta),
+            norm_eps=float(target.norm_eps if self.norm_eps is None else self.norm_eps),
+            mask_token_id=mask)
+
+    def to_dict(self) -> dict:
+        """Return the config as a JSON-serialisable dict (``tap_layers`` as a list)."""
+        d = dataclasses.asdict(self)
+        if d["tap_layers"] is not None:
+            d["tap_layers"] = list(d["tap_layers"])
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "DFlashConfig":
+        """Build a config from :meth:`to_dict` output; unknown keys raise ValueError."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown DFlashConfig keys: {unknown}")
+        d = dict(d)
+        if d.get("tap_layers") is not None:
+            d["tap_layers"] = tuple(d["tap_layers"])
+        return cls(**d)
+
+    def replace(self, **changes) -> "DFlashConfig":
+        """Return a copy with some fields changed."""
+        return dataclasses.replace(self, **changes)
+
+
+class DFlashModel:
+    """A DFlash drafter bound to its target (whose embedding and head it uses, uncopied).
+
+    Parameters
+    ----------
+    config : DFlashConfig
+        Resolved against ``target`` here (None fields filled from the target).
+    target : Transformer
+        The model being drafted for; its ``embed`` (V, dim) and ``head`` (dim, V) are read, not
+        copied, and its tapped hidden states are the drafter's input.
+    fc : ndarray of shape (len(tap_layers) * dim, dim)
+        Fusion of the concatenated taps, ``(in, out)`` layout.
+    hidden_norm : ndarray of shape (dim,)
+    layers : list of LayerWeights
+        SwiGLU + RMSNorm layers (``w_gate``, ``attn_norm``, ``mlp_norm`` required; ``q_norm``,
+        ``k_norm`` when ``qk_norm``), ``(in, out)`` layout.
+    norm : ndarray of shape (dim,)
+        Final RMSNorm before the target's head.
+
+    Notes
+    -----
+    Cache protocol (``cache`` from :meth:`new_cache`): positions ``[0, cache.length)`` hold the
+    context K/V of committed positions; :meth:`append_context` extends them; the block methods
+    write the block's K/V at ``cache.length ..`` without advancing the length.
+    """
+
+    def __init__(self, config: DFlashConfig, target: Transformer, fc: np.ndarray,
+                 hidden_norm: np.ndarray, layers: Sequence[LayerWeights], norm: np.ndarray) -> None:
+        if not isinstance(target, Transformer):
+            raise TypeError(f"target must be a Transformer, got {type(target).__name__}")
+        if not isinstance(config, DFlashConfig):
+            raise TypeError(f"config must be a DFlashConfig, got {type(config).__name__}")
+        self.target = target
+        self.config = c = config.resolve(target.config)
+        dt = np.dtype(target.config.dtype)
+        self.dtype = dt
+        cast = lambda a: None if a is None else np.ascontiguousarray(a, dtype=dt)  # noqa: E731
+        self.fc = cast(fc)
+        self.hidden_norm = cast(hidden_norm)
+        self.layers = [LayerWeights(**{k: cast(v) for k, v in lw.arrays().items()}) for lw in layers]
+        self.norm = cast(norm)
+        self._check_shapes()
+        self.max_positions = target.config.max_seq_len + c.block_size
+        self.rope_cos, self.rope_sin = rope_tables(self.max_positions, c.head_dim, c.rope_theta, dt)
+        # Fused projections (derived, not saved): one GEMM for q|k|v and one for gate|up.
+        self._wqkv = [np.ascontiguousarray(np.concatenate([lw.wq, lw.wk, lw.wv], axis=1))
+                      for lw in self.layers]
+        self._wkv = [np.ascontiguousarray(np.concatenate([lw.wk, lw.wv], axis=1))
+                     for lw in self.layers]
+        self._wgu = [np.ascontiguousarray(np.concatenate([lw.w_gate, lw.w_up], axis=1))
+                     for lw in self.layers]
+
+    # --- construction -------------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        return self.target.config.dim
+
+    def _check_shapes(self) -> None:
+        c, d = self.config, self.target.config.dim
+        H, Hkv, D, F = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim
+        n_in = len(c.tap_layers) * d
+        for name, a, shape in (("fc", self.fc, (n_in, d)), ("hidden_norm", self.hidden_norm, (d,)),
+                               ("norm", self.norm, (d,))):
+            if a is None or a.shape != shape:
+                got = None if a is None else a.shape
+                raise ValueError(f"{name} must have shape {shape} (target dim {d}, "
+                                 f"{len(c.tap_layers)} taps), got {got}")
+        if len(self.layers) != c.n_layers:
+            raise ValueError(f"expected {c.n_layers} draft layers, got {len(self.layers)}")
+        shapes = {"wq": (d, H * D), "wk": (d, Hkv * D), "wv": (d, Hkv * D), "wo": (H * D, d),
+                  "w_gate": (d, F), "w_up": (d, F), "w_down": (F, d), "attn_norm": (d,),
+                  "mlp_norm": (d,), "q_norm": (D,), "k_norm": (D,)}
+        for i, lw in enumerate(self.layers):
+            for name, shape in shapes.items():
+                a = getattr(lw, name)
+                needed = c.qk_norm if name in ("q_norm", "k_norm") else True
+                if a is None:
+                    if needed:
+                        raise ValueError(f"draft layer {i}: missing weight {name}")
+                elif a.shape != shape:
+                    raise ValueError(f"draft layer {i}: {name} must have shape {shape}, got {a.shape}")
+                elif not needed:
+                    raise ValueError(f"draft layer {i}: {name} given but qk_norm is False")
+
+    @classmethod
+    def random(cls, config: DFlashConfig, target: Transformer, seed: int = 0) -> "DFlashModel":
+        """Return a drafter with random weights from ``numpy.random.default_rng(seed)``."""
+        if not isinstance(target, Transformer):
+            raise TypeError(f"target must be a Transformer, got {type(target).__name__}")
+        c = config.resolve(target.config)
+        rng = np.random.default_rng(seed)
+        d = target.config.dim
+        H, Hkv, D, F = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim
+        w = lambda a, b: rng.normal(0.0, 1.0 / math.sqrt(a), (a, b))  # noqa: E731
+        fc = w(len(c.tap_layers) * d, d)
+        hidden_norm = 1.0 + 0.1 * rng.normal(size=d)
+        layers = []
+        for _ in range(c.n_layers):
+            lw = LayerWeights(wq=w(d, H * D), wk=w(d, Hkv * D), wv=w(d, Hkv * D), wo=w(H * D, d),
+                              w_up=w(d, F), w_down=w(F, d), w_gate=w(d, F),
+                              attn_norm=1.0 + 0.1 * rng.normal(size=d),
+                              mlp_norm=1.0 + 0.1 * rng.normal(size=d))
+            if c.qk_norm:
+                lw.q_norm = 1.0 + 0.1 * rng.normal(size=D)
+                lw.k_norm = 1.0 + 0.1 * rng.normal(size=D)
+            layers.append(lw)
+        norm = 1.0 + 0.1 * rng.normal(size=d)
+        return cls(c, target, fc, hidden_norm, layers, norm)
+
+    # --- persistence ----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Return the drafter's own weights under the names and layout of docs/FORMATS.md."""
+        sd = {"fc.weight": self.fc.T, "hidden_norm.weight": self.hidden_norm}
+        for i, lw in enumerate(self.layers):
+            for attr, a in lw.arrays().items():
+                sd[f"layers.{i}.{_LAYER_KEYS[attr]}.weight"] = a.T if a.ndim == 2 else a
+        sd["norm.weight"] = self.norm
+        return {k: np.ascontiguousarray(v) for k, v in sd.items()}
+
+    @classmethod
+    def from_state_dict(cls, config: DFlashConfig, target: Transformer,
+                        sd: Mapping[str, np.ndarray]) -> "DFlashModel":
+        """Build a drafter from FORMATS.md names/layout; a missing tensor raises KeyError."""
+        def get(key):
+            if key not in sd:
+                raise KeyError(f"missing tensor {key!r}")
+            return np.asarray(sd[key])
+
+        c = config.resolve(target.config)
+        fc_t = get("fc.weight")
+        n_in = len(c.tap_layers) * target.config.dim
+        if fc_t.shape != (target.config.dim, n_in):
+            raise ValueError(f"fc.weight has shape {fc_t.shape}, but the target (dim "
+                             f"{target.config.dim}) with {len(c.tap_layers)} taps needs "
+                             f"{(target.config.dim, n_in)}: the drafter was made for another target")
+        layers = []
+        for i in range(c.n_layers):
+            p = f"layers.{i}."
+            kw = {}
+            for attr, name in _LAYER_KEYS.items():
+                if attr in ("q_norm", "k_norm") and not c.qk_norm:
+                    continue
+                a = get(p + name + ".weight")
+                kw[attr] = a.T if a.ndim == 2 else a
+            layers.append(LayerWeights(**kw))
+        return cls(c, target, fc_t.T, get("hidden_norm.weight"), layers, get("norm.weight"))
+
+    def save(self, path: str | Path) -> None:
+        """Write the drafter (resolved config + own weights, no embedding/head) to an ``.npz``."""
+        path = Path(path)
+        if path.suffix != ".npz":
+            raise ValueError(f"path must end in .npz, got {str(path)!r}")
+        np.savez(path, config=np.array(json.dumps(self.config.to_dict())), **self.state_dict())
+
+    @classmethod
+    def load(cls, path: str | Path, target: Transformer) -> "DFlashModel":
+        """Load a drafter written by :meth:`save` (or the torch trainer) for ``target``.
+
+        Raises
+        ------
+        ValueError
+            If the file is not a DFlash file, or its width, taps or MASK id do not fit ``target``.
+        """
+        if not isinstance(target, Transformer):
+            raise TypeError(f"target must be a Transformer, got {type(target).__name__}")
+        path = Path(path)
+        with np.load(path, allow_pickle=False) as f:
+            if "config" not in f.files or "fc.weight" not in f.files:
+                raise ValueError(f"{path}: not a fastspec DFlash file (no 'config'/'fc.weight')")
+            config = DFlashConfig.from_dict(json.loads(str(f["config"])))
+            sd = {k: f[k] for k in f.files if k != "config"}
+        return cls.from_state_dict(config, target, sd)
+
+    @property
+    def n_params(self) -> int:
+        """Number of the drafter's own parameters (the shared embedding/head not counted)."""
+        return int(sum(a.size for a in self.state_dict().values()))
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"DFlashModel(block_size={c.block_size}, n_layers={c.n_layers}, "
+                f"tap_layers={list(c.tap_layers)}, n_heads={c.n_heads}, n_kv_heads={c.n_kv_heads}, "
+                f"mask_token_id={c.mask_token_id}, dtype={self.dtype}, params={self.n_params})")
+
+    # --- context ------------------------------------------------------------------------
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """Return an empty context cache (default capacity: target max_seq_len + block_size)."""
+        c = self.config
+        capacity = (self.max_positions if capacity is None
+                    else check_index(capacity, "capacity", c.block_size, self.max_positions))
+        return KVCache(c.n_layers, c.n_kv_heads, capacity, c.head_dim, self.dtype)
+
+    def check_cache(self, cache: KVCache) -> None:
+        """Raise if ``cache`` was not made by :meth:`new_cache` of a drafter of this shape."""
+        c = self.config
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+        want = (c.n_layers, c.n_kv_heads, c.head_dim, self.dtype)
+        got = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[3], cache.k.dtype)
+        if want != got:
+            raise ValueError(f"cache (layers, kv heads, head_dim, dtype) = {got} does not match "
+                             f"the drafter's {want}")
+
+    def tap(self, hidden: Mapping[int, np.ndarray], n: int | None = None) -> np.ndarray:
+        """Return the concatenated tapped hidden states, shape (n, len(tap_layers) * dim).
+
+        ``hidden`` maps target layer index -> (n, dim) (extra layers are ignored).
+        """
+        if hidden is None:
+            raise ValueError(f"hidden must hold the target layers {list(self.config.tap_layers)}, "
+                             "got None")
+        parts = []
+        for t in self.config.tap_layers:
+            if t not in hidden:
+                raise ValueError(f"hidden has no entry for tapped target layer {t} "
+                                 f"(needs {list(self.config.tap_layers)})")
+            a = np.asarray(hidden[t])
+            if a.ndim != 2 or a.shape[1] != self.dim:
+                raise ValueError(f"hidden[{t}] must have shape (n, {self.dim}), got {a.shape}")
+            if n is not None and a.shape[0] != n:
+                raise ValueError(f"hidden[{t}] must have {n} rows, got {a.shape[0]}")
+            n = a.shape[0]
+            parts.append(a.astype(self.dtype, copy=False))
+        return np.concatenate(parts, axis=1)
+
+    def context_features(self, hidden: Mapping[int, np.ndarray]) -> np.ndarray:
+        """Return the context features ``rmsnorm(concat(taps) @ Wfc) * hidden_norm``.
+
+        Parameters
+        ----------
+        hidden : dict[int, ndarray of shape (n, dim)]
+            Target hidden states (layer outputs) of ``n`` positions, for every tapped layer.
+
+        Returns
+        -------
+        ndarray of shape (n, dim)
+        """
+        return rms_norm(self.tap(hidden) @ self.fc, self.hidden_norm, self.config.norm_eps)
+
+    def append_context(self, cache: KVCache, features: np.ndarray, start: int | None = None) -> None:
+        """Project context features into every draft layer's K/V and commit them to ``cache``.
+
+        Parameters
+        ----------
+        cache : KVCache
+            Context cache from :meth:`new_cache`; on return its length is ``start + n``.
+        features : ndarray of shape (n, dim)
+            From :meth:`context_features`, for positions ``start .. start + n - 1``.
+        start : int, optional
+            First position (default ``cache.length``). A smaller value rolls the cache back to
+            ``start`` first (crop); a larger one is an error (a gap in the context).
+        """
+        self.check_cache(cache)
+        c = self.config
+        features = np.asarray(features)
+        if features.ndim != 2 or features.shape[1] != self.dim:
+            raise ValueError(f"features must have shape (n, {self.dim}), got {features.shape}")
+        start = cache.length if start is None else check_index(start, "start", 0, cache.length)
+        n = features.shape[0]
+        if start + n + c.block_size > cache.capacity:
+            raise ValueError(f"context of {start + n} positions plus a block of {c.block_size} "
+                             f"exceeds the cache capacity {cache.capacity}")
+        cache.crop(start)
+        if n == 0:
+            return
+        x = np.ascontiguousarray(features, dtype=self.dtype)
+        cos, sin = self.rope_cos[start:start + n], self.rope_sin[start:start + n]
+        for i, lw in enumerate(self.layers):
+            k, v = self._context_kv(x, i, lw, cos, sin)
+            kernels.cache_write(cache.k[i], k, start)
+            kernels.cache_write(cache.v[i], v, start)
+        cache.advance(n)
+
+    def _context_kv(self, x, i, lw, cos, sin):
+        c = self.config
+        n = x.shape[0]
+        kv = x @ self._wkv[i]
+        w = c.n_kv_heads * c.head_dim
+        k = kv[:, :w].reshape(n, c.n_kv_heads, c.head_dim)
+        v = np.ascontiguousarray(kv[:, w:].reshape(n, c.n_kv_heads, c.head_dim))
+        if c.qk_norm:
+            k = rms_norm(k, lw.k_norm, c.norm_eps)
+        return np.ascontiguousarray(apply_rope(k, cos, sin)), v
+
+    # --- block forward --------------------------------------------------------------------
+
+    def check_block(self, block_tokens) -> np.ndarray:
+        """Return ``block_tokens`` as int64, checking ``2 <= len <= block_size`` and the ids."""
+        ids = self.target.check_ids(block_tokens, "block_tokens")
+        check_index(ids.shape[0], "len(block_tokens)", 2, self.config.block_size)
+        return ids
+
+    def mask_block(self, bonus_token: int) -> np.ndarray:
+        """Return the initial block ``[bonus_token, MASK * (block_size - 1)]`` (int64)."""
+        bonus = check_index(bonus_token, "bonus_token", 0, self.target.config.vocab_size - 1)
+        block = np.full(self.config.block_size, self.config.mask_token_id, dtype=np.int64)
+        block[0] = bonus
+        return block
+
+    def forward_block(self, cache: KVCache, block_tokens) -> np.ndarray:
+        """Return the logits of a block's positions 1.. after one non-causal forward.
+
+        Parameters
+        ----------
+        cache : KVCache
+            Context cache holding positions ``[0, P)``, ``P = cache.length``. The block's K/V
+            are written at ``P .. P+n-1`` as scratch; the length does not change.
+        block_tokens : sequence of int, length n (2 <= n <= block_size)
+            ``[last committed token, then MASK or already-filled tokens]`` at positions
+            ``P .. P+n-1``.
+
+        Returns
+        -------
+        logits : ndarray of shape (n - 1, vocab_size)
+            Row ``j`` scores the token at position ``P + 1 + j``.
+        """
+        self.check_cache(cache)
+        ids = self.check_block(block_tokens)
+        P, n = cache.length, ids.shape[0]
+        if P + n > cache.capacity:
+            raise ValueError(f"context of {P} positions plus a block of {n} exceeds the cache "
+                             f"capacity {cache.capacity}")
+        return self._forward_block_numpy(ids, cache, P)
+
+    def draft_block(self, cache: KVCache, bonus_token: int) -> np.ndarray:
+        """Return the logits (block_size - 1, vocab_size) of ``[bonus, MASK, ...]`` at P = cache.length."""
+        return self.forward_block(cache, self.mask_block(bonus_token))
+
+    def _forward_block_numpy(self, ids, cache, P):
+        c = self.config
+        n = ids.shape[0]
+        H, Hkv, D, eps = c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps
+        x = self.target.embed[ids]
+        cos, sin = self.rope_cos[P:P + n], self.rope_sin[P:P + n]
+        for i, lw in enumerate(self.layers):
+            h = rms_norm(x, lw.attn_norm, eps)
+            qkv = h @ self._wqkv[i]
+            q = qkv[:, :H * D].reshape(n, H, D)
+            k = qkv[:, H * D:(H + Hkv) * D].reshape(n, Hkv, D)
+            v = qkv[:, (H + Hkv) * D:].reshape(n, Hkv, D)
+            if c.qk_norm:
+                q = rms_norm(q, lw.q_norm, eps)
+                k = rms_norm(k, lw.k_norm, eps)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+            # Scratch write past the committed length: never advanced, overwritten next append.
+            kernels.cache_write(cache.k[i], np.ascontiguousarray(k), P)
+            kernels.cache_write(cache.v[i], np.ascontiguousarray(v), P)
+            a = kernels.attention(np.ascontiguousarray(q), cache.k[i], cache.v[i], P + n, False)
+            x = x + a.reshape(n, H * D) @ lw.wo
+            h = rms_norm(x, lw.mlp_norm, eps)
+            gu = h @ self._wgu[i]
+            F = c.ffn_dim
+            x = x + (silu(gu[:, :F]) * gu[:, F:]) @ lw.w_down
+        x = rms_norm(x[1:], self.norm, eps)
+        return x @ self.target.head
+
+    def draft_block_reference(self, hidden: Mapping[int, np.ndarray], block_tokens) -> np.ndarray:
+        """Slow, explicit block forward from raw target hidden states (no cache, no kernels).
+
+        Builds the context features of all ``P`` context positions, each layer's full key/value
+        matrices ``[context ; block]`` and the non-causal softmax attention head by head, as
+        written in docs/FORMATS.md. The test oracle of :meth:`forward_block`.
+
+        Parameters
+        ----------
+        hidden : dict[int, ndarray of shape (P, dim)]
+            Target hidden states of the context positions ``0 .. P-1`` (P may be 0).
+        block_tokens : sequence of int, length n
+            The block at positions ``P .. P+n-1``.
+
+        Returns
+        -------
+        logits : ndarray of shape (n - 1, vocab_size)
+        """
+        c = self.config
+        ids = self.check_block(block_tokens)
+        n = ids.shape[0]
+        ctx = rms_norm(self.tap(hidden) @ self.fc, self.hidden_norm, c.norm_eps)
+        P = ctx.shape[0]
+        H, Hkv, D, eps = c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps
+        cos, sin = rope_tables(P + n, D, c.rope_theta, self.dtype)
+        x = self.target.embed[ids]
+        for lw in self.layers:
+            h = rms_norm(x, lw.attn_norm, eps)
+            q = (h @ lw.wq).reshape(n, H, D)
+            k = np.concatenate([ctx @ lw.wk, h @ lw.wk]).reshape(P + n, Hkv, D)
+            v = np.concatenate([ctx @ lw.wv, h @ lw.wv]).reshape(P + n, Hkv, D)
+            if c.qk_norm:
+                q = rms_norm(q, lw.q_norm, eps)
+                k = rms_norm(k, lw.k_norm, eps)
+            q = apply_rope(q, cos[P:], sin[P:])
+            k = apply_rope(k, cos, sin)
+            a = np.empty((n, H, D), dtype=np.float64)
+            for hh in range(H):
+                g = hh // (H // Hkv)
+                s = (q[:, hh, :].astype(np.float64) @ k[:, g, :].T.astype(np.float64)) / math.sqrt(D)
+                s = np.exp(s - s.max(axis=1, keepdims=True))  # every query sees all P + n keys
+                a[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, g, :].astype(np.float64)
+            x = x + a.astype(self.dtype).reshape(n, H * D) @ lw.wo
+            h = rms_norm(x, lw.mlp_norm, eps)
+            x = x + (silu(h @ lw.w_gate) * (h @ lw.w_up)) @ lw.w_down
+        return rms_norm(x[1:], self.norm, eps) @ self.target.head

@@ -1,0 +1,178 @@
+"""DFlashDrafter: block-diffusion proposals from a :class:`fastspec.DFlashModel`."""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from fastspec import kernels
+from fastspec._checks import check_index
+from fastspec.dflash import DFlashModel
+from fastspec.drafters.base import Proposal, SamplingParams
+
+__all__ = ["DFlashDrafter", "denoise_schedule"]
+
+
+def denoise_schedule(n_positions: int, steps: int) -> list[int]:
+    """Return how many positions each denoising step fills: ``steps`` near-equal counts.
+
+    Earlier steps take the remainder (``[3, 2, 2]`` for 7 positions in 3 steps); when there
+    are fewer positions than steps, one position per step.
+    """
+    steps = max(1, min(steps, n_positions))
+    base, extra = divmod(n_positions, steps)
+    return [base + (1 if s < extra else 0) for s in range(steps)]
+
+
+class DFlashDrafter:
+    """Drafter that proposes a block of tokens with one (or a few) DFlash forwards.
+
+    Parameters
+    ----------
+    model : DFlashModel
+        The drafter network bound to the target being decoded.
+    denoise_steps : int, default 1
+        1: one forward of ``[bonus, MASK * (B-1)]``, proposals = argmax of each masked
+        position. ``k > 1``: confidence-ordered unmasking — each step fills the most confident
+        still-masked positions (about ``g / k`` of them, by top softmax probability) with their
+        argmax and re-runs the block with them in place, until all ``g`` proposed positions are
+        filled (``min(k, g)`` forwards).
+    sample_block : bool, default False
+        Single step only: draw each position independently from its own distribution ``q``
+        (the draft logits under the run's temperature/top-k/top-p) and report that ``q``. At
+        temperature 0 it is the argmax drafter.
+
+    Notes
+    -----
+    Losslessness. Deterministic proposals (the default and every multi-step variant) report
+    ``q = None`` and are verified with the one-hot rule (accept ``x`` with probability
+    ``p(x)``, else resample from ``p`` without ``x``), which reproduces the target's
+    distribution exactly at any temperature.
+
+    ``sample_block=True`` may report per-position ``q`` because, given the context, the block
+    positions are drawn *independently* from the marginals of one forward, so the joint
+    proposal law is ``prod_j q_j(x_j)`` and ``q_j`` is exactly the conditional law of token
+    ``j`` given the earlier proposed tokens — what rejection sampling needs.
+
+    A *sampled* multi-step variant may not: there a position's distribution depends on the
+    tokens sampled into other positions in earlier steps and on the confidence ordering
+    (itself random), so the token at position ``j`` is not drawn from any single row that
+    one forward produces; in particular the final forward's per-position probabilities (run
+    with all positions filled) are not the law the block was drawn from. Using them as ``q``
+    (the mistake of the toy this project grew from) biases the output; the DFlash audit's
+    negative control shows it failing. Hence multi-step proposals are argmax fills, verified
+    one-hot.
+    """
+
+    def __init__(self, model: DFlashModel, denoise_steps: int = 1, sample_block: bool = False) -> None:
+        if not isinstance(model, DFlashModel):
+            raise TypeError(f"model must be a DFlashModel, got {type(model).__name__}")
+        B = model.config.block_size
+        self.denoise_steps = check_index(denoise_steps, "denoise_steps", 1, B - 1)
+        if not isinstance(sample_block, (bool, np.bool_)):
+            raise TypeError(f"sample_block must be a bool, got {sample_block!r}")
+        if sample_block and self.denoise_steps > 1:
+            raise ValueError(f"sample_block=True needs denoise_steps=1, got {denoise_steps}: a "
+                             "multi-step sampled block has no per-position q (see the class notes)")
+        self.model = model
+        self.sample_block = bool(sample_block)
+        self.hidden_layers: tuple[int, ...] = tuple(model.config.tap_layers)
+        self.max_gamma: int | None = B - 1
+        self.cache = model.new_cache()
+        #: Cumulative counters (never reset): block forwards, block positions pushed through
+        #: the drafter, attention score cells (layers x heads x queries x keys).
+        self.forward_calls = 0
+        self.forward_positions = 0
+        self.score_cells = 0
+
+    def __repr__(self) -> str:
+        return (f"DFlashDrafter(block_size={self.model.config.block_size}, "
+                f"denoise_steps={self.denoise_steps}, sample_block={self.sample_block})")
+
+    # --- protocol -------------------------------------------------------------------------
+
+    def reset(self, prompt: np.ndarray, hidden: Mapping[int, np.ndarray] | None) -> None:
+        """Rebuild the context cache from the prompt's first ``len(prompt) - 1`` hidden states."""
+        prompt = self.model.target.check_ids(prompt, "prompt")
+        n = prompt.shape[0] - 1
+        self.cache.reset()
+        if n == 0 and not hidden:
+            return
+        self.model.append_context(self.cache, self._features(hidden, n), 0)
+
+    def propose(self, seq: np.ndarray, gamma: int, sampling: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        """Propose ``min(gamma, block_size - 1)`` tokens following ``seq``."""
+        seq = np.asarray(seq)
+        gamma = check_index(gamma, "gamma", 0, 2**31 - 1)
+        P = seq.shape[0] - 1
+        if self.cache.length != P:
+            raise ValueError(f"the drafter's context holds {self.cache.length} positions but seq "
+                             f"has {seq.shape[0]} tokens (expected len(seq) - 1 = {P}); call "
+                             "reset/commit with every verification result")
+        g = min(gamma, self.model.config.block_size - 1)
+        if g == 0:
+            return Proposal(np.zeros(0, dtype=np.int64), None)
+        block = self.model.mask_block(int(seq[-1]))
+        if self.denoise_steps == 1:
+            logits = self._forward(block)[:g]
+            if self.sample_block and not sampling.greedy:
+                q = kernels.probs(np.ascontiguousarray(logits), sampling.temperature,
+                                  sampling.top_k, sampling.top_p)
+                u = rng.random(g)
+                tokens = np.array([kernels.sample(q[j], float(u[j])) for j in range(g)],
+                                  dtype=np.int64)
+                return Proposal(tokens, q)
+            return Proposal(np.argmax(logits, axis=1).astype(np.int64), None)
+        return Proposal(self._denoise(block, g), None)
+
+    def commit(self, seq: np.ndarray, n_accepted: int,
+               hidden: Mapping[int, np.ndarray] | None) -> None:
+        """Append the context features of the ``n_accepted + 1`` newly committed positions."""
+        seq = np.asarray(seq)
+        n_new = check_index(n_accepted, "n_accepted", 0, 2**31 - 1) + 1
+        start = seq.shape[0] - 1 - n_new
+        if not 0 <= start <= self.cache.length:
+            raise ValueError(f"commit of {n_new} positions ending at len(seq) - 1 = "
+                             f"{seq.shape[0] - 1} does not continue the drafter's context of "
+                             f"{self.cache.length} positions")
+        self.model.append_context(self.cache, self._features(hidden, n_new), start)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _features(self, hidden, n):
+        if hidden is None:
+            raise ValueError(f"DFlashDrafter needs the target's hidden states of layers "
+                             f"{list(self.hidden_layers)}, got None")
+        return self.model.context_features({t: _rows(hidden, t, n) for t in self.hidden_layers})
+
+    def _forward(self, block):
+        c, n = self.model.config, block.shape[0]
+        self.forward_calls += 1
+        self.forward_positions += n
+        self.score_cells += c.n_layers * c.n_heads * n * (self.cache.length + n)
+        return self.model.forward_block(self.cache, block)
+
+    def _denoise(self, block, g):
+        """Confidence-ordered argmax unmasking of block positions 1..g (deterministic)."""
+        masked = np.ones(g, dtype=bool)
+        for count in denoise_schedule(g, self.denoise_steps):
+            logits = self._forward(block)[:g].astype(np.float64)
+            best = np.argmax(logits, axis=1)
+            # Top softmax probability = 1 / sum(exp(l - max)); masked-out rows sort last.
+            conf = 1.0 / np.exp(logits - logits[np.arange(g), best][:, None]).sum(axis=1)
+            conf[~masked] = -1.0
+            order = np.argsort(-conf, kind="stable")[:count]
+            block[1 + order] = best[order]
+            masked[order] = False
+        return block[1:1 + g].copy()
+
+
+def _rows(hidden, layer, n):
+    if layer not in hidden:
+        raise ValueError(f"hidden has no entry for tapped target layer {layer}")
+    a = np.asarray(hidden[layer])
+    if a.ndim != 2 or a.shape[0] != n:
+        raise ValueError(f"hidden[{layer}] must have {n} rows (the newly committed positions), "
+                         f"got shape {a.shape}")
+    return a

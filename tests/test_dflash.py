@@ -1,0 +1,402 @@
+"""DFlash drafter: block forward vs reference, context cache, losslessness, persistence, errors."""
+import json
+
+import numpy as np
+import pytest
+
+import fastspec as fs
+from fastspec.dflash import DFlashConfig, DFlashModel, default_tap_layers
+from fastspec.dflash_audit import (AUDIT_PROMPT, WrongQDenoiseDrafter, _TargetOracle,
+                                   exact_speculative_law, exact_target_law, run_distribution_audit,
+                                   total_variation, toy_setup)
+from fastspec.drafters.base import SamplingParams
+from fastspec.drafters.dflash import DFlashDrafter, denoise_schedule
+
+PROMPT = [0, 1, 3, 2, 4, 1, 5, 6]
+
+
+def small_llama(dtype="float64", **kw):
+    cfg = dict(vocab_size=40, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=48,
+               max_seq_len=96, dtype=dtype)
+    cfg.update(kw)
+    return fs.Transformer.random(fs.ModelConfig(**cfg), seed=3)
+
+
+def context_cache_from_scratch(model, target, committed):
+    """Context cache rebuilt from a full target recompute of ``committed`` (positions 0..n-1)."""
+    cache = model.new_cache()
+    if len(committed):
+        out = target.forward(np.array(committed), hidden_layers=model.config.tap_layers)
+        model.append_context(cache, model.context_features(out.hidden))
+    return cache
+
+
+# --- config ---------------------------------------------------------------------------------
+
+def test_config_defaults_resolve_from_target():
+    cfg = fs.DFlashConfig(block_size=8)
+    assert cfg.n_layers == 1 and cfg.tap_layers is None and not cfg.resolved
+    tiny = fs.ModelConfig.tiny_llama()
+    r = cfg.resolve(tiny)
+    assert r.resolved
+    assert r.tap_layers == (1, 3) and r.tap_layers[-1] == tiny.n_layers - 1
+    assert (r.n_heads, r.n_kv_heads, r.head_dim, r.ffn_dim) == (8, 8, 32, 704)
+    assert r.mask_token_id == 258  # the byte tokenizer's MASK
+    assert r.qk_norm is False and r.rope_theta == tiny.rope_theta and r.norm_eps == tiny.norm_eps
+    toy = fs.ModelConfig.toy(vocab_size=8)
+    assert cfg.resolve(toy).mask_token_id == 7  # vocab_size - 1 without a byte tokenizer
+    assert default_tap_layers(1) == (0,)
+    assert default_tap_layers(12, 4) == (2, 5, 8, 11)
+    assert DFlashConfig(tap_layers=(-1, 0)).resolve(tiny).tap_layers == (3, 0)
+
+
+def test_config_dict_round_trip():
+    cfg = DFlashConfig(block_size=16, n_layers=2, tap_layers=(0, 2), mask_token_id=5)
+    d = cfg.to_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert DFlashConfig.from_dict(d) == cfg
+    with pytest.raises(ValueError, match="unknown DFlashConfig keys"):
+        DFlashConfig.from_dict({**d, "bogus": 1})
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(block_size=1), "block_size"), (dict(block_size=17), "block_size"),
+    (dict(n_layers=0), "n_layers"), (dict(tap_layers=()), "tap_layers"),
+    (dict(rope_theta=-1.0), "rope_theta"), (dict(mask_token_id=-1), "mask_token_id"),
+])
+def test_config_rejects_bad_values(kw, match):
+    with pytest.raises(ValueError, match=match):
+        DFlashConfig(**kw)
+
+
+def test_config_rejects_what_does_not_fit_the_target():
+    target = small_llama()
+    with pytest.raises(ValueError, match="tap_layers"):
+        DFlashModel.random(DFlashConfig(tap_layers=(3,)), target)
+    with pytest.raises(ValueError, match="mask_token_id 40"):
+        DFlashModel.random(DFlashConfig(mask_token_id=40), target)
+    with pytest.raises(ValueError, match="repeat"):
+        DFlashModel.random(DFlashConfig(tap_layers=(2, -1)), target)
+
+
+# --- block forward vs the explicit reference --------------------------------------------------
+
+@pytest.mark.parametrize("variant", ["gqa", "qk_norm", "toy_target", "two_layers"])
+def test_block_forward_matches_reference(backend, variant):
+    if variant == "toy_target":
+        target = fs.Transformer.random(fs.ModelConfig.toy(vocab_size=8, dtype="float64"), seed=1)
+        cfg = DFlashConfig(block_size=5)
+    else:
+        target = small_llama()
+        cfg = DFlashConfig(block_size=8, qk_norm=variant == "qk_norm",
+                           n_layers=2 if variant == "two_layers" else 1)
+    model = DFlashModel.random(cfg, target, seed=7)
+    rng = np.random.default_rng(0)
+    V = target.config.vocab_size
+    seq = rng.integers(0, V, size=13)
+    out = target.forward(seq, hidden_layers=model.config.tap_layers)
+    for P in (0, 1, 6, 12):
+        cache = model.new_cache()
+        hidden = {t: h[:P] for t, h in out.hidden.items()}
+        model.append_context(cache, model.context_features(hidden))
+        block = model.mask_block(int(seq[P]))
+        got = model.draft_block(cache, int(seq[P]))
+        want = model.draft_block_reference(hidden, block)
+        assert got.shape == (cfg.block_size - 1, V)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+        assert cache.length == P  # the block never advances the context
+        # partially filled and shorter blocks
+        block[2] = rng.integers(0, V)
+        np.testing.assert_allclose(model.forward_block(cache, block),
+                                   model.draft_block_reference(hidden, block), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(model.forward_block(cache, block[:3]),
+                                   model.draft_block_reference(hidden, block[:3]),
+                                   rtol=1e-10, atol=1e-10)
+
+
+def test_block_forward_float32_close_to_float64(backend):
+    t64 = small_llama("float64")
+    t32 = fs.Transformer(t64.config.replace(dtype="float32"), t64.embed, t64.layers, t64.head,
+                         t64.final_norm)
+    m64 = DFlashModel.random(DFlashConfig(block_size=8), t64, seed=2)
+    m32 = DFlashModel(m64.config, t32, m64.fc, m64.hidden_norm, m64.layers, m64.norm)
+    seq = np.arange(10) % 40
+    for m, t in ((m64, t64), (m32, t32)):
+        cache = m.new_cache()
+        out = t.forward(seq, hidden_layers=m.config.tap_layers)
+        m.append_context(cache, m.context_features(out.hidden))
+        m.logits = m.draft_block(cache, 3)
+    assert m32.logits.dtype == np.float32
+    np.testing.assert_allclose(m32.logits, m64.logits, rtol=1e-4, atol=1e-4)
+
+
+def test_embedding_and_head_are_shared_not_copied():
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(), target)
+    assert model.target is target
+    assert not any(k.startswith(("embed", "model.embed", "lm_head")) for k in model.state_dict())
+    cache = model.new_cache()
+    before = model.draft_block(cache, 1)
+    target.head[:] *= 2.0  # the drafter reads the target's head in place
+    np.testing.assert_allclose(model.draft_block(cache, 1), 2.0 * before, rtol=1e-12)
+
+
+# --- context cache ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_incremental_context_cache_equals_recompute(backend, temperature):
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=4), target, seed=1)
+    drafter = DFlashDrafter(model)
+    rounds = []
+
+    def after_round(seq, n):
+        fresh = context_cache_from_scratch(model, target, seq[:n - 1])
+        L = n - 1
+        assert drafter.cache.length == L
+        err = max(np.abs(fresh.k[:, :, :L] - drafter.cache.k[:, :, :L]).max(),
+                  np.abs(fresh.v[:, :, :L] - drafter.cache.v[:, :, :L]).max())
+        rounds.append(err)
+
+    fs.speculative_generate(target, drafter, PROMPT, 30, gamma=3, temperature=temperature,
+                            seed=4, callback=after_round)
+    assert len(rounds) >= 8
+    assert max(rounds) <= 1e-10
+
+
+def test_append_context_rolls_back_with_start():
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(), target)
+    out = target.forward(np.arange(12), hidden_layers=model.config.tap_layers)
+    feats = model.context_features(out.hidden)
+    cache = model.new_cache()
+    model.append_context(cache, feats[:10])
+    model.draft_block(cache, 5)  # scratch writes past the length
+    model.append_context(cache, feats[7:12], start=7)  # crop to 7, then append 5
+    fresh = context_cache_from_scratch(model, target, np.arange(12))
+    assert cache.length == 12
+    np.testing.assert_allclose(cache.k[:, :, :12], fresh.k[:, :, :12], rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="start"):
+        model.append_context(cache, feats[:1], start=13)
+
+
+# --- losslessness ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("block_size, steps", [(2, 1), (8, 1), (8, 3), (16, 1), (16, 3)])
+def test_greedy_equals_vanilla(backend, block_size, steps):
+    target = small_llama()
+    expected = fs.generate(target, PROMPT, 40).tokens
+    model = DFlashModel.random(DFlashConfig(block_size=block_size), target, seed=block_size)
+    for gamma in (1, 4, block_size - 1, 32):
+        drafter = DFlashDrafter(model, denoise_steps=steps)
+        res = fs.speculative_generate(target, drafter, PROMPT, 40, gamma=gamma)
+        assert res.tokens == expected, (gamma, res.tokens, expected)
+        assert res.stats.drafted <= res.stats.rounds * min(gamma, block_size - 1)
+
+
+def test_greedy_equals_vanilla_with_an_oracle_drafter():
+    """A drafter that knows the target's greedy tokens: every round fully accepted."""
+    target = small_llama()
+    expected = fs.generate(target, PROMPT, 30).tokens
+    model = DFlashModel.random(DFlashConfig(block_size=6), target)
+    drafter = DFlashDrafter(model)
+    full = np.array(PROMPT + expected)
+
+    def oracle_block(cache, block):
+        P = cache.length
+        logits = np.full((block.shape[0] - 1, 40), -10.0)
+        for j in range(block.shape[0] - 1):
+            if P + 1 + j < len(full):
+                logits[j, full[P + 1 + j]] = 10.0
+        return logits
+
+    model.forward_block = oracle_block
+    res = fs.speculative_generate(target, drafter, PROMPT, 30, gamma=5, trace=True)
+    assert res.tokens == expected
+    assert all(r["accepted"] == r["proposed"] for r in res.stats.trace)
+    assert res.stats.mean_accepted_length > 4
+
+
+def test_denoise_schedule():
+    assert denoise_schedule(7, 3) == [3, 2, 2]
+    assert denoise_schedule(7, 1) == [7]
+    assert denoise_schedule(2, 5) == [1, 1]
+    assert sum(denoise_schedule(15, 4)) == 15
+
+
+def test_multi_step_denoising_runs_steps_forwards():
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=8), target)
+    drafter = DFlashDrafter(model, denoise_steps=3)
+    out = target.forward(np.array(PROMPT[:-1]), hidden_layers=drafter.hidden_layers)
+    drafter.reset(np.array(PROMPT), out.hidden)
+    prop = drafter.propose(np.array(PROMPT), 7, SamplingParams(1.0), np.random.default_rng(0))
+    assert prop.q is None and len(prop) == 7 and drafter.forward_calls == 3
+    # deterministic: the rng is not used
+    again = drafter.propose(np.array(PROMPT), 7, SamplingParams(1.0), np.random.default_rng(9))
+    assert again.tokens.tolist() == prop.tokens.tolist()
+    # the last forward, with all earlier fills in place, agrees with the argmax of its fills
+    single = DFlashDrafter(model)
+    single.reset(np.array(PROMPT), out.hidden)
+    first = single.propose(np.array(PROMPT), 7, SamplingParams(1.0), np.random.default_rng(0))
+    assert first.q is None and len(first) == 7
+
+
+def test_sample_block_reports_its_q():
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=8), target)
+    drafter = DFlashDrafter(model, sample_block=True)
+    out = target.forward(np.array(PROMPT[:-1]), hidden_layers=drafter.hidden_layers)
+    drafter.reset(np.array(PROMPT), out.hidden)
+    sp = SamplingParams(0.8, top_k=5)
+    prop = drafter.propose(np.array(PROMPT), 4, sp, np.random.default_rng(0))
+    assert prop.q.shape == (4, 40)
+    logits = model.draft_block(drafter.cache, PROMPT[-1])[:4]
+    np.testing.assert_allclose(prop.q, fs.kernels.probs(np.ascontiguousarray(logits), 0.8, 5, 1.0))
+    assert all(prop.q[j, x] > 0 for j, x in enumerate(prop.tokens))
+    greedy = drafter.propose(np.array(PROMPT), 4, SamplingParams(0.0), np.random.default_rng(0))
+    assert greedy.q is None and greedy.tokens.tolist() == np.argmax(logits, 1).tolist()
+
+
+def test_exact_distribution_audit():
+    results = run_distribution_audit()
+    by_name = {r.name: r for r in results}
+    for name, r in by_name.items():
+        assert r.passed, (name, r.figures)
+        if "negative" in name:
+            assert r.figures["tv"] > 0.01
+        else:
+            assert r.figures["tv"] < 1e-9 and abs(r.figures["mass"] - 1) < 1e-9
+    assert {"dflash_exact_single_step[t1]", "dflash_exact_multi_step[t1]",
+            "dflash_exact_sample_block[t1]", "dflash_negative_control_wrong_q[t1]"} <= set(by_name)
+
+
+def test_exact_audit_catches_a_wrong_q_on_the_single_step_drafter():
+    """Power check of the enumeration: an argmax block that reports softmax q must fail."""
+    target, model = toy_setup()
+    sp = SamplingParams(1.0)
+    oracle = _TargetOracle(target, sp, model.config.tap_layers)
+    truth = exact_target_law(target, AUDIT_PROMPT, 2, sp, oracle)
+    drafter = DFlashDrafter(model)
+
+    def wrong(seq, g, sampling):
+        drafter.reset(np.array(seq), oracle.hidden_before_last(seq))
+        logits = model.draft_block(drafter.cache, seq[-1])[:g]
+        q = fs.kernels.probs(np.ascontiguousarray(logits), 1.0)
+        return [(1.0, np.argmax(logits, 1), q)]
+
+    law = exact_speculative_law(target, drafter, AUDIT_PROMPT, 2, 2, sp, wrong, oracle)
+    assert total_variation(truth, law) > 0.01
+
+
+@pytest.mark.slow
+def test_monte_carlo_through_the_real_loop(backend):
+    """20k real speculative runs: single-step DFlash passes, the wrong-q control fails."""
+    from fastspec.audit import chi_square_test
+    target, model = toy_setup()
+    sp = SamplingParams(1.0)
+    law = exact_target_law(target, AUDIT_PROMPT, 2, sp)
+    keys = sorted(law)
+    probs = np.array([law[k] for k in keys])
+    index = {k: i for i, k in enumerate(keys)}
+    for drafter, should_pass in ((DFlashDrafter(model), True),
+                                 (WrongQDenoiseDrafter(model, 2), False)):
+        counts = np.zeros(len(keys), dtype=np.int64)
+        for i in range(20_000):
+            res = fs.speculative_generate(target, drafter, AUDIT_PROMPT, 2, gamma=3,
+                                          temperature=1.0, seed=10_000 + i)
+            counts[index[tuple(res.tokens)]] += 1
+        test = chi_square_test(counts, probs)
+        assert (test["p_value"] >= 1e-3) == should_pass, test
+
+
+# --- persistence -----------------------------------------------------------------------------
+
+def test_save_load_round_trip(tmp_path):
+    target = small_llama(qk_norm=True)
+    model = DFlashModel.random(DFlashConfig(block_size=6, n_layers=2), target, seed=5)
+    assert model.config.qk_norm
+    path = tmp_path / "dflash.npz"
+    model.save(path)
+    with np.load(path, allow_pickle=False) as f:
+        keys = set(f.files)
+        cfg = json.loads(str(f["config"]))
+        assert f["fc.weight"].shape == (32, 2 * 32)
+        assert f["layers.1.self_attn.k_proj.weight"].shape == (2 * 8, 32)
+    assert {"config", "fc.weight", "hidden_norm.weight", "norm.weight",
+            "layers.0.input_layernorm.weight", "layers.0.post_attention_layernorm.weight",
+            "layers.0.self_attn.q_norm.weight", "layers.0.mlp.gate_proj.weight"} <= keys
+    assert cfg["tap_layers"] == list(model.config.tap_layers) and cfg["mask_token_id"] == 39
+    loaded = DFlashModel.load(path, target)
+    assert loaded.config == model.config
+    cache = model.new_cache()
+    np.testing.assert_array_equal(loaded.draft_block(cache, 2), model.draft_block(cache, 2))
+
+
+def test_load_rejects_another_target(tmp_path):
+    target = small_llama()
+    path = tmp_path / "d.npz"
+    DFlashModel.random(DFlashConfig(), target).save(path)
+    with pytest.raises(ValueError, match="fc.weight"):
+        DFlashModel.load(path, small_llama(dim=48, n_heads=4, n_kv_heads=2))
+    with pytest.raises(ValueError, match="mask_token_id"):
+        DFlashModel.load(path, small_llama(vocab_size=20))
+    with pytest.raises(ValueError, match="tap_layers"):
+        DFlashModel.load(path, small_llama(n_layers=1))
+    target.save(tmp_path / "t.npz")
+    with pytest.raises(ValueError, match="not a fastspec DFlash file"):
+        DFlashModel.load(tmp_path / "t.npz", target)
+    with pytest.raises(TypeError, match="target"):
+        DFlashModel.load(path, "target")
+
+
+# --- bad input -------------------------------------------------------------------------------
+
+def test_drafter_rejects_bad_arguments():
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=8), target)
+    with pytest.raises(ValueError, match="denoise_steps"):
+        DFlashDrafter(model, denoise_steps=0)
+    with pytest.raises(ValueError, match="denoise_steps"):
+        DFlashDrafter(model, denoise_steps=8)
+    with pytest.raises(ValueError, match="sample_block"):
+        DFlashDrafter(model, denoise_steps=2, sample_block=True)
+    with pytest.raises(TypeError, match="DFlashModel"):
+        DFlashDrafter(target)
+    d = DFlashDrafter(model)
+    assert d.max_gamma == 7 and d.hidden_layers == model.config.tap_layers
+    with pytest.raises(ValueError, match="hidden"):
+        d.reset(np.array(PROMPT), None)
+    with pytest.raises(ValueError, match="rows"):
+        d.reset(np.array(PROMPT), {t: np.zeros((3, 32)) for t in d.hidden_layers})
+    with pytest.raises(ValueError, match="tapped target layer"):
+        d.reset(np.array(PROMPT), {0: np.zeros((7, 32))})
+    out = target.forward(np.array(PROMPT[:-1]), hidden_layers=d.hidden_layers)
+    d.reset(np.array(PROMPT), out.hidden)
+    with pytest.raises(ValueError, match="len\\(seq\\) - 1"):
+        d.propose(np.array(PROMPT + [3]), 4, SamplingParams(), np.random.default_rng(0))
+    with pytest.raises(ValueError, match="does not continue"):
+        d.commit(np.array(PROMPT + [1, 2, 3]), 0, {t: np.zeros((1, 32)) for t in d.hidden_layers})
+    assert len(d.propose(np.array(PROMPT), 0, SamplingParams(), np.random.default_rng(0))) == 0
+
+
+def test_model_rejects_bad_arguments():
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=4), target)
+    cache = model.new_cache()
+    with pytest.raises(ValueError, match="bonus_token"):
+        model.draft_block(cache, 40)
+    with pytest.raises(ValueError, match="len\\(block_tokens\\)"):
+        model.forward_block(cache, [1, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="block_tokens"):
+        model.forward_block(cache, [1, 99])
+    with pytest.raises(ValueError, match="features"):
+        model.append_context(cache, np.zeros((2, 31)))
+    with pytest.raises(ValueError, match="does not match"):
+        model.draft_block(target.new_cache(), 1)
+    with pytest.raises(ValueError, match="capacity"):
+        model.append_context(cache, np.zeros((model.max_positions, 32)))
+    with pytest.raises(ValueError, match="fc must have shape"):
+        DFlashModel(model.config, target, model.fc[:, :5], model.hidden_norm, model.layers, model.norm)
+    with pytest.raises(TypeError, match="Transformer"):
+        DFlashModel.random(DFlashConfig(), object())
