@@ -15,6 +15,12 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 #: Tolerance on ``|row.sum() - 1|`` for probability rows, per dtype.
 ROW_SUM_TOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float64): 1e-6}
 
+# Messages of the data checks, shared with the typed scans of fastspec._kernels.
+NOT_FINITE = "{name} must be finite (found NaN or inf)"
+NOT_PROBABILITIES = "{name} must be finite and non-negative"
+ROW_SUM = "{name} rows must sum to 1, row {row} sums to {total:.6g}"
+NO_MASS = "{name} must have a positive sum"
+
 
 def check_float_array(a, name, ndim, dtype=None, writable=False):
     """Check ``a`` is a C-contiguous float32/float64 ndarray of rank ``ndim``."""
@@ -100,8 +106,12 @@ def check_sampling_params(temperature, top_k, top_p):
     return temperature, top_k, top_p
 
 
-def check_logits(logits, name="logits", ndim=None):
-    """Check logits are a finite float array of rank 1 or 2 (or ``ndim``) with V >= 1."""
+def check_logits(logits, name="logits", ndim=None, data=True):
+    """Check logits are a finite float array of rank 1 or 2 (or ``ndim``) with V >= 1.
+
+    ``data=False`` checks only type and shape; the compiled kernels then scan the values in
+    typed code and raise the same message (see :data:`NOT_FINITE`).
+    """
     if not isinstance(logits, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(logits).__name__}")
     if logits.dtype not in FLOAT_DTYPES:
@@ -113,25 +123,31 @@ def check_logits(logits, name="logits", ndim=None):
         raise ValueError(f"{name} must be non-empty, got shape {logits.shape}")
     if not logits.flags.c_contiguous:
         raise ValueError(f"{name} must be C-contiguous")
-    if not np.isfinite(logits).all():
-        raise ValueError(f"{name} must be finite (found NaN or inf)")
+    if data and not np.isfinite(logits).all():
+        raise ValueError(NOT_FINITE.format(name=name))
 
 
-def check_probability_rows(p, name, normalised=True):
-    """Check ``p`` is a C-contiguous 2-D float array of non-negative rows summing to 1."""
+def check_probability_rows(p, name, normalised=True, data=True):
+    """Check ``p`` is a C-contiguous 2-D float array of non-negative rows summing to 1.
+
+    ``data=False`` checks only type and shape (the compiled kernels scan the values in typed
+    code and raise the same messages, :data:`NOT_PROBABILITIES` and friends).
+    """
     check_float_array(p, name, 2)
     if p.shape[1] < 1:
         raise ValueError(f"{name} must have at least one column, got shape {p.shape}")
+    if not data:
+        return
     if not (np.isfinite(p).all() and (p >= 0).all()):
-        raise ValueError(f"{name} must be finite and non-negative")
+        raise ValueError(NOT_PROBABILITIES.format(name=name))
     sums = p.sum(axis=1, dtype=np.float64)
     if normalised:
         bad = np.abs(sums - 1.0) > ROW_SUM_TOL[p.dtype]
         if bad.any():
             r = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{name} rows must sum to 1, row {r} sums to {sums[r]:.6g}")
+            raise ValueError(ROW_SUM.format(name=name, row=r, total=sums[r]))
     elif not (sums > 0).all():
-        raise ValueError(f"{name} must have a positive sum")
+        raise ValueError(NO_MASS.format(name=name))
 
 
 def check_tokens(draft_tokens, rows, rows_name):

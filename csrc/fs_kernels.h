@@ -1,0 +1,365 @@
+/* fs_kernels.h -- C inner loops of fastspec's sampling and verification kernels.
+ *
+ * Used by fastspec/_kernels.pyx. Every function here runs without the GIL and cannot fail:
+ * the caller has validated shapes and (with the fs_scan_* helpers below) the data, and owns
+ * every buffer. Reductions that decide a sampled token (the inverse-CDF sums) are sequential
+ * in double, exactly like numpy.cumsum, so the compiled and NumPy backends pick the same
+ * token bit for bit. Reductions that only feed checks or normalisations use several
+ * accumulators so that they vectorise.
+ */
+#ifndef FS_KERNELS_H
+#define FS_KERNELS_H
+
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "fs_attention.h" /* FS_CLONES, FS_RESTRICT, fs_exp_nonpos, fs_attn_exp_sum */
+
+/* For loops over data already checked finite: lets GCC turn `a > b ? a : b` into SIMD max.
+ * Never used where NaN or inf must be detected; it never reorders a sum. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FS_FINITE_MATH __attribute__((optimize("finite-math-only", "no-signed-zeros")))
+#else
+#define FS_FINITE_MATH
+#endif
+
+#if FS_HAVE_VEC
+typedef float fs_v16f_ __attribute__((vector_size(64)));
+#endif
+
+/* ---- data scans used by the argument checks ------------------------------------------ */
+/* The checks read the bit patterns as signed integers (integer min/max vectorise on every
+ * target): x is finite and >= 0 when its pattern lies in [0, largest finite]; -0.0 (also
+ * valid) is the only other valid pattern and sends the row to an exact scalar re-check. x is
+ * finite when its pattern without the sign bit is <= the largest finite one. */
+
+#define FS_F32_FINITE_MAX 0x7f7fffff
+#define FS_F64_FINITE_MAX 0x7fefffffffffffffLL
+
+/* Sum of x[j0:j1) in double; float data is summed in 16 float lanes per block of at most
+ * 1024 (error ~1e-7 relative, far below the 1e-3 row-sum tolerance of float32 rows). */
+FS_ALWAYS_INLINE double fs_block_sum_f32(const float *FS_RESTRICT x, long j0, long j1)
+{
+    long j = j0;
+    double sum = 0.0;
+#if FS_HAVE_VEC
+    fs_v16f_ a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}; /* four chains hide the add latency */
+    for (; j + 64 <= j1; j += 64) {
+        fs_v16f_ v0, v1, v2, v3;
+        memcpy(&v0, x + j, sizeof v0);
+        memcpy(&v1, x + j + 16, sizeof v1);
+        memcpy(&v2, x + j + 32, sizeof v2);
+        memcpy(&v3, x + j + 48, sizeof v3);
+        a0 += v0;
+        a1 += v1;
+        a2 += v2;
+        a3 += v3;
+    }
+    a0 = (a0 + a1) + (a2 + a3);
+    for (int l = 0; l < 16; l++)
+        sum += (double)a0[l];
+#endif
+    for (; j < j1; j++)
+        sum += (double)x[j];
+    return sum;
+}
+
+FS_ALWAYS_INLINE double fs_block_sum_f64(const double *FS_RESTRICT x, long j0, long j1)
+{
+    long j = j0;
+    double sum = 0.0;
+#if FS_HAVE_VEC
+    fs_v8d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (; j + 32 <= j1; j += 32) {
+        a0 += fs_load8_f64(x + j);
+        a1 += fs_load8_f64(x + j + 8);
+        a2 += fs_load8_f64(x + j + 16);
+        a3 += fs_load8_f64(x + j + 24);
+    }
+    a0 = (a0 + a1) + (a2 + a3);
+    for (int l = 0; l < 8; l++)
+        sum += a0[l];
+#endif
+    for (; j < j1; j++)
+        sum += x[j];
+    return sum;
+}
+
+#define FS_SCAN_DEFINE(SFX, T, IT, FINITE_MAX, MAGNITUDE)                                                 \
+/* Returns 1 when every element of x[0:n) is finite and >= 0; *total = their sum (double). */  \
+FS_CLONES static int fs_scan_##SFX(const T *FS_RESTRICT x, long n, double *total)               \
+{                                                                                               \
+    double sum = 0.0;                                                                           \
+    IT lo = 0, hi = 0;                                                                          \
+    for (long j = 0; j < n; j++) {                                                              \
+        IT b;                                                                                   \
+        memcpy(&b, x + j, sizeof b);                                                            \
+        lo = b < lo ? b : lo;                                                                   \
+        hi = b > hi ? b : hi;                                                                   \
+    }                                                                                           \
+    for (long j0 = 0; j0 < n; j0 += 1024)                                                       \
+        sum += fs_block_sum_##SFX(x, j0, n - j0 < 1024 ? n : j0 + 1024);                        \
+    *total = sum;                                                                               \
+    if (hi > (IT)(FINITE_MAX))                                                                  \
+        return 0;                                                                               \
+    if (lo >= 0)                                                                                \
+        return 1;                                                                               \
+    for (long j = 0; j < n; j++) /* a negative pattern: valid only if it is -0.0 */            \
+        if (!(x[j] == 0))                                                                       \
+            if (x[j] < 0)                                                                       \
+                return 0;                                                                       \
+    return 1;                                                                                   \
+}                                                                                               \
+                                                                                                \
+/* 1 when every element of x[0:n) is finite. */                                                \
+FS_CLONES static int fs_all_finite_##SFX(const T *FS_RESTRICT x, long n)                        \
+{                                                                                               \
+    IT hi = 0;                                                                                  \
+    for (long j = 0; j < n; j++) {                                                              \
+        IT b;                                                                                   \
+        memcpy(&b, x + j, sizeof b);                                                            \
+        b &= (IT)(MAGNITUDE); /* drop the sign bit */                                           \
+        hi = b > hi ? b : hi;                                                                   \
+    }                                                                                           \
+    return hi <= (IT)(FINITE_MAX);                                                              \
+}
+
+FS_SCAN_DEFINE(f32, float, int32_t, FS_F32_FINITE_MAX, 0x7fffffff)
+FS_SCAN_DEFINE(f64, double, int64_t, FS_F64_FINITE_MAX, 0x7fffffffffffffffLL)
+#undef FS_SCAN_DEFINE
+
+/* First j with cum[j] > target in the non-decreasing cum[0:n), or n. */
+static long fs_first_above(const double *cum, long n, double target)
+{
+    long lo = 0, hi = n;
+    while (lo < hi) {
+        long mid = lo + (hi - lo) / 2;
+        if (cum[mid] > target)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+#define FS_KERNELS_DEFINE(SFX, T)                                                              \
+/* max of x[0:n) in double, n >= 1, every element finite. */                                  \
+FS_FINITE_MATH FS_CLONES static double fs_max_##SFX(const T *FS_RESTRICT x, long n)             \
+{                                                                                               \
+    double m = (double)x[0];                                                                    \
+    for (long i = 1; i < n; i++) {                                                              \
+        double v = (double)x[i];                                                                \
+        m = v > m ? v : m;                                                                      \
+    }                                                                                           \
+    return m;                                                                                   \
+}                                                                                               \
+                                                                                                \
+/* Index of the first maximum of x[0:n), n >= 1, no NaN. */                                    \
+static long fs_argmax_##SFX(const T *FS_RESTRICT x, long n)                                     \
+{                                                                                               \
+    double m = fs_max_##SFX(x, n);                                                              \
+    long i;                                                                                     \
+    for (i = 0; i < n; i++)                                                                     \
+        if ((double)x[i] == m)                                                                  \
+            break;                                                                              \
+    return i;                                                                                   \
+}                                                                                               \
+                                                                                                \
+/* The inverse-CDF draw of _reference._inverse_cdf over w = x (as double), except position    \
+ * `skip` (-1: none) which counts as 0: the first j with cumsum(w)[j] > u * sum(w), else the  \
+ * last j with w[j] > 0. The prefix sums are sequential, exactly as numpy.cumsum computes      \
+ * them, and stored in cum[0:n) so that the first crossing is a binary search (the sums of    \
+ * non-negative weights never decrease). */                                                  \
+static long fs_inverse_cdf_##SFX(const T *FS_RESTRICT x, long n, long skip, double u,           \
+                                 double *FS_RESTRICT cum)                                      \
+{                                                                                               \
+    double run = 0.0;                                                                           \
+    for (long j = 0; j < n; j++) {                                                              \
+        run += j == skip ? 0.0 : (double)x[j];                                                  \
+        cum[j] = run;                                                                           \
+    }                                                                                           \
+    long hit = fs_first_above(cum, n, u * run);                                                 \
+    if (hit < n)                                                                                \
+        return hit;                                                                             \
+    for (long j = n - 1; j > 0; j--)                                                            \
+        if (j != skip && (double)x[j] > 0.0)                                                    \
+            return j;                                                                           \
+    return 0;                                                                                   \
+}                                                                                               \
+                                                                                                \
+/* Inverse-CDF draw over max(p - q, 0) (double, sequential prefix sums in cum[0:n)); returns   \
+ * -1 when that residual is all zero. finite-math lets max(r, 0) be a branch-free maxsd. */     \
+FS_FINITE_MATH static long fs_residual_draw_##SFX(const T *FS_RESTRICT p, const T *FS_RESTRICT q, \
+                                                  long n, double u, double *FS_RESTRICT cum)   \
+{                                                                                               \
+    double run = 0.0;                                                                           \
+    for (long j = 0; j < n; j++) {                                                              \
+        double r = (double)p[j] - (double)q[j];                                                 \
+        run += r > 0.0 ? r : 0.0;                                                               \
+        cum[j] = run;                                                                           \
+    }                                                                                           \
+    if (!(run > 0.0))                                                                           \
+        return -1;                                                                              \
+    long hit = fs_first_above(cum, n, u * run);                                                 \
+    if (hit < n)                                                                                \
+        return hit;                                                                             \
+    for (long j = n - 1; j > 0; j--)                                                            \
+        if ((double)p[j] - (double)q[j] > 0.0)                                                  \
+            return j;                                                                           \
+    return 0;                                                                                   \
+}                                                                                               \
+                                                                                                \
+/* z[j] = x[j] / temperature (double); returns max z. */                                       \
+FS_CLONES static double fs_scale_row_##SFX(const T *FS_RESTRICT x, long n, double temperature,  \
+                                          double *FS_RESTRICT z)                               \
+{                                                                                               \
+    for (long i = 0; i < n; i++)                                                                \
+        z[i] = (double)x[i] / temperature;                                                      \
+    return fs_max_f64(z, n);                                                                    \
+}                                                                                               \
+                                                                                                \
+/* out[j] = (T)(z[j] / total) */                                                                \
+FS_CLONES static void fs_store_scaled_##SFX(const double *FS_RESTRICT z, long n, double total,  \
+                                           T *FS_RESTRICT out)                                 \
+{                                                                                               \
+    for (long j = 0; j < n; j++)                                                                \
+        out[j] = (T)(z[j] / total);                                                             \
+}
+
+FS_KERNELS_DEFINE(f64, double) /* first: the float variants use fs_max_f64 */
+FS_KERNELS_DEFINE(f32, float)
+
+#undef FS_KERNELS_DEFINE
+
+/* ---- selection and sorting for top-k / top-p ----------------------------------------- */
+
+/* The k-th smallest (0-based) of a[0:n) (a is reordered): quickselect with a three-way
+ * partition, so runs of equal values cost O(n). */
+static double fs_select_kth(double *a, long n, long k)
+{
+    long lo = 0, hi = n - 1;
+    while (lo < hi) {
+        double x = a[lo], y = a[lo + (hi - lo) / 2], w = a[hi];
+        double pivot = x < y ? (y < w ? y : (x < w ? w : x)) : (x < w ? x : (y < w ? w : y));
+        long lt = lo, i = lo, gt = hi; /* [lo,lt) < pivot, [lt,i) == pivot, (gt,hi] > pivot */
+        while (i <= gt) {
+            double v = a[i];
+            if (v < pivot) {
+                a[i++] = a[lt];
+                a[lt++] = v;
+            } else if (v > pivot) {
+                a[i] = a[gt];
+                a[gt--] = v;
+            } else {
+                i++;
+            }
+        }
+        if (k < lt)
+            hi = lt - 1;
+        else if (k > gt)
+            lo = gt + 1;
+        else
+            return pivot;
+    }
+    return a[k];
+}
+
+/* Stable LSD radix sort of idx[0:n) by the 64-bit keys key[0:n), ascending, 8-bit digits;
+ * digits on which every key agrees are skipped. tmp_key/tmp_idx: n elements each. */
+static void fs_radix_sort(uint64_t *key, int32_t *idx, long n, uint64_t *tmp_key,
+                          int32_t *tmp_idx)
+{
+    uint64_t and_all = ~(uint64_t)0, or_all = 0;
+    for (long i = 0; i < n; i++) {
+        and_all &= key[i];
+        or_all |= key[i];
+    }
+    uint64_t varying = and_all ^ or_all;
+    for (int shift = 0; shift < 64; shift += 8) {
+        if (((varying >> shift) & 0xFF) == 0)
+            continue;
+        long count[257];
+        memset(count, 0, sizeof count);
+        for (long i = 0; i < n; i++)
+            count[((key[i] >> shift) & 0xFF) + 1]++;
+        for (int b = 0; b < 256; b++)
+            count[b + 1] += count[b];
+        for (long i = 0; i < n; i++) {
+            long dst = count[(key[i] >> shift) & 0xFF]++;
+            tmp_key[dst] = key[i];
+            tmp_idx[dst] = idx[i];
+        }
+        memcpy(key, tmp_key, (size_t)n * sizeof *key);
+        memcpy(idx, tmp_idx, (size_t)n * sizeof *idx);
+    }
+}
+
+static inline uint64_t fs_bits(double x)
+{
+    uint64_t b;
+    memcpy(&b, &x, sizeof b);
+    return b;
+}
+
+/* Nucleus (top-p) of the normalised, non-negative probabilities p[0:n), in place: keeps each
+ * token whose preceding mass (descending p, ties by lower index, sequential float64 sum) is
+ * below top_p, zeroes the rest, and renormalises. Only the tokens that can precede the cut
+ * are sorted: the mass per binary exponent locates it, and the candidates (every token with
+ * p >= 2^(e-1) for the exponent e of the cut) are a prefix of the full sorted order, so their
+ * sequential prefix sums equal those of a full sort. key/idx/tmp_*: n elements each. */
+static void fs_top_p(double *p, long n, double top_p, uint64_t *key, int32_t *idx,
+                     uint64_t *tmp_key, int32_t *tmp_idx)
+{
+    double mass[2048];
+    memset(mass, 0, sizeof mass);
+    for (long j = 0; j < n; j++)
+        mass[fs_bits(p[j]) >> 52] += p[j]; /* p >= 0: the top bits are the exponent */
+    int cut = 0;
+    double run = 0.0;
+    for (int e = 2047; e >= 0; e--) {
+        run += mass[e];
+        if (run >= top_p) {
+            cut = e;
+            break;
+        }
+    }
+    uint64_t floor_bits = cut >= 2 ? (uint64_t)(cut - 1) << 52 : 1; /* also drops p == 0 */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        long m = 0;
+        for (long j = 0; j < n; j++) {
+            uint64_t b = fs_bits(p[j]);
+            if (b >= floor_bits) {
+                key[m] = ~b; /* ascending ~bits == descending p; stable sort keeps index order */
+                idx[m++] = (int32_t)j;
+            }
+        }
+        fs_radix_sort(key, idx, m, tmp_key, tmp_idx);
+        double before = 0.0;
+        long keep = 0;
+        while (keep < m && before < top_p) {
+            before += p[idx[keep]];
+            keep++;
+        }
+        if (keep < m || before >= top_p || floor_bits == 1) {
+            /* idx[0:keep) is the nucleus */
+            double total = 0.0;
+            for (long t = 0; t < keep; t++) {
+                total += p[idx[t]];
+                key[t] = fs_bits(p[idx[t]]);
+            }
+            for (long j = 0; j < n; j++)
+                p[j] = 0.0;
+            for (long t = 0; t < keep; t++) {
+                double v;
+                memcpy(&v, &key[t], sizeof v);
+                p[idx[t]] = v / total;
+            }
+            return;
+        }
+        floor_bits = 1; /* rounding put the cut below the candidates: take every p > 0 */
+    }
+}
+
+#endif /* FS_KERNELS_H */
