@@ -390,18 +390,20 @@ cdef class TransformerRunner:
         hidden : dict[int, ndarray of shape (n, dim)]
         """
         cdef cnp.ndarray arr = np.asarray(ids)
-        if arr.dtype.kind not in "iu" or arr.dtype == np.uint64:
-            if arr.dtype.kind not in "iu":
-                raise TypeError(f"ids must be integers, got dtype {arr.dtype}")
-        if cnp.PyArray_NDIM(arr) != 1:
-            arr = arr.reshape(-1) if cnp.PyArray_NDIM(arr) == 0 else None
-            if arr is None:
-                raise ValueError("ids must be 1-D")
+        cdef Py_ssize_t n, i
         if cnp.PyArray_TYPE(arr) != cnp.NPY_INT64 or not cnp.PyArray_IS_C_CONTIGUOUS(arr):
+            if arr.dtype == object or (arr.size and arr.dtype.kind not in "iu"):
+                raise TypeError(f"ids must be integers, got dtype {arr.dtype}")
+            if arr.dtype == np.uint64 and arr.size and arr.max() > 2**62:
+                raise ValueError(f"ids must be in [0, {self.dims.vocab}), got {arr.max()}")
             arr = np.ascontiguousarray(arr, dtype=np.int64)
-        cdef Py_ssize_t n = arr.shape[0], i
+        if cnp.PyArray_NDIM(arr) > 1:
+            raise ValueError("ids must be 1-D")
+        n = arr.size
         if n == 0:
             raise ValueError("ids must not be empty")
+        if cnp.PyArray_NDIM(arr) == 0:
+            arr = arr.reshape(1)
         cdef const int64_t *p = <const int64_t *>cnp.PyArray_DATA(arr)
         cdef int64_t V = self.dims.vocab
         for i in range(n):
