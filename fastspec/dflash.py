@@ -241,14 +241,22 @@ class DFlashModel:
         self.norm = cast(norm)
         self._check_shapes()
         self.max_positions = target.config.max_seq_len + c.block_size
-        self.rope_cos, self.rope_sin = rope_tables(self.max_positions, c.head_dim, c.rope_theta, dt)
-        # Fused projections (derived, not saved): one GEMM for q|k|v and one for gate|up.
-        self._wqkv = [np.ascontiguousarray(np.concatenate([lw.wq, lw.wk, lw.wv], axis=1))
-                      for lw in self.layers]
-        self._wkv = [np.ascontiguousarray(np.concatenate([lw.wk, lw.wv], axis=1))
-                     for lw in self.layers]
-        self._wgu = [np.ascontiguousarray(np.concatenate([lw.w_gate, lw.w_up], axis=1))
-                     for lw in self.layers]
+        # The draft layers as a Transformer that shares the target's embedding and head (no
+        # copies: same dtype, contiguous) and the drafter's own layer/norm arrays. Its fused
+        # Cython runner (or NumPy twin) does the block forward and the K/V injection.
+        self._stack = Transformer(self._stack_config(), target.embed, self.layers, target.head,
+                                  self.norm)
+        self.rope_cos, self.rope_sin = self._stack.rope_cos, self._stack.rope_sin
+        self._out = np.empty((c.block_size, target.config.vocab_size), dtype=dt)
+
+    def _stack_config(self) -> ModelConfig:
+        c, t = self.config, self.target.config
+        return ModelConfig(vocab_size=t.vocab_size, dim=t.dim, n_layers=c.n_layers,
+                           n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim,
+                           ffn_dim=c.ffn_dim, max_seq_len=self.max_positions, norm="rmsnorm",
+                           positional="rope", activation="swiglu", tie_embeddings=False,
+                           rope_theta=c.rope_theta, norm_eps=c.norm_eps, dtype=t.dtype,
+                           qk_norm=c.qk_norm)
 
     # --- construction -------------------------------------------------------------------
 
@@ -464,26 +472,8 @@ class DFlashModel:
             raise ValueError(f"context of {start + n} positions plus a block of {c.block_size} "
                              f"exceeds the cache capacity {cache.capacity}")
         cache.crop(start)
-        if n == 0:
-            return
-        x = np.ascontiguousarray(features, dtype=self.dtype)
-        cos, sin = self.rope_cos[start:start + n], self.rope_sin[start:start + n]
-        for i, lw in enumerate(self.layers):
-            k, v = self._context_kv(x, i, lw, cos, sin)
-            kernels.cache_write(cache.k[i], k, start)
-            kernels.cache_write(cache.v[i], v, start)
-        cache.advance(n)
-
-    def _context_kv(self, x, i, lw, cos, sin):
-        c = self.config
-        n = x.shape[0]
-        kv = x @ self._wkv[i]
-        w = c.n_kv_heads * c.head_dim
-        k = kv[:, :w].reshape(n, c.n_kv_heads, c.head_dim)
-        v = np.ascontiguousarray(kv[:, w:].reshape(n, c.n_kv_heads, c.head_dim))
-        if c.qk_norm:
-            k = rms_norm(k, lw.k_norm, c.norm_eps)
-        return np.ascontiguousarray(apply_rope(k, cos, sin)), v
+        if n:
+            self._stack.write_context_kv(np.ascontiguousarray(features, dtype=self.dtype), cache)
 
     # --- block forward --------------------------------------------------------------------
 
@@ -523,40 +513,25 @@ class DFlashModel:
         if P + n > cache.capacity:
             raise ValueError(f"context of {P} positions plus a block of {n} exceeds the cache "
                              f"capacity {cache.capacity}")
-        return self._forward_block_numpy(ids, cache, P)
+        # Non-causal forward of the block at P .., then roll the length back: the block's K/V
+        # stay in the buffer past the committed length as scratch, never as context.
+        out = self._out if n == self.config.block_size else None
+        runner = self._stack._fused()
+        if runner is not None:
+            # Straight to the fused runner (it never touches the length): saves the ~20 us of
+            # Python dispatch of Transformer.forward, ~6% of a tiny-Llama block.
+            logits, _ = runner.forward(ids, cache.k, cache.v, P, False, (), out)
+            return logits[1:]
+        logits = self._stack.forward(ids, cache, causal=False, out=out).logits
+        cache.crop(P)
+        return logits[1:]
 
     def draft_block(self, cache: KVCache, bonus_token: int) -> np.ndarray:
-        """Return the logits (block_size - 1, vocab_size) of ``[bonus, MASK, ...]`` at P = cache.length."""
-        return self.forward_block(cache, self.mask_block(bonus_token))
+        """Return the logits (block_size - 1, vocab_size) of ``[bonus, MASK, ...]`` at P = cache.length.
 
-    def _forward_block_numpy(self, ids, cache, P):
-        c = self.config
-        n = ids.shape[0]
-        H, Hkv, D, eps = c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps
-        x = self.target.embed[ids]
-        cos, sin = self.rope_cos[P:P + n], self.rope_sin[P:P + n]
-        for i, lw in enumerate(self.layers):
-            h = rms_norm(x, lw.attn_norm, eps)
-            qkv = h @ self._wqkv[i]
-            q = qkv[:, :H * D].reshape(n, H, D)
-            k = qkv[:, H * D:(H + Hkv) * D].reshape(n, Hkv, D)
-            v = qkv[:, (H + Hkv) * D:].reshape(n, Hkv, D)
-            if c.qk_norm:
-                q = rms_norm(q, lw.q_norm, eps)
-                k = rms_norm(k, lw.k_norm, eps)
-            q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
-            # Scratch write past the committed length: never advanced, overwritten next append.
-            kernels.cache_write(cache.k[i], np.ascontiguousarray(k), P)
-            kernels.cache_write(cache.v[i], np.ascontiguousarray(v), P)
-            a = kernels.attention(np.ascontiguousarray(q), cache.k[i], cache.v[i], P + n, False)
-            x = x + a.reshape(n, H * D) @ lw.wo
-            h = rms_norm(x, lw.mlp_norm, eps)
-            gu = h @ self._wgu[i]
-            F = c.ffn_dim
-            x = x + (silu(gu[:, :F]) * gu[:, F:]) @ lw.w_down
-        x = rms_norm(x[1:], self.norm, eps)
-        return x @ self.target.head
+        The result is a view of a buffer the next block forward overwrites; copy it to keep it.
+        """
+        return self.forward_block(cache, self.mask_block(bonus_token))
 
     def draft_block_reference(self, hidden: Mapping[int, np.ndarray], block_tokens) -> np.ndarray:
         """Slow, explicit block forward from raw target hidden states (no cache, no kernels).
