@@ -60,7 +60,7 @@ NEW_TOKENS = 48
 #: Chi-square p-value below which a distribution audit fails (fixed seeds: deterministic).
 ALPHA = 1e-3
 #: Modules imported by :func:`run_audit` if present; they register their own checks.
-OPTIONAL_CHECK_MODULES = ("fastspec.drafters.dflash_audit",)
+OPTIONAL_CHECK_MODULES = ("fastspec.dflash_audit",)
 
 
 # --- registry --------------------------------------------------------------------------------
@@ -615,17 +615,20 @@ def environment() -> dict:
                 available_backends=list(kernels.available_backends()))
 
 
-def _load_optional_checks() -> list[str]:
-    loaded = []
+def _load_optional_checks() -> tuple[list[str], dict[str, str]]:
+    """Import the modules that register more checks; return (loaded, import errors)."""
+    loaded, errors = [], {}
     for name in OPTIONAL_CHECK_MODULES:
         try:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
             if exc.name != name:
-                raise
+                errors[name] = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # reported as a failed check, never hidden
+            errors[name] = f"{type(exc).__name__}: {exc}"
         else:
             loaded.append(name)
-    return loaded
+    return loaded, errors
 
 
 def _jsonable(x):
@@ -666,13 +669,17 @@ def run_audit(quick: bool = False, samples: int | None = None, names=None,
         ``passed``, ``environment``, ``config``, ``checks`` (name -> figures with
         ``passed``, ``seconds`` and, on an exception, ``error``).
     """
-    loaded = _load_optional_checks()
+    loaded, import_errors = _load_optional_checks()
     ctx = AuditContext(quick=quick, samples=samples or (20_000 if quick else 100_000))
     wanted = None if names is None else set(names)
     unknown = set() if wanted is None else wanted - {c.name for c in CHECKS} - {c.group for c in CHECKS}
     if unknown:
         raise ValueError(f"unknown checks {sorted(unknown)}; known: {[c.name for c in CHECKS]}")
     results = {}
+    if wanted is None:
+        for module, error in import_errors.items():
+            results[f"import {module}"] = dict(group="import", description="optional checks",
+                                               passed=False, error=error, seconds=0.0)
     t_all = time.perf_counter()
     for check in CHECKS:
         if wanted is not None and check.name not in wanted and check.group not in wanted:
