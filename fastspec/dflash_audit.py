@@ -15,6 +15,7 @@ incremental cache (``commit``) is checked against ``reset`` separately in the te
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -301,3 +302,129 @@ def run_distribution_audit(n_new: int = 3, gamma: int = 3, block_size: int = 4,
         {"tv": tv, "expected_chi_square_100k": chi, "cells": len(truth),
          "mass": sum(law.values()), "note": "passed means the wrong-q verifier was detected"}))
     return results
+
+
+# --- checks registered with ``fastspec audit`` (group "dflash") ------------------------------
+
+from fastspec import audit as _audit  # noqa: E402  (audit imports this module lazily)
+
+
+def _toy_target(seed: int) -> Transformer:
+    return Transformer.random(ModelConfig.toy(n_layers=2, dtype="float64"), seed)
+
+
+def _toy_dflash(target: Transformer, block_size: int, seed: int = 1) -> DFlashModel:
+    return DFlashModel.random(DFlashConfig(block_size=block_size, mask_token_id=7), target, seed)
+
+
+def _llama_target(qk_norm: bool) -> Transformer:
+    cfg = ModelConfig(vocab_size=40, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=48,
+                      max_seq_len=96, dtype="float64", qk_norm=qk_norm)
+    return Transformer.random(cfg, seed=3)
+
+
+@_audit.register_check("dflash_block_reference", group="dflash")
+def check_block_reference(ctx) -> dict:
+    """DFlash block forward (context cache + kernels) == explicit full-attention reference."""
+    rows = []
+    cases = [("toy", _toy_target(69), 8), ("llama_gqa", _llama_target(False), 8),
+             ("llama_qk_norm", _llama_target(True), 16)]
+    for name, target, B in cases:
+        model = DFlashModel.random(DFlashConfig(block_size=B, mask_token_id=7), target, seed=2)
+        seq = np.random.default_rng(0).integers(0, 8, size=24)
+        out = target.forward(seq, hidden_layers=model.config.tap_layers)
+        worst = 0.0
+        for P in (0, 1, 9, 23):
+            cache = model.new_cache()
+            hidden = {t: h[:P] for t, h in out.hidden.items()}
+            model.append_context(cache, model.context_features(hidden))
+            got = model.draft_block(cache, int(seq[P]))
+            want = model.draft_block_reference(hidden, model.mask_block(int(seq[P])))
+            worst = max(worst, float(np.max(np.abs(got - want)) / max(1.0, np.max(np.abs(want)))))
+        rows.append(dict(case=name, block_size=B, max_rel_error=worst))
+    return dict(passed=all(r["max_rel_error"] <= 1e-10 for r in rows), tolerance=1e-10,
+                dtype="float64", cases=rows)
+
+
+@_audit.register_check("dflash_context_cache", group="dflash")
+def check_context_cache(ctx) -> dict:
+    """After every round the drafter's context K/V equal a recompute from the committed prefix."""
+    rows = []
+    for seed in _audit.SEEDS[:2] if ctx.quick else _audit.SEEDS:
+        target = _toy_target(seed)
+        model = _toy_dflash(target, 8)
+        for temperature in (0.0, 1.0):
+            drafter = DFlashDrafter(model, denoise_steps=1)
+            worst = [0.0]
+
+            def after_round(seq, n, drafter=drafter, worst=worst):
+                L = n - 1
+                fresh = model.new_cache()
+                out = target.forward(np.asarray(seq[:L]), hidden_layers=model.config.tap_layers)
+                model.append_context(fresh, model.context_features(out.hidden))
+                if drafter.cache.length != L:
+                    worst[0] = math.inf
+                    return
+                worst[0] = max(worst[0],
+                               float(np.max(np.abs(fresh.k[:, :, :L] - drafter.cache.k[:, :, :L]))),
+                               float(np.max(np.abs(fresh.v[:, :, :L] - drafter.cache.v[:, :, :L]))))
+
+            res = _audit.speculative_generate(target, drafter, _audit.PREFIX, _audit.NEW_TOKENS,
+                                              gamma=4, temperature=temperature, seed=seed,
+                                              callback=after_round)
+            rows.append(dict(seed=seed, temperature=temperature, rounds=res.stats.rounds,
+                             max_error=worst[0]))
+    return dict(passed=all(r["max_error"] <= 1e-10 for r in rows), tolerance=1e-10, cases=rows)
+
+
+@_audit.register_check("dflash_greedy_equality", group="dflash")
+def check_greedy_equality(ctx) -> dict:
+    """Greedy DFlash speculative == vanilla greedy: B 2/8/16, denoise_steps 1/3, seeds 69-71."""
+    rows = []
+    for seed in _audit.SEEDS:
+        target = _toy_target(seed)
+        expected = _audit.generate(target, _audit.PREFIX, _audit.NEW_TOKENS, use_cache=False).tokens
+        for B in (2, 8, 16):
+            model = _toy_dflash(target, B, seed + 1)
+            for steps in (1, 3):
+                if steps > B - 1:
+                    continue
+                for gamma in sorted({1, 4, B - 1}):
+                    res = _audit.speculative_generate(target, DFlashDrafter(model, steps),
+                                                      _audit.PREFIX, _audit.NEW_TOKENS,
+                                                      gamma=gamma, seed=seed)
+                    s = res.stats
+                    rows.append(dict(seed=seed, block_size=B, denoise_steps=steps, gamma=gamma,
+                                     equal=res.tokens == expected, rounds=s.rounds,
+                                     drafted=s.drafted, accepted=s.accepted,
+                                     draft_calls=s.draft_calls, target_calls=s.target_calls))
+    return dict(passed=all(r["equal"] for r in rows), prefix=_audit.PREFIX,
+                new_tokens=_audit.NEW_TOKENS, cases=rows)
+
+
+@_audit.register_check("dflash_exact_distribution", group="dflash")
+def check_exact_distribution(ctx) -> dict:
+    """Exact law of DFlash speculative sampling == target law; the wrong-q control is caught.
+
+    Two parts. (1) Exact enumeration (:func:`run_distribution_audit`): single-step, 2-step
+    denoising and sample_block, at temperature 1 and with top-k/top-p, TV < 1e-9; the
+    sampled multi-step drafter reporting the final forward's q must show TV > 1e-3.
+    (2) The real decoding loop (the engine's seeded chi-square audit, 1/5 of its sample
+    count): single-step, 2-step and sample_block DFlash pass, the wrong-q control fails.
+    """
+    exact = [dict(name=r.name, passed=bool(r.passed), **r.figures) for r in run_distribution_audit()]
+    samples = max(2000, ctx.samples // 5)
+    target = _toy_target(_audit.DIST_SEED)
+    model = _toy_dflash(target, 5)
+    sampling = _audit.DIST_SETTINGS["temperature_1"]
+    mc = []
+    for name, drafter, should_pass in (
+            ("single_step", DFlashDrafter(model), True),
+            ("multi_step_2", DFlashDrafter(model, denoise_steps=2), True),
+            ("sample_block", DFlashDrafter(model, sample_block=True), True),
+            ("negative_control_wrong_q", WrongQDenoiseDrafter(model, 2), False)):
+        r = _audit.distribution_audit(drafter, sampling, samples)
+        mc.append(dict(drafter=name, expected_to_pass=should_pass,
+                       ok=r["passed"] == should_pass, **r))
+    return dict(passed=all(e["passed"] for e in exact) and all(m["ok"] for m in mc),
+                exact=exact, monte_carlo=mc)

@@ -289,6 +289,16 @@ def test_exact_audit_catches_a_wrong_q_on_the_single_step_drafter():
     assert total_variation(truth, law) > 0.01
 
 
+@pytest.mark.parametrize("name", ["dflash_block_reference", "dflash_context_cache",
+                                  "dflash_greedy_equality"])
+def test_registered_audit_checks(backend, name):
+    from fastspec import audit
+    import fastspec.dflash_audit  # noqa: F401  (registers the checks)
+    assert {"dflash_exact_distribution", name} <= {c.name for c in audit.CHECKS}
+    report = audit.run_audit(quick=True, names=[name])
+    assert report["checks"][name]["passed"], report["checks"][name]
+
+
 @pytest.mark.slow
 def test_monte_carlo_through_the_real_loop(backend):
     """20k real speculative runs: single-step DFlash passes, the wrong-q control fails."""
