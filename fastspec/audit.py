@@ -42,7 +42,7 @@ import numpy as np
 
 import fastspec
 from fastspec import _reference, kernels
-from fastspec.decoding import _speculative, generate, speculative_generate
+from fastspec.decoding import _plan, _run, generate, speculative_generate
 from fastspec.drafters.base import Proposal, SamplingParams
 from fastspec.drafters.draft_model import DraftModelDrafter
 from fastspec.drafters.ngram import NgramDrafter
@@ -267,7 +267,8 @@ class _MemoModel:
     def __init__(self, model: Transformer) -> None:
         self.model = model
         self.config = model.config
-        self._memo: dict[tuple[int, ...], np.ndarray] = {}
+        self._memo: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        self._calls: dict[tuple[tuple[int, ...], tuple[int, ...]], np.ndarray] = {}
 
     def check_ids(self, ids, name="ids"):
         return self.model.check_ids(ids, name)
@@ -296,9 +297,18 @@ class _MemoModel:
     def forward(self, ids, cache=None, hidden_layers=()):
         if cache is None:
             cache = self.new_cache()
-        layers = self.check_hidden_layers(hidden_layers)
         tokens = cache.tokens
         ids = ids.tolist() if isinstance(ids, np.ndarray) else list(ids)
+        if not hidden_layers:
+            # Fast path: the whole call's logits memoised under (committed, new) tokens.
+            key = (tuple(tokens), tuple(ids))
+            hit = self._calls.get(key)
+            if hit is not None:
+                if len(tokens) + len(ids) > cache.capacity:
+                    raise ValueError("memo cache capacity exceeded")
+                tokens.extend(ids)
+                return fastspec.ForwardOutput(hit, {})
+        layers = self.check_hidden_layers(hidden_layers)
         if len(tokens) + len(ids) > cache.capacity:
             raise ValueError("memo cache capacity exceeded")
         rows, hidden_rows = [], []
@@ -308,10 +318,14 @@ class _MemoModel:
             rows.append(logits)
             hidden_rows.append(hidden)
         hidden = {}
+        logits = np.array(rows)
         if layers:
             stacked = np.array(hidden_rows)
             hidden = {layer: np.ascontiguousarray(stacked[:, layer]) for layer in layers}
-        return fastspec.ForwardOutput(np.array(rows), hidden)
+        else:
+            logits.flags.writeable = False  # shared by every later identical call
+            self._calls[(tuple(tokens[:len(tokens) - len(ids)]), tuple(ids))] = logits
+        return fastspec.ForwardOutput(logits, hidden)
 
 
 # --- drafters and verifiers used only by the audit ------------------------------------------
@@ -540,10 +554,12 @@ def distribution_audit(drafter, sampling: SamplingParams, samples: int, *, seed:
     prompt = np.array(DIST_PREFIX, dtype=np.int64)
     t0 = time.perf_counter()
     rounds = drafted = accepted = 0
+    # One validated plan, many seeded runs: the loop is the public one minus re-validation.
+    plan = _plan(target, drafter, prompt, DIST_NEW_TOKENS, gamma, sampling.temperature,
+                 sampling.top_k, sampling.top_p, 0, None, cache)
+    default_rng = np.random.default_rng
     for i in range(samples):
-        res = _speculative(target, drafter, prompt, DIST_NEW_TOKENS, gamma, sampling.temperature,
-                           sampling.top_k, sampling.top_p, base_seed + i, None, False, cache,
-                           None, verifier)
+        res = _run(plan, default_rng(base_seed + i), False, None, verifier)
         x = res.tokens
         counts[(x[0] * vocab + x[1]) * vocab + x[2]] += 1
         rounds += res.stats.rounds

@@ -304,18 +304,37 @@ def speculative_generate(target, drafter: Drafter, prompt_ids, max_new_tokens: i
     -------
     GenerationResult
     """
-    return _speculative(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k,
-                        top_p, seed, eos_token_id, trace, cache, callback,
-                        kernels_verify_rejection=None)
+    plan = _plan(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k, top_p,
+                 seed, eos_token_id, cache)
+    return _run(plan, np.random.default_rng(seed), trace, callback)
 
 
-def _speculative(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k, top_p,
-                 seed, eos_token_id, trace, cache, callback, kernels_verify_rejection):
-    """The loop behind :func:`speculative_generate`.
+class _Plan:
+    """Validated arguments and reusable scratch of speculative runs (one target + drafter).
 
-    ``kernels_verify_rejection`` replaces the verifier (the audit's negative control passes a
-    broken one); None means :func:`fastspec.kernels.verify_rejection`.
+    Building it does every check; :func:`_run` then only decodes. The audit builds one plan
+    and runs it with many seeds.
     """
+
+    __slots__ = ("target", "drafter", "prompt", "max_new", "sampling", "eos", "gamma_fixed",
+                 "hidden_layers", "g_cap", "cache", "seq", "block", "uniforms", "empty")
+
+    def __init__(self, target, drafter, prompt, max_new, sampling, eos, gamma_fixed,
+                 hidden_layers, g_cap, cache):
+        self.target, self.drafter, self.prompt, self.max_new = target, drafter, prompt, max_new
+        self.sampling, self.eos, self.gamma_fixed = sampling, eos, gamma_fixed
+        self.hidden_layers, self.g_cap, self.cache = hidden_layers, g_cap, cache
+        # Scratch reused by every round and run: the committed sequence, the block, uniforms.
+        self.seq = np.empty(prompt.shape[0] + max_new + 1, dtype=np.int64)
+        self.seq[:prompt.shape[0]] = prompt
+        self.block = np.empty(g_cap + 1, dtype=np.int64)
+        self.uniforms = np.empty(g_cap + 1, dtype=np.float64)
+        self.empty = np.zeros(0, dtype=np.int64)
+
+
+def _plan(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k, top_p, seed,
+          eos_token_id, cache) -> _Plan:
+    """Validate the arguments of :func:`speculative_generate`; touch no cache."""
     prompt, max_new, sampling, eos = _check_common(target, prompt_ids, max_new_tokens,
                                                    temperature, top_k, top_p, seed, eos_token_id)
     gamma_fixed = _check_gamma(gamma)
@@ -326,36 +345,42 @@ def _speculative(target, drafter, prompt_ids, max_new_tokens, gamma, temperature
     max_gamma = drafter.max_gamma
     if max_gamma is not None:
         max_gamma = check_index(max_gamma, "drafter.max_gamma", 1, 2**31 - 1)
-    n_prompt = prompt.shape[0]
-    cache = _check_cache_arg(target, cache, n_prompt + max_new)
-
-    cfg = target.config
-    vocab = cfg.vocab_size
-    greedy = sampling.greedy
+    cache = _check_cache_arg(target, cache, prompt.shape[0] + max_new)
     g_cap = ADAPTIVE_GAMMA_MAX if gamma_fixed is None else gamma_fixed
     if max_gamma is not None:
         g_cap = min(g_cap, max_gamma)
+    return _Plan(target, drafter, prompt, max_new, sampling, eos, gamma_fixed, hidden_layers,
+                 g_cap, cache)
+
+
+def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=None,
+         verify_rejection=None) -> GenerationResult:
+    """Decode once according to ``plan``; the loop behind :func:`speculative_generate`.
+
+    ``verify_rejection`` replaces the verifier (the audit's negative control passes a broken
+    one); None means :func:`fastspec.kernels.verify_rejection`.
+    """
+    target, drafter, cache = plan.target, plan.drafter, plan.cache
+    prompt, max_new, sampling, eos = plan.prompt, plan.max_new, plan.sampling, plan.eos
+    gamma_fixed, hidden_layers, g_cap = plan.gamma_fixed, plan.hidden_layers, plan.g_cap
+    seq, block, uniforms, empty_tokens = plan.seq, plan.block, plan.uniforms, plan.empty
+    n_prompt = prompt.shape[0]
+    cfg = target.config
+    vocab = cfg.vocab_size
+    greedy = sampling.temperature == 0.0
     gamma_now = min(ADAPTIVE_GAMMA_START, g_cap) if gamma_fixed is None else g_cap
-    rng = np.random.default_rng(seed)
     stats = DecodeStats(proposed_at=np.zeros(g_cap, dtype=np.int64),
                         accepted_at=np.zeros(g_cap, dtype=np.int64),
                         trace=[] if trace else None)
     counters0 = _drafter_counters(drafter)
-    verify_rejection = kernels.verify_rejection if kernels_verify_rejection is None \
-        else kernels_verify_rejection
+    if verify_rejection is None:
+        verify_rejection = kernels.verify_rejection
     verify_greedy = kernels.verify_greedy
     probs = kernels.probs
     p_dtype = np.dtype(cfg.dtype)
     temperature_, top_k_, top_p_ = sampling.temperature, sampling.top_k, sampling.top_p
 
     start_time = time.perf_counter()
-    # Scratch reused every round: the committed sequence, the target's block input, uniforms.
-    seq = np.empty(n_prompt + max_new + 1, dtype=np.int64)
-    seq[:n_prompt] = prompt
-    block = np.empty(g_cap + 1, dtype=np.int64)
-    uniforms = np.empty(g_cap + 1, dtype=np.float64)
-    empty_tokens = np.zeros(0, dtype=np.int64)
-
     cache.reset()
     if n_prompt > 1:
         out = target.forward(prompt[:-1], cache, hidden_layers)
