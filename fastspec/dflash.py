@@ -24,7 +24,6 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from fastspec import kernels
 from fastspec._checks import check_index
 from fastspec.cache import KVCache
 from fastspec.model import LayerWeights, ModelConfig, Transformer, apply_rope, rms_norm, rope_tables, silu
@@ -505,7 +504,8 @@ class DFlashModel:
         Returns
         -------
         logits : ndarray of shape (n - 1, vocab_size)
-            Row ``j`` scores the token at position ``P + 1 + j``.
+            Row ``j`` scores the token at position ``P + 1 + j``. For a full block this is a
+            view of a buffer that the next block forward overwrites (no per-round allocation).
         """
         self.check_cache(cache)
         ids = self.check_block(block_tokens)
@@ -527,9 +527,10 @@ class DFlashModel:
         return logits[1:]
 
     def draft_block(self, cache: KVCache, bonus_token: int) -> np.ndarray:
-        """Return the logits (block_size - 1, vocab_size) of ``[bonus, MASK, ...]`` at P = cache.length.
+        """Return the logits (block_size - 1, vocab_size) of ``[bonus, MASK, ...]`` at ``cache.length``.
 
-        The result is a view of a buffer the next block forward overwrites; copy it to keep it.
+        One non-causal forward (see :meth:`forward_block`); the result is a view of a buffer
+        that the next block forward overwrites, copy it to keep it.
         """
         return self.forward_block(cache, self.mask_block(bonus_token))
 

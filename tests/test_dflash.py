@@ -410,3 +410,44 @@ def test_model_rejects_bad_arguments():
         DFlashModel(model.config, target, model.fc[:, :5], model.hidden_norm, model.layers, model.norm)
     with pytest.raises(TypeError, match="Transformer"):
         DFlashModel.random(DFlashConfig(), object())
+
+
+@pytest.mark.hf
+def test_matches_the_torch_trainer(tmp_path):
+    """Weights exported by fastspec.training (torch) give the same block logits here."""
+    torch = pytest.importorskip("torch")
+    from fastspec import training as T
+    tcfg = dict(vocab_size=260, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
+                ffn_dim=48, max_seq_len=64, norm="rmsnorm", positional="rope",
+                activation="swiglu", tie_embeddings=True, rope_theta=10000.0, norm_eps=1e-5,
+                qk_norm=True, dtype="float32")
+    dcfg = T.dflash_config(tcfg, n_layers=2, block_size=6)
+    torch.manual_seed(0)
+    tm = T._modules()["Transformer"](tcfg)
+    dm = T.build_dflash(dcfg, tcfg)
+    with torch.no_grad():  # O(1) random weights: the trainer's 0.02 init makes logits ~0
+        for m in (tm, dm):
+            for _, p in m.named_parameters():
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape) if p.dim() == 1
+                        else torch.randn(p.shape) / p.shape[1] ** 0.5)
+    T.export_npz(tm, tcfg, tmp_path / "t.npz", dtype="float32")
+    T.export_npz(dm, dcfg, tmp_path / "d.npz", dtype="float32")
+    target = fs.Transformer.load(tmp_path / "t.npz", dtype="float64")
+    model = fs.DFlashModel.load(tmp_path / "d.npz", target)
+    assert model.config.to_dict() == {**dcfg, "tap_layers": list(dcfg["tap_layers"])}
+    seq = np.random.default_rng(0).integers(0, 256, size=20)
+    P, B = 13, 6
+    out = target.forward(seq[:P], hidden_layers=model.config.tap_layers)
+    cache = model.new_cache()
+    model.append_context(cache, model.context_features(out.hidden))
+    block = model.mask_block(int(seq[P]))
+    block[3] = 7
+    mine = model.forward_block(cache, block).copy()
+    with torch.no_grad():
+        _, hid = tm(torch.from_numpy(seq[None, :P]), hidden_layers=set(dcfg["tap_layers"]),
+                    return_logits=False)
+        ctx = dm.context(torch.cat([hid[t].float() for t in dcfg["tap_layers"]], -1))
+        emb = torch.nn.functional.embedding(torch.from_numpy(block[None]), tm.model.embed_tokens.weight)
+        mask = torch.ones(B, P + B, dtype=torch.bool)
+        theirs = dm(emb, torch.arange(P, P + B), ctx, torch.arange(P), mask, tm.head_weight())
+    np.testing.assert_allclose(mine, theirs[0, 1:].numpy(), rtol=0, atol=2e-5)
