@@ -294,7 +294,14 @@ class _MemoModel:
             entry = self._memo[key]
         return entry
 
-    def forward(self, ids, cache=None, hidden_layers=()):
+    def forward(self, ids, cache=None, hidden_layers=(), out=None):
+        result = self._forward(ids, cache, hidden_layers)
+        if out is not None:
+            out[...] = result.logits
+            result.logits = out
+        return result
+
+    def _forward(self, ids, cache, hidden_layers):
         if cache is None:
             cache = self.new_cache()
         tokens = cache.tokens

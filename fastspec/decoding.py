@@ -215,7 +215,7 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, t
         stats.target_score_cells += _score_cells(cfg, n, 0)
         stats.target_positions += n
     stats.target_calls += 1
-    step = seq[n - 1:n]  # reused one-token input
+    step_logits = np.empty((1, cfg.vocab_size), dtype=np.dtype(cfg.dtype))  # reused output
     emitted = 0
     while True:
         token = _next_token(logits[-1:], sampling, rng)
@@ -225,8 +225,7 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, t
         if emitted == max_new or token == eos:
             break
         if use_cache:
-            step = seq[n - 1:n]
-            logits = model.forward(step, cache).logits
+            logits = model.forward(seq[n - 1:n], cache, out=step_logits).logits
             stats.target_score_cells += _score_cells(cfg, 1, n - 1)
             stats.target_positions += 1
         else:
@@ -317,7 +316,8 @@ class _Plan:
     """
 
     __slots__ = ("target", "drafter", "prompt", "max_new", "sampling", "eos", "gamma_fixed",
-                 "hidden_layers", "g_cap", "cache", "seq", "block", "uniforms", "empty")
+                 "hidden_layers", "g_cap", "cache", "seq", "block", "uniforms", "empty",
+                 "block_logits")
 
     def __init__(self, target, drafter, prompt, max_new, sampling, eos, gamma_fixed,
                  hidden_layers, g_cap, cache):
@@ -330,6 +330,8 @@ class _Plan:
         self.block = np.empty(g_cap + 1, dtype=np.int64)
         self.uniforms = np.empty(g_cap + 1, dtype=np.float64)
         self.empty = np.zeros(0, dtype=np.int64)
+        cfg = target.config
+        self.block_logits = np.empty((g_cap + 1, cfg.vocab_size), dtype=np.dtype(cfg.dtype))
 
 
 def _plan(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k, top_p, seed,
@@ -364,6 +366,7 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
     prompt, max_new, sampling, eos = plan.prompt, plan.max_new, plan.sampling, plan.eos
     gamma_fixed, hidden_layers, g_cap = plan.gamma_fixed, plan.hidden_layers, plan.g_cap
     seq, block, uniforms, empty_tokens = plan.seq, plan.block, plan.uniforms, plan.empty
+    block_logits = plan.block_logits
     n_prompt = prompt.shape[0]
     cfg = target.config
     vocab = cfg.vocab_size
@@ -407,7 +410,8 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
             tokens, q, g_used = empty_tokens, None, 0
         block[0] = seq[n - 1]
         block[1:g_used + 1] = tokens
-        out = target.forward(block[:g_used + 1], cache, hidden_layers)
+        out = target.forward(block[:g_used + 1], cache, hidden_layers,
+                             out=block_logits[:g_used + 1])
         stats.target_calls += 1
         stats.target_positions += g_used + 1
         stats.target_score_cells += _score_cells(cfg, g_used + 1, n - 1)

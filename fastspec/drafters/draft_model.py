@@ -49,6 +49,7 @@ class DraftModelDrafter:
         self._q = np.empty((0, self._vocab), dtype=np.dtype(cfg.dtype))
         self._tokens = np.empty(0, dtype=np.int64)
         self._step = np.empty(1, dtype=np.int64)
+        self._step_logits = np.empty((1, self._vocab), dtype=np.dtype(cfg.dtype))
         self.forward_calls = 0
         self.forward_positions = 0
         self.score_cells = 0
@@ -69,9 +70,9 @@ class DraftModelDrafter:
                              f"max_seq_len {self.cache.capacity}")
         self.cache.reset()
 
-    def _forward(self, ids: np.ndarray) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         past = self.cache.length
-        logits = self.model.forward(ids, self.cache).logits
+        logits = self.model.forward(ids, self.cache, out=out).logits
         n = ids.shape[0]
         self.forward_calls += 1
         self.forward_positions += n
@@ -112,7 +113,7 @@ class DraftModelDrafter:
             tokens[i] = token
             if i + 1 < gamma:
                 step[0] = token
-                logits = self._forward(step)
+                logits = self._forward(step, self._step_logits)
         return Proposal(tokens[:gamma].copy(), None if greedy else qbuf[:gamma])
 
     def _choose(self, q: np.ndarray, rng: np.random.Generator) -> int:
