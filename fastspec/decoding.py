@@ -23,6 +23,7 @@ from fastspec import kernels
 from fastspec._checks import check_index, check_sampling_params
 from fastspec.cache import KVCache
 from fastspec.drafters.base import Drafter, Proposal, SamplingParams
+from fastspec.verify import verify_block
 
 __all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate",
            "ADAPTIVE_GAMMA_START", "ADAPTIVE_GAMMA_MAX"]
@@ -370,18 +371,12 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
     n_prompt = prompt.shape[0]
     cfg = target.config
     vocab = cfg.vocab_size
-    greedy = sampling.temperature == 0.0
     gamma_now = min(ADAPTIVE_GAMMA_START, g_cap) if gamma_fixed is None else g_cap
     stats = DecodeStats(proposed_at=np.zeros(g_cap, dtype=np.int64),
                         accepted_at=np.zeros(g_cap, dtype=np.int64),
                         trace=[] if trace else None)
     counters0 = _drafter_counters(drafter)
-    if verify_rejection is None:
-        verify_rejection = kernels.verify_rejection
-    verify_greedy = kernels.verify_greedy
-    probs = kernels.probs
     p_dtype = np.dtype(cfg.dtype)
-    temperature_, top_k_, top_p_ = sampling.temperature, sampling.top_k, sampling.top_p
 
     start_time = time.perf_counter()
     cache.reset()
@@ -415,17 +410,8 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
         stats.target_calls += 1
         stats.target_positions += g_used + 1
         stats.target_score_cells += _score_cells(cfg, g_used + 1, n - 1)
-        logits = out.logits
-        if greedy:
-            n_acc, next_token = verify_greedy(tokens, logits)
-        else:
-            p = probs(logits, temperature_, top_k_, top_p_)
-            u = uniforms[:g_used + 1]
-            rng.random(out=u)
-            if q is not None and q.dtype != p_dtype:
-                q = np.ascontiguousarray(q, dtype=p_dtype)
-            n_acc, next_token = verify_rejection(tokens, p, q, u)
-        n_acc = int(n_acc)
+        n_acc, next_token = verify_block(tokens, out.logits, q, sampling, rng, uniforms,
+                                         verify_rejection)
         cache.crop(n + n_acc)
         seq[n:n + n_acc] = tokens[:n_acc]
         seq[n + n_acc] = next_token
