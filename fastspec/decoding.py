@@ -148,7 +148,7 @@ def _check_common(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, 
 
 def _check_cache_arg(model, cache, needed):
     if cache is None:
-        return model.new_cache()
+        return model.new_cache(needed)
     model._check_cache(cache)
     if cache.capacity < needed:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {needed} "
