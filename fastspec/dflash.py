@@ -513,6 +513,11 @@ class DFlashModel:
         if P + n > cache.capacity:
             raise ValueError(f"context of {P} positions plus a block of {n} exceeds the cache "
                              f"capacity {cache.capacity}")
+        return self._block_logits(cache, ids)
+
+    def _block_logits(self, cache: KVCache, ids: np.ndarray) -> np.ndarray:
+        """:meth:`forward_block` without the argument checks (the drafter's hot path)."""
+        P, n = cache.length, ids.shape[0]
         # Non-causal forward of the block at P .., then roll the length back: the block's K/V
         # stay in the buffer past the committed length as scratch, never as context.
         out = self._out if n == self.config.block_size else None

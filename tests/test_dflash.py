@@ -192,6 +192,9 @@ def test_greedy_equals_vanilla(backend, block_size, steps):
         res = fs.speculative_generate(target, drafter, PROMPT, 40, gamma=gamma)
         assert res.tokens == expected, (gamma, res.tokens, expected)
         assert res.stats.drafted <= res.stats.rounds * min(gamma, block_size - 1)
+        # fed from the verification pass: one target call per round, plus the prefill
+        assert res.stats.target_calls == res.stats.rounds + 1
+        assert drafter.forward_calls <= res.stats.rounds * steps
 
 
 def test_greedy_equals_vanilla_with_an_oracle_drafter():
@@ -210,7 +213,7 @@ def test_greedy_equals_vanilla_with_an_oracle_drafter():
                 logits[j, full[P + 1 + j]] = 10.0
         return logits
 
-    model.forward_block = oracle_block
+    model._block_logits = oracle_block
     res = fs.speculative_generate(target, drafter, PROMPT, 30, gamma=5, trace=True)
     assert res.tokens == expected
     assert all(r["accepted"] == r["proposed"] for r in res.stats.trace)
@@ -240,6 +243,23 @@ def test_multi_step_denoising_runs_steps_forwards():
     single.reset(np.array(PROMPT), out.hidden)
     first = single.propose(np.array(PROMPT), 7, SamplingParams(1.0), np.random.default_rng(0))
     assert first.q is None and len(first) == 7
+
+
+def test_multi_step_changes_proposals():
+    """Re-running the block with filled positions changes later argmaxes (not a no-op)."""
+    target, model = toy_setup(block_size=8)
+    rng = np.random.default_rng(0)
+    differ = 0
+    for _ in range(20):
+        seq = rng.integers(0, 8, size=12)
+        out = target.forward(seq[:-1], hidden_layers=model.config.tap_layers)
+        props = []
+        for steps in (1, 7):
+            d = DFlashDrafter(model, denoise_steps=steps)
+            d.reset(seq, out.hidden)
+            props.append(d.propose(seq, 7, SamplingParams(), rng).tokens.tolist())
+        differ += props[0] != props[1]
+    assert differ > 0
 
 
 def test_sample_block_reports_its_q():

@@ -151,7 +151,11 @@ class DFlashDrafter:
         self.forward_calls += 1
         self.forward_positions += n
         self.score_cells += c.n_layers * c.n_heads * n * (self.cache.length + n)
-        return self.model.forward_block(self.cache, block)
+        if self.cache.length + n > self.cache.capacity:
+            raise ValueError(f"context of {self.cache.length} positions plus a block of {n} "
+                             f"exceeds the drafter's cache capacity {self.cache.capacity}")
+        # Own cache, ids built from valid tokens: skip forward_block's re-validation.
+        return self.model._block_logits(self.cache, block)
 
     def _denoise(self, block, g):
         """Confidence-ordered argmax unmasking of block positions 1..g (deterministic)."""
