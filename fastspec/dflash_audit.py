@@ -10,7 +10,12 @@ the negative control, multi-step denoising with *sampled* fills reported with th
 forward's probabilities as ``q`` (the mistake of the seed toy), does not.
 
 The enumeration calls the real drafter (``reset`` + ``propose``) at every committed state; the
-incremental cache (``commit``) is checked against ``reset`` separately in the tests.
+incremental cache (``commit``) is checked against ``reset`` separately.
+
+Checks registered with ``fastspec audit`` (group ``dflash``): ``dflash_block_reference``,
+``dflash_context_cache``, ``dflash_greedy_equality`` and ``dflash_exact_distribution`` (the
+exact enumeration above plus the engine's seeded chi-square audit through the real loop, with
+the wrong-q control expected to fail).
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from typing import Callable
 
 import numpy as np
 
+from fastspec import audit as _audit  # audit imports this module lazily, in run_audit
 from fastspec import kernels
 from fastspec.dflash import DFlashConfig, DFlashModel
 from fastspec.drafters.base import Proposal, SamplingParams
@@ -29,7 +35,8 @@ from fastspec.drafters.dflash import DFlashDrafter, denoise_schedule
 from fastspec.model import ModelConfig, Transformer
 
 __all__ = ["WrongQDenoiseDrafter", "exact_target_law", "exact_speculative_law",
-           "total_variation", "run_distribution_audit", "AUDIT_PROMPT", "DFlashAuditResult"]
+           "total_variation", "run_distribution_audit", "toy_setup", "AUDIT_PROMPT",
+           "DFlashAuditResult"]
 
 #: Prefix of the engine audits (DESIGN/issue 4).
 AUDIT_PROMPT = (0, 1, 3, 2, 4, 1, 5, 6)
@@ -305,9 +312,6 @@ def run_distribution_audit(n_new: int = 3, gamma: int = 3, block_size: int = 4,
 
 
 # --- checks registered with ``fastspec audit`` (group "dflash") ------------------------------
-
-from fastspec import audit as _audit  # noqa: E402  (audit imports this module lazily)
-
 
 def _toy_target(seed: int) -> Transformer:
     return Transformer.random(ModelConfig.toy(n_layers=2, dtype="float64"), seed)
