@@ -30,89 +30,125 @@ typedef float fs_v16f_ __attribute__((vector_size(64)));
 #endif
 
 /* ---- data scans used by the argument checks ------------------------------------------ */
-/* The checks read the bit patterns as signed integers (integer min/max vectorise on every
- * target): x is finite and >= 0 when its pattern lies in [0, largest finite]; -0.0 (also
- * valid) is the only other valid pattern and sends the row to an exact scalar re-check. x is
- * finite when its pattern without the sign bit is <= the largest finite one. */
+/* The checks read bit patterns. In the fused scan (one pass: sum and validity) a flag word
+ * collects, with integer ops only (no compares, so it vectorises everywhere), the sign bit
+ * and "exponent field all ones" (exponent + 1 carries into the next bit): a row with no flag
+ * is finite and non-negative. A set sign bit may be -0.0, which is valid: such rows get an
+ * exact scalar re-check. The finite-only scan compares the pattern without its sign bit to
+ * the largest finite one (integer max). */
 
 #define FS_F32_FINITE_MAX 0x7f7fffff
 #define FS_F64_FINITE_MAX 0x7fefffffffffffffLL
 
-/* Sum of x[j0:j1) in double; float data is summed in 16 float lanes per block of at most
- * 1024 (error ~1e-7 relative, far below the 1e-3 row-sum tolerance of float32 rows). */
-FS_ALWAYS_INLINE double fs_block_sum_f32(const float *FS_RESTRICT x, long j0, long j1)
-{
-    long j = j0;
-    double sum = 0.0;
 #if FS_HAVE_VEC
-    fs_v16f_ a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}; /* four chains hide the add latency */
-    for (; j + 64 <= j1; j += 64) {
-        fs_v16f_ v0, v1, v2, v3;
-        memcpy(&v0, x + j, sizeof v0);
-        memcpy(&v1, x + j + 16, sizeof v1);
-        memcpy(&v2, x + j + 32, sizeof v2);
-        memcpy(&v3, x + j + 48, sizeof v3);
+typedef uint32_t fs_v16u_ __attribute__((vector_size(64)));
+typedef uint64_t fs_v8u_ __attribute__((vector_size(64)));
+#endif
+
+FS_ALWAYS_INLINE uint32_t fs_flags_f32(uint32_t b)
+{
+    return (b & 0x80000000u) | ((((b >> 23) & 0xffu) + 1u) & 0x100u);
+}
+
+FS_ALWAYS_INLINE uint64_t fs_flags_f64(uint64_t b)
+{
+    return (b & 0x8000000000000000ull) | ((((b >> 52) & 0x7ffull) + 1ull) & 0x800ull);
+}
+
+/* Exact re-check of a flagged row: 1 when every element is finite and >= 0 (-0.0 too). */
+#define FS_RECHECK(x, n)                                                                        \
+    for (long j = 0; j < (n); j++)                                                              \
+        if (!((x)[j] >= 0 && (x)[j] - (x)[j] == 0))                                             \
+            return 0;                                                                           \
+    return 1;
+
+/* Returns 1 when every element of x[0:n) is finite and >= 0; *total = their sum in double
+ * (float data is summed in float lanes per block of 1024 and the blocks in double: error
+ * ~1e-7 relative, far below the 1e-3 row-sum tolerance of float32 rows). */
+FS_CLONES static int fs_scan_f32(const float *FS_RESTRICT x, long n, double *total)
+{
+    long j = 0;
+    double sum = 0.0;
+    uint32_t flags = 0;
+#if FS_HAVE_VEC
+    fs_v16u_ f = {0};
+    while (j + 64 <= n) {
+        fs_v16f_ a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}; /* four chains hide the add latency */
+        long stop = n - j < 1024 ? n : j + 1024;
+        for (; j + 64 <= stop; j += 64) {
+            fs_v16f_ v0, v1, v2, v3;
+            memcpy(&v0, x + j, sizeof v0);
+            memcpy(&v1, x + j + 16, sizeof v1);
+            memcpy(&v2, x + j + 32, sizeof v2);
+            memcpy(&v3, x + j + 48, sizeof v3);
+            a0 += v0;
+            a1 += v1;
+            a2 += v2;
+            a3 += v3;
+            fs_v16u_ b0 = (fs_v16u_)v0, b1 = (fs_v16u_)v1, b2 = (fs_v16u_)v2, b3 = (fs_v16u_)v3;
+            fs_v16u_ all = (b0 | b1) | (b2 | b3);
+            f |= all & 0x80000000u;
+            f |= ((((b0 >> 23) & 0xffu) + 1u) | (((b1 >> 23) & 0xffu) + 1u)
+                  | (((b2 >> 23) & 0xffu) + 1u) | (((b3 >> 23) & 0xffu) + 1u)) & 0x100u;
+        }
+        a0 = (a0 + a1) + (a2 + a3);
+        for (int l = 0; l < 16; l++)
+            sum += (double)a0[l];
+    }
+    for (int l = 0; l < 16; l++)
+        flags |= f[l];
+#endif
+    for (; j < n; j++) {
+        uint32_t b;
+        memcpy(&b, x + j, sizeof b);
+        flags |= fs_flags_f32(b);
+        sum += (double)x[j];
+    }
+    *total = sum;
+    if (!flags)
+        return 1;
+    FS_RECHECK(x, n)
+}
+
+FS_CLONES static int fs_scan_f64(const double *FS_RESTRICT x, long n, double *total)
+{
+    long j = 0;
+    double sum = 0.0;
+    uint64_t flags = 0;
+#if FS_HAVE_VEC
+    fs_v8u_ f = {0};
+    fs_v8d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (; j + 32 <= n; j += 32) {
+        fs_v8d v0 = fs_load8_f64(x + j), v1 = fs_load8_f64(x + j + 8),
+               v2 = fs_load8_f64(x + j + 16), v3 = fs_load8_f64(x + j + 24);
         a0 += v0;
         a1 += v1;
         a2 += v2;
         a3 += v3;
+        fs_v8u_ b0 = (fs_v8u_)v0, b1 = (fs_v8u_)v1, b2 = (fs_v8u_)v2, b3 = (fs_v8u_)v3;
+        f |= ((b0 | b1) | (b2 | b3)) & 0x8000000000000000ull;
+        f |= ((((b0 >> 52) & 0x7ffull) + 1ull) | (((b1 >> 52) & 0x7ffull) + 1ull)
+              | (((b2 >> 52) & 0x7ffull) + 1ull) | (((b3 >> 52) & 0x7ffull) + 1ull)) & 0x800ull;
     }
     a0 = (a0 + a1) + (a2 + a3);
-    for (int l = 0; l < 16; l++)
-        sum += (double)a0[l];
-#endif
-    for (; j < j1; j++)
-        sum += (double)x[j];
-    return sum;
-}
-
-FS_ALWAYS_INLINE double fs_block_sum_f64(const double *FS_RESTRICT x, long j0, long j1)
-{
-    long j = j0;
-    double sum = 0.0;
-#if FS_HAVE_VEC
-    fs_v8d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (; j + 32 <= j1; j += 32) {
-        a0 += fs_load8_f64(x + j);
-        a1 += fs_load8_f64(x + j + 8);
-        a2 += fs_load8_f64(x + j + 16);
-        a3 += fs_load8_f64(x + j + 24);
-    }
-    a0 = (a0 + a1) + (a2 + a3);
-    for (int l = 0; l < 8; l++)
+    for (int l = 0; l < 8; l++) {
         sum += a0[l];
+        flags |= f[l];
+    }
 #endif
-    for (; j < j1; j++)
+    for (; j < n; j++) {
+        uint64_t b;
+        memcpy(&b, x + j, sizeof b);
+        flags |= fs_flags_f64(b);
         sum += x[j];
-    return sum;
+    }
+    *total = sum;
+    if (!flags)
+        return 1;
+    FS_RECHECK(x, n)
 }
 
-#define FS_SCAN_DEFINE(SFX, T, IT, FINITE_MAX, MAGNITUDE)                                                 \
-/* Returns 1 when every element of x[0:n) is finite and >= 0; *total = their sum (double). */  \
-FS_CLONES static int fs_scan_##SFX(const T *FS_RESTRICT x, long n, double *total)               \
-{                                                                                               \
-    double sum = 0.0;                                                                           \
-    IT lo = 0, hi = 0;                                                                          \
-    for (long j = 0; j < n; j++) {                                                              \
-        IT b;                                                                                   \
-        memcpy(&b, x + j, sizeof b);                                                            \
-        lo = b < lo ? b : lo;                                                                   \
-        hi = b > hi ? b : hi;                                                                   \
-    }                                                                                           \
-    for (long j0 = 0; j0 < n; j0 += 1024)                                                       \
-        sum += fs_block_sum_##SFX(x, j0, n - j0 < 1024 ? n : j0 + 1024);                        \
-    *total = sum;                                                                               \
-    if (hi > (IT)(FINITE_MAX))                                                                  \
-        return 0;                                                                               \
-    if (lo >= 0)                                                                                \
-        return 1;                                                                               \
-    for (long j = 0; j < n; j++) /* a negative pattern: valid only if it is -0.0 */            \
-        if (!(x[j] == 0))                                                                       \
-            if (x[j] < 0)                                                                       \
-                return 0;                                                                       \
-    return 1;                                                                                   \
-}                                                                                               \
-                                                                                                \
+#define FS_FINITE_DEFINE(SFX, T, IT, FINITE_MAX, MAGNITUDE)                                    \
 /* 1 when every element of x[0:n) is finite. */                                                \
 FS_CLONES static int fs_all_finite_##SFX(const T *FS_RESTRICT x, long n)                        \
 {                                                                                               \
@@ -126,9 +162,13 @@ FS_CLONES static int fs_all_finite_##SFX(const T *FS_RESTRICT x, long n)        
     return hi <= (IT)(FINITE_MAX);                                                              \
 }
 
-FS_SCAN_DEFINE(f32, float, int32_t, FS_F32_FINITE_MAX, 0x7fffffff)
-FS_SCAN_DEFINE(f64, double, int64_t, FS_F64_FINITE_MAX, 0x7fffffffffffffffLL)
-#undef FS_SCAN_DEFINE
+FS_FINITE_DEFINE(f32, float, int32_t, FS_F32_FINITE_MAX, 0x7fffffff)
+FS_FINITE_DEFINE(f64, double, int64_t, FS_F64_FINITE_MAX, 0x7fffffffffffffffLL)
+#undef FS_FINITE_DEFINE
+
+#define FS_CDF_BLOCK 64
+/* Doubles of checkpoint scratch the inverse-CDF draws need for n weights. */
+#define FS_CDF_CHECKPOINTS(n) (((n) + FS_CDF_BLOCK - 1) / FS_CDF_BLOCK)
 
 /* First j with cum[j] > target in the non-decreasing cum[0:n), or n. */
 static long fs_first_above(const double *cum, long n, double target)
@@ -156,55 +196,87 @@ FS_FINITE_MATH FS_CLONES static double fs_max_##SFX(const T *FS_RESTRICT x, long
     return m;                                                                                   \
 }                                                                                               \
                                                                                                 \
-/* Index of the first maximum of x[0:n), n >= 1, no NaN. */                                    \
+/* Index of the first maximum of x[0:n), n >= 1, finite: SIMD maxima of blocks of 256, then  \
+ * a scalar search inside the first block that holds the overall maximum. */                  \
 static long fs_argmax_##SFX(const T *FS_RESTRICT x, long n)                                     \
 {                                                                                               \
-    double m = fs_max_##SFX(x, n);                                                              \
-    long i;                                                                                     \
-    for (i = 0; i < n; i++)                                                                     \
-        if ((double)x[i] == m)                                                                  \
-            break;                                                                              \
+    double best = fs_max_##SFX(x, n < 256 ? n : 256);                                           \
+    long best_block = 0;                                                                        \
+    for (long j0 = 256; j0 < n; j0 += 256) {                                                    \
+        double m = fs_max_##SFX(x + j0, n - j0 < 256 ? n - j0 : 256);                           \
+        if (m > best) {                                                                         \
+            best = m;                                                                           \
+            best_block = j0;                                                                    \
+        }                                                                                       \
+    }                                                                                           \
+    long i = best_block;                                                                        \
+    while ((double)x[i] != best)                                                                \
+        i++;                                                                                    \
     return i;                                                                                   \
 }                                                                                               \
                                                                                                 \
 /* The inverse-CDF draw of _reference._inverse_cdf over w = x (as double), except position    \
  * `skip` (-1: none) which counts as 0: the first j with cumsum(w)[j] > u * sum(w), else the  \
  * last j with w[j] > 0. The prefix sums are sequential, exactly as numpy.cumsum computes      \
- * them, and stored in cum[0:n) so that the first crossing is a binary search (the sums of    \
- * non-negative weights never decrease). */                                                  \
+ * them; the sum at the end of every block of FS_CDF_BLOCK is kept in ends[] (the caller      \
+ * provides FS_CDF_CHECKPOINTS(n) doubles), so the crossing block is a binary search (sums of \
+ * non-negative weights never decrease) and only that block is summed again, from the same    \
+ * starting value, which repeats the same additions bit for bit. */                           \
 static long fs_inverse_cdf_##SFX(const T *FS_RESTRICT x, long n, long skip, double u,           \
-                                 double *FS_RESTRICT cum)                                      \
+                                 double *FS_RESTRICT ends)                                     \
 {                                                                                               \
     double run = 0.0;                                                                           \
-    for (long j = 0; j < n; j++) {                                                              \
-        run += j == skip ? 0.0 : (double)x[j];                                                  \
-        cum[j] = run;                                                                           \
+    long blocks = 0;                                                                            \
+    for (long j0 = 0; j0 < n; j0 += FS_CDF_BLOCK) {                                             \
+        long j1 = n - j0 < FS_CDF_BLOCK ? n : j0 + FS_CDF_BLOCK;                                \
+        for (long j = j0; j < j1; j++)                                                          \
+            run += j == skip ? 0.0 : (double)x[j];                                              \
+        ends[blocks++] = run;                                                                   \
     }                                                                                           \
-    long hit = fs_first_above(cum, n, u * run);                                                 \
-    if (hit < n)                                                                                \
-        return hit;                                                                             \
+    double target = u * run;                                                                    \
+    long b = fs_first_above(ends, blocks, target);                                              \
+    if (b < blocks) {                                                                           \
+        double again = b > 0 ? ends[b - 1] : 0.0;                                               \
+        for (long j = b * FS_CDF_BLOCK; j < n; j++) {                                           \
+            again += j == skip ? 0.0 : (double)x[j];                                            \
+            if (again > target)                                                                 \
+                return j;                                                                       \
+        }                                                                                       \
+    }                                                                                           \
     for (long j = n - 1; j > 0; j--)                                                            \
         if (j != skip && (double)x[j] > 0.0)                                                    \
             return j;                                                                           \
     return 0;                                                                                   \
 }                                                                                               \
                                                                                                 \
-/* Inverse-CDF draw over max(p - q, 0) (double, sequential prefix sums in cum[0:n)); returns   \
- * -1 when that residual is all zero. finite-math lets max(r, 0) be a branch-free maxsd. */     \
+/* The same draw over max(p - q, 0) (double); returns -1 when that residual is all zero.      \
+ * finite-math lets max(r, 0) be a branch-free maxsd (it never reorders a sum). */             \
 FS_FINITE_MATH static long fs_residual_draw_##SFX(const T *FS_RESTRICT p, const T *FS_RESTRICT q, \
-                                                  long n, double u, double *FS_RESTRICT cum)   \
+                                                  long n, double u, double *FS_RESTRICT ends)  \
 {                                                                                               \
     double run = 0.0;                                                                           \
-    for (long j = 0; j < n; j++) {                                                              \
-        double r = (double)p[j] - (double)q[j];                                                 \
-        run += r > 0.0 ? r : 0.0;                                                               \
-        cum[j] = run;                                                                           \
+    long blocks = 0;                                                                            \
+    for (long j0 = 0; j0 < n; j0 += FS_CDF_BLOCK) {                                             \
+        long j1 = n - j0 < FS_CDF_BLOCK ? n : j0 + FS_CDF_BLOCK;                                \
+        for (long j = j0; j < j1; j++) {                                                        \
+            double r = (double)p[j] - (double)q[j];                                             \
+            run += r > 0.0 ? r : 0.0;                                                           \
+        }                                                                                       \
+        ends[blocks++] = run;                                                                   \
     }                                                                                           \
     if (!(run > 0.0))                                                                           \
         return -1;                                                                              \
-    long hit = fs_first_above(cum, n, u * run);                                                 \
-    if (hit < n)                                                                                \
-        return hit;                                                                             \
+    double target = u * run;                                                                    \
+    long b = fs_first_above(ends, blocks, target);                                              \
+    if (b < blocks) {                                                                           \
+        double again = b > 0 ? ends[b - 1] : 0.0;                                               \
+        for (long j = b * FS_CDF_BLOCK; j < n; j++) {                                           \
+            double r = (double)p[j] - (double)q[j];                                             \
+            again += r > 0.0 ? r : 0.0;                                                         \
+            if (again > target)                                                                 \
+                return j;                                                                       \
+        }                                                                                       \
+    }                                                                                           \
     for (long j = n - 1; j > 0; j--)                                                            \
         if ((double)p[j] - (double)q[j] > 0.0)                                                  \
             return j;                                                                           \

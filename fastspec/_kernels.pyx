@@ -6,11 +6,12 @@ validates everything while holding the GIL -- structure through :mod:`fastspec._
 O(V) data (finite, non-negative, rows summing to 1, uniforms in [0, 1)) with typed scans --
 and then runs C inner loops from ``csrc/`` under ``nogil`` that cannot fail.
 """
-from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cython cimport floating
 from libc.math cimport INFINITY
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcpy
+
+import threading
 
 import numpy as np
 
@@ -69,9 +70,24 @@ cdef extern from "fs_kernels.h" nogil:
     double fs_select_kth(double *a, long n, long k)
     void fs_top_p(double *p, long n, double top_p, uint64_t *key, int32_t *idx,
                   uint64_t *tmp_key, int32_t *tmp_idx)
+    long FS_CDF_CHECKPOINTS(long n)
 
 
 cdef Py_ssize_t _INT_LIMIT = 2**31 - 1
+
+
+_local = threading.local()
+
+
+cdef unsigned char *_scratch(Py_ssize_t nbytes) except NULL:
+    """Per-thread scratch memory of at least nbytes, kept between calls (no allocation per
+    token; each thread has its own, so kernels may run concurrently without the GIL)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.shape[0] < nbytes:
+        buf = np.empty(max(nbytes, 1 << 16), dtype=np.uint8)
+        _local.buf = buf
+    cdef unsigned char[::1] view = buf
+    return &view[0]
 
 
 cdef inline void _check_int_sized(tuple shape, str name) except *:
@@ -83,20 +99,21 @@ cdef inline void _check_int_sized(tuple shape, str name) except *:
 
 # ---- attention ---------------------------------------------------------------------------
 
-cdef void _attention_run(const floating[:, :, ::1] q,          # IN  (n, H, D)
-                         const floating[:, :, ::1] k,          # IN  (H_kv, C, D)
-                         const floating[:, :, ::1] v,          # IN  (H_kv, C, D)
-                         floating[:, :, ::1] out,              # OUT (n, H, D)
+cdef void _attention_run(const floating[:, :, ::1] q,      # IN  (n, H, D)
+                         const floating[:, :, ::1] k,      # IN  (H_kv, C, D)
+                         const floating[:, :, ::1] v,      # IN  (H_kv, C, D)
+                         floating[:, :, ::1] out,          # OUT (n, H, D)
                          int length, bint causal,
-                         double[::1] scratch) noexcept nogil:  # TMP (length,)
-    if floating is float:
-        fs_attention_f32(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
-                         <int>q.shape[0], <int>q.shape[1], <int>k.shape[0], <int>q.shape[2],
-                         <int>k.shape[1], length, causal, &scratch[0])
-    else:
-        fs_attention_f64(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
-                         <int>q.shape[0], <int>q.shape[1], <int>k.shape[0], <int>q.shape[2],
-                         <int>k.shape[1], length, causal, &scratch[0])
+                         double *scratch) noexcept:        # TMP (length,)
+    with nogil:
+        if floating is float:
+            fs_attention_f32(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
+                             <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
+                             <int>q.shape[2], <int>k.shape[1], length, causal, scratch)
+        else:
+            fs_attention_f64(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
+                             <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
+                             <int>q.shape[2], <int>k.shape[1], length, causal, scratch)
 
 
 def attention(q, k_cache, v_cache, length, causal=True, out=None):
@@ -127,7 +144,7 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
     cdef bint is_causal = bool(causal)
     if out is None:
         out = np.empty(q.shape, dtype=q.dtype)
-    scratch = np.empty(n_valid, dtype=np.float64)
+    cdef double *scratch = <double *>_scratch(n_valid * sizeof(double))
     if q.dtype == np.float32:
         _attention_run[float](q, k_cache, v_cache, out, n_valid, is_causal, scratch)
     else:
@@ -139,12 +156,13 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
 
 cdef void _cache_write_run(floating[:, :, ::1] cache,           # OUT (H_kv, C, D)
                            const floating[:, :, ::1] new,        # IN  (n, H_kv, D)
-                           Py_ssize_t start) noexcept nogil:
+                           Py_ssize_t start) noexcept:
     cdef Py_ssize_t n = new.shape[0], heads = new.shape[1], dim = new.shape[2]
     cdef Py_ssize_t i, h
-    for h in range(heads):
-        for i in range(n):
-            memcpy(&cache[h, start + i, 0], &new[i, h, 0], dim * sizeof(floating))
+    with nogil:
+        for h in range(heads):
+            for i in range(n):
+                memcpy(&cache[h, start + i, 0], &new[i, h, 0], dim * sizeof(floating))
 
 
 def cache_write(cache, new, start):
@@ -172,7 +190,7 @@ def cache_write(cache, new, start):
 # ---- data scans for the checks -----------------------------------------------------------
 
 cdef int _rows_status(const floating[:, ::1] p, double tol, bint normalised,
-                      double *bad_sum) noexcept nogil:
+                      double *bad_sum) noexcept nogil:  # called inside `with nogil`
     """0 when every row is finite, non-negative and (normalised) sums to 1 within tol or
     (not normalised) has a positive sum; else 1 + (row << 2) + reason, reason 1: not finite
     or negative, 2: bad sum. Reason 1 is reported for the whole array before any sum."""
@@ -200,10 +218,16 @@ cdef _check_rows_data(p, str name, bint normalised=True):
     """The data part of _checks.check_probability_rows, in typed code, same messages."""
     cdef double bad_sum = 0.0, tol = ROW_SUM_TOL[p.dtype]
     cdef int status
+    cdef const float[:, ::1] p32
+    cdef const double[:, ::1] p64
     if p.dtype == np.float32:
-        status = _rows_status[float](p, tol, normalised, &bad_sum)
+        p32 = p
+        with nogil:
+            status = _rows_status(p32, tol, normalised, &bad_sum)
     else:
-        status = _rows_status[double](p, tol, normalised, &bad_sum)
+        p64 = p
+        with nogil:
+            status = _rows_status(p64, tol, normalised, &bad_sum)
     if status == 1:
         raise ValueError(NOT_PROBABILITIES.format(name=name))
     if status:
@@ -215,11 +239,14 @@ cdef _check_rows_data(p, str name, bint normalised=True):
         raise ValueError(NO_MASS.format(name=name))
 
 
-cdef bint _all_finite(const floating[::1] x) noexcept nogil:
-    if floating is float:
-        return fs_all_finite_f32(&x[0], x.shape[0])
-    else:
-        return fs_all_finite_f64(&x[0], x.shape[0])
+cdef bint _all_finite(const floating[::1] x) noexcept:
+    cdef bint ok
+    with nogil:
+        if floating is float:
+            ok = fs_all_finite_f32(&x[0], x.shape[0])
+        else:
+            ok = fs_all_finite_f64(&x[0], x.shape[0])
+    return ok
 
 
 cdef _check_finite(a, str name):
@@ -247,7 +274,14 @@ cdef struct _Scratch:
 cdef void _probs_rows(const floating[:, ::1] logits,      # IN  (rows, V)
                       floating[:, ::1] out,                # OUT (rows, V), zero-filled
                       double temperature, Py_ssize_t top_k, double top_p,
-                      _Scratch *s) noexcept nogil:
+                      _Scratch *s) noexcept:
+    with nogil:
+        _probs_rows_nogil(logits, out, temperature, top_k, top_p, s)
+
+
+cdef void _probs_rows_nogil(const floating[:, ::1] logits, floating[:, ::1] out,
+                            double temperature, Py_ssize_t top_k, double top_p,
+                            _Scratch *s) noexcept nogil:
     cdef Py_ssize_t rows = logits.shape[0], vocab = logits.shape[1], r, j
     cdef double zmax, kth, total
     cdef long best
@@ -316,37 +350,35 @@ def probs(logits, temperature=1.0, top_k=0, top_p=1.0):
     cdef double t = temperature, tp = top_p
     cdef Py_ssize_t k = min(top_k, vocab)
     cdef _Scratch s = _Scratch(NULL, NULL, NULL, NULL, NULL, NULL)
-    # one block for every scratch array, allocated with the GIL so that a failure can raise
-    cdef char *block = NULL
+    # one per-thread block for every scratch array, obtained with the GIL
+    cdef unsigned char *block = NULL
     if t != 0.0:
-        block = <char *>PyMem_Malloc(vocab * (2 * sizeof(double) + 2 * sizeof(uint64_t)
-                                              + 2 * sizeof(int32_t)))
-        if block == NULL:
-            raise MemoryError()
+        block = _scratch(vocab * (2 * sizeof(double) + 2 * sizeof(uint64_t)
+                                  + 2 * sizeof(int32_t)))
         s.z = <double *>block
         s.spare = s.z + vocab
         s.key = <uint64_t *>(s.spare + vocab)
         s.tmp_key = s.key + vocab
         s.idx = <int32_t *>(s.tmp_key + vocab)
         s.tmp_idx = s.idx + vocab
-    try:
-        if logits.dtype == np.float32:
-            _probs_rows[float](rows, out, t, k, tp, &s)
-        else:
-            _probs_rows[double](rows, out, t, k, tp, &s)
-    finally:
-        PyMem_Free(block)
+    if logits.dtype == np.float32:
+        _probs_rows[float](rows, out, t, k, tp, &s)
+    else:
+        _probs_rows[double](rows, out, t, k, tp, &s)
     return out if logits.ndim == 2 else out[0]
 
 
 # ---- sample ------------------------------------------------------------------------------
 
 cdef long _sample_run(const floating[::1] p, double u,
-                      double[::1] cum) noexcept nogil:  # TMP (V,)
-    if floating is float:
-        return fs_inverse_cdf_f32(&p[0], p.shape[0], -1, u, &cum[0])
-    else:
-        return fs_inverse_cdf_f64(&p[0], p.shape[0], -1, u, &cum[0])
+                      double *ends) noexcept:  # TMP (FS_CDF_CHECKPOINTS(V),)
+    cdef long index
+    with nogil:
+        if floating is float:
+            index = fs_inverse_cdf_f32(&p[0], p.shape[0], -1, u, ends)
+        else:
+            index = fs_inverse_cdf_f64(&p[0], p.shape[0], -1, u, ends)
+    return index
 
 
 def sample(p, u):
@@ -371,30 +403,85 @@ def sample(p, u):
     check_uniforms(np.asarray([u], dtype=np.float64), 1, "u")
     cdef double draw = u
     cdef long index
-    cum = np.empty(p.shape[0], dtype=np.float64)
+    cdef double *ends = <double *>_scratch(FS_CDF_CHECKPOINTS(p.shape[0]) * sizeof(double))
     if p.dtype == np.float32:
-        index = _sample_run[float](p, draw, cum)
+        index = _sample_run[float](p, draw, ends)
     else:
-        index = _sample_run[double](p, draw, cum)
+        index = _sample_run[double](p, draw, ends)
     return index
 
 
 # ---- verification ------------------------------------------------------------------------
 
+# Fast acceptance of well-formed arguments in typed code; anything unusual falls back to the
+# Python checks of fastspec._checks, which raise the documented message (or accept it).
+
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+
+cdef bint _tokens_in_range(const int64_t[::1] tokens, int64_t vocab) noexcept:
+    cdef Py_ssize_t i
+    for i in range(tokens.shape[0]):
+        if tokens[i] < 0 or tokens[i] >= vocab:
+            return False
+    return True
+
+
+cdef object _fast_tokens(draft_tokens, rows):
+    """draft_tokens as a C-contiguous int64 array when check_tokens would pass, else None."""
+    if not isinstance(draft_tokens, np.ndarray) or not isinstance(rows, np.ndarray):
+        return None
+    if draft_tokens.ndim != 1 or rows.ndim != 2 or draft_tokens.dtype.kind not in "iu":
+        return None
+    if rows.shape[0] != draft_tokens.shape[0] + 1:
+        return None
+    tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
+    if draft_tokens.dtype.kind == "u" and draft_tokens.dtype.itemsize == 8:
+        return None  # values above 2**63 would wrap; leave them to check_tokens
+    if not _tokens_in_range(tokens, rows.shape[1]):
+        return None
+    return tokens
+
+
+cdef bint _fast_rows(a) noexcept:
+    """True when check_probability_rows(a, ..., data=False) would pass."""
+    return (isinstance(a, np.ndarray) and a.ndim == 2 and (a.dtype is _F32 or a.dtype is _F64
+            or a.dtype == _F32 or a.dtype == _F64) and a.flags.c_contiguous and a.shape[1] >= 1)
+
+
+cdef bint _uniforms_ok(const double[::1] u) noexcept:
+    cdef Py_ssize_t i
+    for i in range(u.shape[0]):
+        if not (u[i] >= 0.0 and u[i] < 1.0):
+            return False
+    return True
+
+
+cdef bint _fast_uniforms(uniforms, Py_ssize_t count):
+    """True when check_uniforms(uniforms, count) would pass."""
+    if not isinstance(uniforms, np.ndarray) or uniforms.dtype != _F64:
+        return False
+    if uniforms.ndim != 1 or uniforms.shape[0] != count or not uniforms.flags.c_contiguous:
+        return False
+    return _uniforms_ok(uniforms)
+
+
 cdef Py_ssize_t _greedy_run(const int64_t[::1] tokens,         # IN  (g,)
                             const floating[:, ::1] logits,     # IN  (g + 1, V)
-                            long *next_token) noexcept nogil:
-    cdef Py_ssize_t g = tokens.shape[0], vocab = logits.shape[1], i
-    cdef long best
-    for i in range(g + 1):
-        if floating is float:
-            best = fs_argmax_f32(&logits[i, 0], vocab)
-        else:
-            best = fs_argmax_f64(&logits[i, 0], vocab)
-        if i == g or best != tokens[i]:
-            next_token[0] = best
-            return i
-    return g  # not reached
+                            long *next_token) noexcept:
+    cdef Py_ssize_t g = tokens.shape[0], vocab = logits.shape[1], i = 0
+    cdef long best = 0
+    with nogil:
+        for i in range(g + 1):
+            if floating is float:
+                best = fs_argmax_f32(&logits[i, 0], vocab)
+            else:
+                best = fs_argmax_f64(&logits[i, 0], vocab)
+            if i == g or best != tokens[i]:
+                break
+    next_token[0] = best
+    return i
 
 
 def verify_greedy(draft_tokens, target_logits):
@@ -414,10 +501,12 @@ def verify_greedy(draft_tokens, target_logits):
     next_token : int
         The target's argmax at the first mismatch, or the bonus token after a full accept.
     """
-    check_tokens(draft_tokens, target_logits, "target_logits")
-    check_logits(target_logits, "target_logits", ndim=2, data=False)
+    tokens = _fast_tokens(draft_tokens, target_logits)
+    if tokens is None or not _fast_rows(target_logits):
+        check_tokens(draft_tokens, target_logits, "target_logits")
+        check_logits(target_logits, "target_logits", ndim=2, data=False)
+        tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
     _check_finite(target_logits, "target_logits")
-    tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
     cdef long next_token = 0
     cdef Py_ssize_t accepted
     if target_logits.dtype == np.float32:
@@ -441,8 +530,18 @@ cdef Py_ssize_t _rejection_run(const int64_t[::1] tokens,       # IN  (g,)
                                const floating[:, ::1] q,        # IN  (g, V), unused if none
                                bint has_q,
                                const double[::1] uniforms,      # IN  (g + 1,)
-                               double[::1] cum,                 # TMP (V,)
-                               long *next_token) noexcept nogil:
+                               double *ends,            # TMP (FS_CDF_CHECKPOINTS(V),)
+                               long *next_token) noexcept:
+    cdef Py_ssize_t accepted
+    with nogil:
+        accepted = _rejection_nogil(tokens, p, q, has_q, uniforms, ends, next_token)
+    return accepted
+
+
+cdef Py_ssize_t _rejection_nogil(const int64_t[::1] tokens, const floating[:, ::1] p,
+                                 const floating[:, ::1] q, bint has_q,
+                                 const double[::1] uniforms, double *cum,
+                                 long *next_token) noexcept nogil:
     cdef Py_ssize_t g = tokens.shape[0], vocab = p.shape[1], i
     cdef long x, drawn
     cdef double qx
@@ -454,25 +553,25 @@ cdef Py_ssize_t _rejection_run(const int64_t[::1] tokens,       # IN  (g,)
         drawn = -1
         if has_q:
             if floating is float:
-                drawn = fs_residual_draw_f32(&p[i, 0], &q[i, 0], vocab, uniforms[g], &cum[0])
+                drawn = fs_residual_draw_f32(&p[i, 0], &q[i, 0], vocab, uniforms[g], cum)
             else:
-                drawn = fs_residual_draw_f64(&p[i, 0], &q[i, 0], vocab, uniforms[g], &cum[0])
+                drawn = fs_residual_draw_f64(&p[i, 0], &q[i, 0], vocab, uniforms[g], cum)
         elif _residual_without(&p[i, 0], vocab, x):
             if floating is float:
-                drawn = fs_inverse_cdf_f32(&p[i, 0], vocab, x, uniforms[g], &cum[0])
+                drawn = fs_inverse_cdf_f32(&p[i, 0], vocab, x, uniforms[g], cum)
             else:
-                drawn = fs_inverse_cdf_f64(&p[i, 0], vocab, x, uniforms[g], &cum[0])
+                drawn = fs_inverse_cdf_f64(&p[i, 0], vocab, x, uniforms[g], cum)
         if drawn < 0:  # the residual is all zero (only through rounding): draw from p itself
             if floating is float:
-                drawn = fs_inverse_cdf_f32(&p[i, 0], vocab, -1, uniforms[g], &cum[0])
+                drawn = fs_inverse_cdf_f32(&p[i, 0], vocab, -1, uniforms[g], cum)
             else:
-                drawn = fs_inverse_cdf_f64(&p[i, 0], vocab, -1, uniforms[g], &cum[0])
+                drawn = fs_inverse_cdf_f64(&p[i, 0], vocab, -1, uniforms[g], cum)
         next_token[0] = drawn
         return i
     if floating is float:
-        next_token[0] = fs_inverse_cdf_f32(&p[g, 0], vocab, -1, uniforms[g], &cum[0])
+        next_token[0] = fs_inverse_cdf_f32(&p[g, 0], vocab, -1, uniforms[g], cum)
     else:
-        next_token[0] = fs_inverse_cdf_f64(&p[g, 0], vocab, -1, uniforms[g], &cum[0])
+        next_token[0] = fs_inverse_cdf_f64(&p[g, 0], vocab, -1, uniforms[g], cum)
     return g
 
 
@@ -511,17 +610,21 @@ def verify_rejection(draft_tokens, p, q, uniforms):
     next_token : int
         The correction after a rejection, else the bonus token.
     """
-    cdef Py_ssize_t g = check_tokens(draft_tokens, p, "p")
-    check_probability_rows(p, "p", data=False)
+    tokens = _fast_tokens(draft_tokens, p)
+    if tokens is None or not _fast_rows(p):
+        check_tokens(draft_tokens, p, "p")
+        check_probability_rows(p, "p", data=False)
+        tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
+    cdef Py_ssize_t g = tokens.shape[0]
     _check_rows_data(p, "p")
-    tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
     cdef int bad
     if q is not None:
         if q.dtype != p.dtype:
             raise TypeError(f"q must have the dtype of p ({p.dtype}), got {q.dtype}")
         if q.ndim != 2 or q.shape != (g, p.shape[1]):
             raise ValueError(f"q must have shape {(g, p.shape[1])}, got {q.shape}")
-        check_probability_rows(q, "q", data=False)
+        if not _fast_rows(q):
+            check_probability_rows(q, "q", data=False)
         if g:
             _check_rows_data(q, "q")
             if q.dtype == np.float32:
@@ -531,15 +634,16 @@ def verify_rejection(draft_tokens, p, q, uniforms):
             if bad >= 0:
                 raise ValueError(f"q[{bad}, draft_tokens[{bad}]] must be > 0: the draft token "
                                  "cannot have been sampled from q")
-    check_uniforms(uniforms, g + 1)
+    if not _fast_uniforms(uniforms, g + 1):
+        check_uniforms(uniforms, g + 1)
     cdef long next_token = 0
     cdef Py_ssize_t accepted
     has_q = q is not None and g > 0
     q_rows = q if has_q else p  # a placeholder view when there is no q
-    cum = np.empty(p.shape[1], dtype=np.float64)
+    cdef double *ends = <double *>_scratch(FS_CDF_CHECKPOINTS(p.shape[1]) * sizeof(double))
     if p.dtype == np.float32:
-        accepted = _rejection_run[float](tokens, p, q_rows, has_q, uniforms, cum, &next_token)
+        accepted = _rejection_run[float](tokens, p, q_rows, has_q, uniforms, ends, &next_token)
     else:
-        accepted = _rejection_run[double](tokens, p, q_rows, has_q, uniforms, cum,
+        accepted = _rejection_run[double](tokens, p, q_rows, has_q, uniforms, ends,
                                           &next_token)
     return accepted, next_token

@@ -1,0 +1,120 @@
+"""Kernel benchmarks: each compiled kernel beside its NumPy twin (same pytest-benchmark group).
+
+Run:  pytest bench/test_bench_kernels.py --benchmark-only --benchmark-json bench.json
+      python scripts/kernel_ratios.py bench.json
+Every case records ``extra_info["backend"]`` ("cython", "numpy" or "concat") and, for
+attention, ``extra_info["kv_bytes"]`` (bytes of K and V read per call) for the GB/s column.
+"""
+import numpy as np
+import pytest
+
+import fastspec as fs
+
+BACKENDS = fs.available_backends()
+V = 32000
+
+
+def kernel(backend, name):
+    return getattr(fs.kernels.module(backend), name)
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+ATTENTION_CASES = [(1, 128), (1, 1024), (1, 4096), (9, 1024), (17, 4096)]
+H, H_KV, D = 8, 8, 64
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n, length", ATTENTION_CASES, ids=[f"n{n}-L{L}" for n, L in ATTENTION_CASES])
+def test_attention(benchmark, backend, n, length):
+    benchmark.group = f"attention n={n} L={length}"
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((n, H, D)).astype(np.float32)
+    k = rng.standard_normal((H_KV, length, D)).astype(np.float32)
+    v = rng.standard_normal((H_KV, length, D)).astype(np.float32)
+    out = np.empty_like(q)
+    benchmark.extra_info.update(backend=backend, kv_bytes=k.nbytes + v.nbytes)
+    benchmark(kernel(backend, "attention"), q, k, v, length, True, out)
+
+
+# ---- KV append + crop --------------------------------------------------------------------
+
+def concat_append_crop(keys, values, new_k, new_v):
+    """The approach the preallocated cache replaces: grow with np.concatenate, then roll
+    back (crop) to the old length with a copy. keys, values: (H_kv, L, D); new: (H_kv, n, D)."""
+    length = keys.shape[1]
+    grown_k = np.concatenate([keys, new_k], axis=1)
+    grown_v = np.concatenate([values, new_v], axis=1)
+    return grown_k[:, :length].copy(), grown_v[:, :length].copy()
+
+
+KV_CASES = [(1, 4096), (9, 4096), (1, 256), (9, 256)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS + ("concat",))
+@pytest.mark.parametrize("n, length", KV_CASES, ids=[f"n{n}-L{L}" for n, L in KV_CASES])
+def test_kv_append_crop(benchmark, backend, n, length):
+    benchmark.group = f"kv append {n} + crop L={length}"
+    benchmark.extra_info.update(backend=backend)
+    rng = np.random.default_rng(0)
+    new = rng.standard_normal((n, H_KV, D)).astype(np.float32)
+    if backend == "concat":
+        keys = rng.standard_normal((H_KV, length, D)).astype(np.float32)
+        values = keys.copy()
+        new_t = np.ascontiguousarray(new.transpose(1, 0, 2))
+        benchmark(concat_append_crop, keys, values, new_t, new_t)
+        return
+    cache = fs.KVCache(n_layers=1, n_kv_heads=H_KV, capacity=length + 64, head_dim=D)
+    cache.advance(length)
+    write = kernel(backend, "cache_write")
+    k_layer, v_layer = cache.k[0], cache.v[0]
+
+    def append_crop():
+        start = cache.length
+        write(k_layer, new, start)
+        write(v_layer, new, start)
+        cache.advance(n)
+        cache.crop(start)
+
+    benchmark(append_crop)
+    assert cache.length == length
+
+
+# ---- probs, verification -----------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_probs_top_p(benchmark, backend):
+    benchmark.group = f"probs V={V} top_p=0.9"
+    benchmark.extra_info.update(backend=backend)
+    logits = (2 * np.random.default_rng(0).standard_normal(V)).astype(np.float32)
+    benchmark(kernel(backend, "probs"), logits, 1.0, 0, 0.9)
+
+
+def _verify_inputs(g=8):
+    rng = np.random.default_rng(0)
+    p = fs.kernels.module("numpy").probs((2 * rng.standard_normal((g + 1, V))).astype(np.float32))
+    q = fs.kernels.module("numpy").probs((2 * rng.standard_normal((g, V))).astype(np.float32))
+    draft = np.array([rng.choice(V, p=row.astype(np.float64) / row.sum(dtype=np.float64))
+                      for row in q])
+    uniforms = rng.random(g + 1)
+    return draft, p, q, uniforms
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "onehot"])
+def test_verify_rejection(benchmark, backend, with_q):
+    benchmark.group = f"verify_rejection g=8 V={V} {'q' if with_q else 'onehot'}"
+    benchmark.extra_info.update(backend=backend)
+    draft, p, q, uniforms = _verify_inputs()
+    benchmark(kernel(backend, "verify_rejection"), draft, p, q if with_q else None, uniforms)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_verify_greedy(benchmark, backend):
+    benchmark.group = f"verify_greedy g=8 V={V}"
+    benchmark.extra_info.update(backend=backend)
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((9, V)).astype(np.float32)
+    draft = np.argmax(logits[:8], axis=1)
+    draft[6] = (draft[6] + 1) % V  # six accepted, a mismatch at 6
+    benchmark(kernel(backend, "verify_greedy"), draft, logits)
