@@ -72,8 +72,8 @@ class DFlashConfig:
         Default: :func:`default_tap_layers` (spread over the target, always the last layer).
         Negative indices count from the end and are normalised by :meth:`resolve`.
     n_heads, n_kv_heads, head_dim, ffn_dim : int, optional
-        Attention/MLP shape of the draft layers (default: the target's; ``head_dim`` defaults
-        to the target's when the head count is the target's, else ``dim // n_heads``).
+        Attention/MLP shape of the draft layers (default: the target's, as the torch trainer
+        does; ``n_kv_heads`` falls back to ``n_heads`` when the target's does not divide it).
     qk_norm : bool, optional
         Per-head RMSNorm on queries and keys (Qwen3 style); default: as the target.
     rope_theta, norm_eps : float, optional
@@ -141,17 +141,11 @@ class DFlashConfig:
         n_heads = self.n_heads if self.n_heads is not None else target.n_heads
         if self.n_kv_heads is not None:
             n_kv = self.n_kv_heads
+        elif n_heads % target.n_kv_heads == 0:
+            n_kv = target.n_kv_heads
         else:
-            n_kv = target.n_kv_heads if n_heads == target.n_heads else n_heads
-        if self.head_dim is not None:
-            head_dim = self.head_dim
-        elif n_heads == target.n_heads:
-            head_dim = target.head_dim
-        else:
-            if target.dim % n_heads:
-                raise ValueError(f"target dim {target.dim} is not divisible by n_heads {n_heads}; "
-                                 "give head_dim")
-            head_dim = target.dim // n_heads
+            n_kv = n_heads
+        head_dim = self.head_dim if self.head_dim is not None else target.head_dim
         if n_heads % n_kv:
             raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv}")
         if head_dim % 2:

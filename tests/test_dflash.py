@@ -471,3 +471,20 @@ def test_matches_the_torch_trainer(tmp_path):
         mask = torch.ones(B, P + B, dtype=torch.bool)
         theirs = dm(emb, torch.arange(P, P + B), ctx, torch.arange(P), mask, tm.head_weight())
     np.testing.assert_allclose(mine, theirs[0, 1:].numpy(), rtol=0, atol=2e-5)
+
+
+def test_config_head_defaults_follow_the_trainer():
+    tiny = fs.ModelConfig.tiny_llama(n_kv_heads=2)
+    r = DFlashConfig(n_heads=4).resolve(tiny)
+    assert (r.n_heads, r.n_kv_heads, r.head_dim) == (4, 2, 32)
+    r = DFlashConfig(n_heads=3).resolve(tiny)
+    assert (r.n_heads, r.n_kv_heads, r.head_dim) == (3, 3, 32)
+    target = fs.Transformer.random(tiny.replace(n_layers=2, max_seq_len=64, dtype="float64"), 0)
+    model = DFlashModel.random(DFlashConfig(n_heads=3, block_size=4), target)
+    seq = np.arange(9)
+    out = target.forward(seq, hidden_layers=model.config.tap_layers)
+    cache = model.new_cache()
+    model.append_context(cache, model.context_features(out.hidden))
+    np.testing.assert_allclose(model.draft_block(cache, 9),
+                               model.draft_block_reference(out.hidden, model.mask_block(9)),
+                               rtol=1e-10, atol=1e-10)
