@@ -273,6 +273,10 @@ class DFlashModel:
                   "w_gate": (d, F), "w_up": (d, F), "w_down": (F, d), "attn_norm": (d,),
                   "mlp_norm": (d,), "q_norm": (D,), "k_norm": (D,)}
         for i, lw in enumerate(self.layers):
+            extra = sorted(set(lw.arrays()) - set(shapes))
+            if extra:
+                raise ValueError(f"draft layer {i}: unexpected weights {extra} (DFlash layers "
+                                 "have no biases)")
             for name, shape in shapes.items():
                 a = getattr(lw, name)
                 needed = c.qk_norm if name in ("q_norm", "k_norm") else True
