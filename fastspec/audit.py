@@ -531,11 +531,11 @@ def check_stopping_rules(ctx: AuditContext) -> dict:
 
 # --- checks: exact distribution ------------------------------------------------------------
 
-#: Sampling settings of the distribution audit.
+#: Sampling settings of the distribution audit. In the combined one both filters bind on the
+#: toy target: 216 continuations survive top-k 6 alone, 120 top-p 0.8 alone, 70 both.
 DIST_SETTINGS = {
     "temperature_1": SamplingParams(1.0, 0, 1.0),
-    "top_k_3": SamplingParams(1.0, 3, 1.0),
-    "top_p_0.8": SamplingParams(1.0, 0, 0.8),
+    "top_k_6_top_p_0.8": SamplingParams(1.0, 6, 0.8),
 }
 DIST_PREFIX = PREFIX
 DIST_NEW_TOKENS = 3

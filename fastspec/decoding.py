@@ -134,7 +134,8 @@ def _check_common(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, 
     prompt = model.check_ids(prompt_ids, "prompt_ids")
     max_new_tokens = check_index(max_new_tokens, "max_new_tokens", 1, 2**31 - 1)
     temperature, top_k, top_p = check_sampling_params(temperature, top_k, top_p)
-    check_index(seed, "seed", 0, 2**63 - 1)
+    if seed is not None:  # None: fresh OS entropy, as numpy.random.default_rng(None)
+        check_index(seed, "seed", 0, 2**63 - 1)
     vocab = model.config.vocab_size
     if eos_token_id is not None:
         eos_token_id = check_index(eos_token_id, "eos_token_id", 0, vocab - 1)
@@ -182,8 +183,9 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, t
     max_new_tokens : int, >= 1
     temperature, top_k, top_p : sampling settings (see :func:`fastspec.kernels.probs`);
         ``temperature == 0`` is greedy.
-    seed : int
-        Seed of the ``numpy.random.default_rng`` that supplies one uniform per sampled token.
+    seed : int or None
+        Seed of the ``numpy.random.default_rng`` that supplies one uniform per sampled token
+        (None: not reproducible).
     eos_token_id : int, optional
         Stop right after emitting it.
     use_cache : bool, default True
@@ -288,7 +290,7 @@ def speculative_generate(target, drafter: Drafter, prompt_ids, max_new_tokens: i
         grows by 2 after a fully accepted block and shrinks by 1 after a rejection, within
         ``[1, 16]``.
     temperature, top_k, top_p : sampling settings of the target (and of sampling drafters).
-    seed : int
+    seed : int or None
         Seed of the ``numpy.random.default_rng`` shared by drafter and verifier.
     eos_token_id : int, optional
         Stop right after it; nothing after it is emitted.

@@ -58,7 +58,7 @@ def test_quick_audit_non_statistical_checks_pass(backend):
     json.dumps(report)
 
 
-@pytest.mark.parametrize("setting", ["temperature_1", "top_p_0.8"])
+@pytest.mark.parametrize("setting", ["temperature_1", "top_k_6_top_p_0.8"])
 def test_distribution_audit_passes_for_every_drafter(setting):
     sampling = audit.DIST_SETTINGS[setting]
     for name, drafter in audit._dist_drafters().items():
