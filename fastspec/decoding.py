@@ -229,13 +229,19 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, t
             break
         if use_cache:
             logits = model.forward(seq[n - 1:n], cache, out=step_logits).logits
-            stats.target_score_cells += _score_cells(cfg, 1, n - 1)
-            stats.target_positions += 1
         else:
             logits = model.forward(seq[:n]).logits
-            stats.target_score_cells += _score_cells(cfg, n, 0)
-            stats.target_positions += n
-        stats.target_calls += 1
+    # Counters of the emitted - 1 decode steps (steps after the last token are never run).
+    steps = emitted - 1
+    stats.target_calls += steps
+    first, last = prompt.shape[0] + 1, prompt.shape[0] + steps  # sequence lengths fed
+    if use_cache:
+        stats.target_positions += steps
+        stats.target_score_cells += cfg.n_layers * cfg.n_heads * (first + last) * steps // 2
+    else:
+        stats.target_positions += (first + last) * steps // 2
+        stats.target_score_cells += cfg.n_layers * cfg.n_heads * sum(
+            k * k for k in range(first, last + 1))
     stats.elapsed_s = time.perf_counter() - start_time
     stats.new_tokens = emitted
     stats.rounds = emitted
