@@ -25,8 +25,10 @@
 #include <stdint.h>
 #include <string.h>
 
+/* ifunc-based multi-versioning needs GCC, x86-64 and glibc; already building for AVX-512
+ * (FASTSPEC_NATIVE=1) makes it pointless. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) \
-    && !defined(FS_NO_CLONES) && !defined(__AVX512F__)
+    && defined(__GLIBC__) && !defined(FS_NO_CLONES) && !defined(__AVX512F__)
 #define FS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FS_CLONES
@@ -108,7 +110,7 @@ FS_CLONES static double fs_attn_exp_sum(double *FS_RESTRICT s, int count, double
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
-#if defined(__GNUC__)
+#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 9) && !defined(FS_DISABLE_VEC)
 /* Explicit 8-wide double vectors: GCC/clang map them to one zmm, two ymm or four xmm
  * registers depending on the clone; loads go through memcpy (unaligned, alias-safe). */
 typedef double fs_v8d __attribute__((vector_size(64)));
