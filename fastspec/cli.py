@@ -59,6 +59,107 @@ def _run_audit(args) -> int:
     return 0 if report["passed"] else 1
 
 
+def _add_demo(sub) -> None:
+    p = sub.add_parser(
+        "demo", help="speculative decoding of the embedded models on held-out code",
+        description="Generate a continuation of a held-out standard-library prompt with the "
+                    "embedded target, using vanilla decoding, the draft model, the n-gram "
+                    "drafter and DFlash; print the text once and a table of tokens/s, speedup "
+                    "over vanilla, tau, acceptance rate and whether the output is identical "
+                    "to vanilla.")
+    p.add_argument("--prompt", help="prompt text (default: a held-out code prompt)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256, metavar="N",
+                   help="tokens to generate (default 256)")
+    p.add_argument("--temperature", type=_non_negative_float, default=0.0,
+                   help="0 = greedy (default); > 0 samples")
+    p.add_argument("--drafter", choices=("all", "draft", "ngram", "dflash"), default="all",
+                   help="which drafter(s) to compare with vanilla (default all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--repeats", type=_positive_int, default=1,
+                   help="timed runs per method, fastest reported (default 1)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args) -> int:
+    from fastspec.demo import demo_main
+
+    return demo_main(args)
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser(
+        "eval", help="evaluate every drafter on held-out prompts (JSON + markdown)",
+        description="Run vanilla and every drafter on held-out prompts at the given "
+                    "temperatures; write per-run results and tau/speedup summaries as JSON, "
+                    "and optionally docs/RESULTS.md.")
+    p.add_argument("--prompts", type=_positive_int, default=20, help="number of prompts (20)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=256, metavar="N")
+    p.add_argument("--temperatures", type=_non_negative_float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="eval_results.json", help="JSON output path")
+    p.add_argument("--markdown", metavar="PATH", help="also write a markdown summary here")
+    p.set_defaults(run=_run_eval)
+
+
+def _run_eval(args) -> int:
+    from fastspec.demo import eval_main
+
+    return eval_main(args)
+
+
+def _add_bench(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark suite: machine limits, kernels, scaling, peers",
+        description="Measure the machine (streaming bandwidth, GEMM), the kernels (Cython vs "
+                    "NumPy), decode cost vs context, speedup vs gamma/block size, and with "
+                    "--peers Hugging Face transformers on the same weights. Quick by default.")
+    p.add_argument("--full", action="store_true", help="all sizes (slower)")
+    p.add_argument("--peers", action="store_true", help="compare with transformers ([hf] extra)")
+    p.add_argument("--out", default="bench_results.json", help="JSON output path")
+    p.add_argument("--plot-dir", metavar="DIR", help="write PNG plots here ([plot] extra)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args) -> int:
+    from fastspec.benchmark import bench_main
+
+    return bench_main(args)
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train the embedded models ([train] extra: torch)",
+                       description="Train the target, draft or DFlash model on the standard "
+                                   "library; all arguments after 'train' are passed on "
+                                   "(see 'fastspec train --help').", add_help=False)
+    p.add_argument("train_args", nargs=argparse.REMAINDER)
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args) -> int:
+    try:
+        from fastspec import training
+    except ImportError as exc:
+        print(f"fastspec train needs the [train] extra (torch==2.13.0): {exc}", file=sys.stderr)
+        return 2
+    return int(training.main(args.train_args) or 0)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fastspec", description="Lossless speculative decoding on the CPU.")
@@ -68,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_info(sub)
     _add_audit(sub)
+    _add_demo(sub)
+    _add_eval(sub)
+    _add_bench(sub)
+    _add_train(sub)
     return parser
 
 
