@@ -316,3 +316,17 @@ def test_cache_of_wrong_model_rejected(pair):
         fs.generate(target, PREFIX, 4, cache=draft.new_cache())
     with pytest.raises(ValueError, match="capacity"):
         fs.generate(target, PREFIX, 4, cache=target.new_cache(8))
+
+
+def test_adaptive_gamma_grows_and_shrinks(pair):
+    target, draft = pair
+    res = fs.speculative_generate(target, fs.DraftModelDrafter(target), PREFIX, 120,
+                                  gamma="adaptive", trace=True)
+    gammas = [r["gamma"] for r in res.stats.trace]
+    assert gammas[:4] == [4, 6, 8, 10] and max(gammas) == 16
+    res = fs.speculative_generate(target, fs.DraftModelDrafter(draft), PREFIX, 60,
+                                  gamma="adaptive", trace=True)
+    for before, after in zip(res.stats.trace, res.stats.trace[1:]):
+        if before["accepted"] < before["proposed"]:
+            assert after["gamma"] <= max(before["gamma"] - 1, 1)
+        assert 1 <= after["gamma"] <= 16
