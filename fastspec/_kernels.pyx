@@ -77,6 +77,19 @@ cdef Py_ssize_t _INT_LIMIT = 2**31 - 1
 
 
 _local = threading.local()
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+
+cdef inline bint _is_float_c(a, int ndim, dtype=None):
+    """True when check_float_array(a, name, ndim, dtype) would pass (typed fast path; on
+    False the Python check runs and raises its message)."""
+    if not isinstance(a, np.ndarray) or a.ndim != ndim or not a.flags.c_contiguous:
+        return False
+    dt = a.dtype
+    if dtype is not None:
+        return dt is dtype or dt == dtype
+    return dt is _F32 or dt is _F64 or dt == _F32 or dt == _F64
 
 
 cdef unsigned char *_scratch(Py_ssize_t nbytes) except NULL:
@@ -116,6 +129,24 @@ cdef void _attention_run(const floating[:, :, ::1] q,      # IN  (n, H, D)
                              <int>q.shape[2], <int>k.shape[1], length, causal, scratch)
 
 
+cdef bint _fast_attention_args(q, k, v, length, out):
+    """True when check_attention_args would pass."""
+    if not _is_float_c(q, 3) or not _is_float_c(k, 3, q.dtype) or not _is_float_c(v, 3, q.dtype):
+        return False
+    if type(length) is not int or v.shape != k.shape:
+        return False
+    n, n_heads, head_dim = q.shape
+    n_kv_heads, capacity, kdim = k.shape
+    if kdim != head_dim or n < 1 or head_dim < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
+        return False
+    if not n <= length <= capacity:
+        return False
+    if out is not None:
+        if not _is_float_c(out, 3, q.dtype) or not out.flags.writeable or out.shape != q.shape:
+            return False
+    return True
+
+
 def attention(q, k_cache, v_cache, length, causal=True, out=None):
     """Scaled dot-product attention of ``n`` queries over the first ``length`` cached keys.
 
@@ -137,7 +168,8 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
     -------
     out : ndarray of shape (n, n_heads, head_dim)
     """
-    check_attention_args(q, k_cache, v_cache, length, out)
+    if not _fast_attention_args(q, k_cache, v_cache, length, out):
+        check_attention_args(q, k_cache, v_cache, length, out)
     _check_int_sized(q.shape, "q")
     _check_int_sized(k_cache.shape, "k_cache")
     cdef int n_valid = length
@@ -177,7 +209,14 @@ def cache_write(cache, new, start):
     start : int
         First position to write, ``0 <= start`` and ``start + n <= capacity``.
     """
-    cdef Py_ssize_t n = check_cache_write_args(cache, new, start)
+    cdef Py_ssize_t n
+    if (_is_float_c(cache, 3) and _is_float_c(new, 3, cache.dtype) and cache.flags.writeable
+            and type(start) is int and new.shape[1] == cache.shape[0]
+            and new.shape[2] == cache.shape[2] and 0 <= start
+            and start + new.shape[0] <= cache.shape[1]):
+        n = new.shape[0]
+    else:
+        n = check_cache_write_args(cache, new, start)
     cdef Py_ssize_t first = start
     if n == 0 or cache.shape[2] == 0 or cache.shape[0] == 0:
         return
@@ -416,10 +455,6 @@ def sample(p, u):
 # Fast acceptance of well-formed arguments in typed code; anything unusual falls back to the
 # Python checks of fastspec._checks, which raise the documented message (or accept it).
 
-_F32 = np.dtype(np.float32)
-_F64 = np.dtype(np.float64)
-
-
 cdef bint _tokens_in_range(const int64_t[::1] tokens, int64_t vocab) noexcept:
     cdef Py_ssize_t i
     for i in range(tokens.shape[0]):
@@ -446,8 +481,7 @@ cdef object _fast_tokens(draft_tokens, rows):
 
 cdef bint _fast_rows(a) noexcept:
     """True when check_probability_rows(a, ..., data=False) would pass."""
-    return (isinstance(a, np.ndarray) and a.ndim == 2 and (a.dtype is _F32 or a.dtype is _F64
-            or a.dtype == _F32 or a.dtype == _F64) and a.flags.c_contiguous and a.shape[1] >= 1)
+    return _is_float_c(a, 2) and a.shape[1] >= 1
 
 
 cdef bint _uniforms_ok(const double[::1] u) noexcept:
