@@ -103,6 +103,8 @@ FS_CLONES static double fs_attn_exp_sum(double *FS_RESTRICT s, int count, double
 
 /* Keys are processed in tiles that stay in L1 while every row of a block reads them. */
 #define FS_ATTN_TILE 64
+/* Keys per step of the online softmax (long ranges, several rows). */
+#define FS_ATTN_ONLINE_TILE 256
 
 #if defined(__GNUC__) && !defined(__clang__)
 /* The vector helpers below are always inlined, so the ABI note about passing 64-byte
@@ -296,6 +298,59 @@ static void fs_attn_block_##SFX(const T *const *qrows, T *const *orows, const in
     }                                                                                          \
 }                                                                                              \
                                                                                                \
+/* Several rows over a long key range with an online softmax (flash-attention style): keys   \
+ * come in tiles of FS_ATTN_ONLINE_TILE, each row keeps its running maximum m, its sum of     \
+ * weights l and its weighted sum of values, rescaled by exp(m_old - m_new) when the maximum  \
+ * grows. The K/V tiles are read once for the whole block; head_dim <= FS_ATTN_DCHUNK. */     \
+static void fs_attn_online_##SFX(const T *const *qrows, T *const *orows, const int *count,     \
+                                 int rows, const T *kh, const T *vh, int head_dim,           \
+                                 double scale)                                                \
+{                                                                                              \
+    double s[FS_ATTN_ROWS * FS_ATTN_ONLINE_TILE];                                              \
+    double acc[FS_ATTN_ROWS * FS_ATTN_DCHUNK];                                                 \
+    double m[FS_ATTN_ROWS], l[FS_ATTN_ROWS];                                                   \
+    int most = 0;                                                                              \
+    for (int r = 0; r < rows; r++) {                                                           \
+        m[r] = -HUGE_VAL;                                                                      \
+        l[r] = 0.0;                                                                            \
+        most = count[r] > most ? count[r] : most;                                              \
+    }                                                                                          \
+    for (int i = 0; i < rows * FS_ATTN_DCHUNK; i++)                                            \
+        acc[i] = 0.0;                                                                          \
+    for (int j0 = 0; j0 < most; j0 += FS_ATTN_ONLINE_TILE) {                                   \
+        int width = most - j0 < FS_ATTN_ONLINE_TILE ? most - j0 : FS_ATTN_ONLINE_TILE;         \
+        int visible[FS_ATTN_ROWS];                                                             \
+        fs_attn_scores_##SFX(qrows, rows, kh + (size_t)j0 * head_dim, width, head_dim, scale,  \
+                             s, FS_ATTN_ONLINE_TILE);                                          \
+        for (int r = 0; r < rows; r++) {                                                       \
+            int c = count[r] - j0;                                                             \
+            c = c < 0 ? 0 : (c > width ? width : c);                                           \
+            visible[r] = c;                                                                    \
+            if (c == 0)                                                                        \
+                continue;                                                                      \
+            double *sr = s + (size_t)r * FS_ATTN_ONLINE_TILE;                                  \
+            double top = sr[0];                                                                \
+            for (int j = 1; j < c; j++)                                                        \
+                top = sr[j] > top ? sr[j] : top;                                               \
+            if (top > m[r]) {                                                                  \
+                double shrink = m[r] == -HUGE_VAL ? 0.0 : exp(m[r] - top);                     \
+                l[r] *= shrink;                                                                \
+                for (int d = 0; d < head_dim; d++)                                             \
+                    acc[(size_t)r * FS_ATTN_DCHUNK + d] *= shrink;                             \
+                m[r] = top;                                                                    \
+            }                                                                                  \
+            l[r] += fs_attn_exp_sum(sr, c, m[r]);                                              \
+        }                                                                                      \
+        fs_attn_wsum_##SFX(s, FS_ATTN_ONLINE_TILE, visible, rows,                              \
+                           vh + (size_t)j0 * head_dim, head_dim, 0, head_dim, acc);            \
+    }                                                                                          \
+    for (int r = 0; r < rows; r++) {                                                           \
+        double inv = 1.0 / l[r];                                                               \
+        for (int d = 0; d < head_dim; d++)                                                     \
+            orows[r][d] = (T)(acc[(size_t)r * FS_ATTN_DCHUNK + d] * inv);                      \
+    }                                                                                          \
+}                                                                                              \
+                                                                                               \
 static void fs_attention_##SFX(const T *q, const T *k, const T *v, T *out,                     \
                                int n, int n_heads, int n_kv_heads, int head_dim, int capacity, \
                                int length, int causal, double *scratch)                        \
@@ -303,12 +358,14 @@ static void fs_attention_##SFX(const T *q, const T *k, const T *v, T *out,      
     int group = n_heads / n_kv_heads;                                                          \
     int rows_per_kv = n * group; /* row index t = i * group + g, head h = kv * group + g */   \
     double scale = 1.0 / sqrt((double)head_dim);                                               \
-    /* Blocks of several rows need rows * length doubles of scores; the caller guarantees     \
-     * only `length`, so several rows are used only when they fit in a stack buffer. */        \
+    /* Short ranges: exact two-pass softmax, scores of a block of rows in a stack buffer.      \
+     * Long ranges, one row per kv head (decode): two passes with the caller's scratch.        \
+     * Long ranges, several rows: online softmax over key tiles, K/V read once per block. */   \
     double stack_w[FS_ATTN_ROWS * 1024];                                                       \
-    int block = length <= 1024 ? FS_ATTN_ROWS : 1;                                             \
-    double *w = block > 1 ? stack_w : scratch;                                                 \
-    int stride = block > 1 ? 1024 : length;                                                    \
+    int online = length > 1024 && rows_per_kv > 1 && head_dim <= FS_ATTN_DCHUNK;               \
+    int block = length <= 1024 || online ? FS_ATTN_ROWS : 1;                                   \
+    double *w = length <= 1024 ? stack_w : scratch;                                            \
+    int stride = length <= 1024 ? 1024 : length;                                               \
     for (int kv = 0; kv < n_kv_heads; kv++) {                                                  \
         const T *kh = k + (size_t)kv * capacity * head_dim;                                    \
         const T *vh = v + (size_t)kv * capacity * head_dim;                                    \
@@ -323,7 +380,11 @@ static void fs_attention_##SFX(const T *q, const T *k, const T *v, T *out,      
                 orows[r] = out + ((size_t)i * n_heads + h) * head_dim;                         \
                 count[r] = causal ? length - n + i + 1 : length;                               \
             }                                                                                  \
-            fs_attn_block_##SFX(qrows, orows, count, rows, kh, vh, head_dim, scale, w, stride); \
+            if (online)                                                                        \
+                fs_attn_online_##SFX(qrows, orows, count, rows, kh, vh, head_dim, scale);      \
+            else                                                                               \
+                fs_attn_block_##SFX(qrows, orows, count, rows, kh, vh, head_dim, scale, w,     \
+                                    stride);                                                   \
         }                                                                                      \
     }                                                                                          \
 }

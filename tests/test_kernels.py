@@ -79,7 +79,9 @@ ATTENTION_SHAPES = [
     (9, 8, 2, 64, 1500, 1300, True),    # length > 1024: the scratch path
     (7, 3, 3, 300, 40, 33, True),       # head_dim > one accumulator chunk
     (6, 4, 4, 128, 64, 64, False),      # specialised head_dim 128, non-causal
-    (2, 4, 2, 32, 1100, 1030, False),   # specialised 32, rows > 1, long
+    (2, 4, 2, 32, 1100, 1030, False),   # specialised 32, rows > 1, long: online softmax
+    (17, 4, 4, 128, 1200, 1100, True),  # online softmax at the largest head_dim it takes
+    (3, 2, 1, 130, 1030, 1030, True),   # long, several rows, head_dim too big for online
 ]
 
 
