@@ -159,6 +159,26 @@ FS_LIN_CLONES static void FS_FN(fs_attend)(const FS_T *q, const FS_T *kc, const 
 }
 #endif
 
+/* f1 <- silu(f1) * f2, elementwise over nf values. */
+FS_LIN_CLONES static void FS_FN(fs_swiglu)(FS_T *FS_LIN_RESTRICT f1, const FS_T *FS_LIN_RESTRICT f2,
+                                          size_t nf)
+{
+    for (size_t j = 0; j < nf; j++) f1[j] = (FS_T)fs_model_silu((double)f1[j]) * f2[j];
+}
+
+/* f <- tanh(f) or gelu_tanh(f), elementwise. */
+FS_LIN_CLONES static void FS_FN(fs_act)(FS_T *f, size_t nf, int gelu)
+{
+    const double c = 0.7978845608028654; /* sqrt(2 / pi) */
+    if (gelu)
+        for (size_t j = 0; j < nf; j++) {
+            double t = (double)f[j];
+            f[j] = (FS_T)(0.5 * t * (1.0 + fs_model_tanh(c * (t + 0.044715 * t * t * t))));
+        }
+    else
+        for (size_t j = 0; j < nf; j++) f[j] = (FS_T)fs_model_tanh((double)f[j]);
+}
+
 /* x (n, dim) <- embed[ids] (+ pos_embed[pos0 + i]). */
 static void FS_FN(fs_embed)(const FS_FN(fs_model) *m, const int64_t *ids, int n, int pos0,
                             FS_T *x)
@@ -207,21 +227,10 @@ static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s, int
         if (d->act == FS_ACT_SWIGLU) {
             FS_FN(fs_linear)(s->h, L->w_gate, NULL, s->f1, n, dim, F, 0);
             FS_FN(fs_linear)(s->h, L->w_up, NULL, s->f2, n, dim, F, 0);
-            for (size_t j = 0; j < nf; j++) {
-                FS_T g = s->f1[j];
-                s->f1[j] = g / ((FS_T)1 + (FS_T)exp(-(double)g)) * s->f2[j];
-            }
+            FS_FN(fs_swiglu)(s->f1, s->f2, nf);
         } else {
             FS_FN(fs_linear)(s->h, L->w_up, NULL, s->f1, n, dim, F, 0);
-            if (d->act == FS_ACT_TANH) {
-                for (size_t j = 0; j < nf; j++) s->f1[j] = (FS_T)tanh((double)s->f1[j]);
-            } else {
-                const double c = 0.7978845608028654;  /* sqrt(2 / pi) */
-                for (size_t j = 0; j < nf; j++) {
-                    double t = (double)s->f1[j];
-                    s->f1[j] = (FS_T)(0.5 * t * (1.0 + tanh(c * (t + 0.044715 * t * t * t))));
-                }
-            }
+            FS_FN(fs_act)(s->f1, nf, d->act == FS_ACT_GELU);
         }
         FS_FN(fs_linear)(s->f1, L->w_down, NULL, s->x, n, F, dim, 1);
         if (hidden && hidden[l])

@@ -16,7 +16,7 @@ from libc.stdlib cimport calloc, free
 
 cnp.import_array()
 
-__all__ = ["TransformerRunner"]
+__all__ = ["TransformerRunner", "set_threads", "get_threads"]
 
 cdef extern from "fs_model.h" nogil:
     ctypedef struct fs_dims:
@@ -106,6 +106,24 @@ cdef extern from "fs_model.h" nogil:
                            int pos0, double *k_cache, double *v_cache, size_t layer_stride,
                            int capacity, int l0, int l1)
     void *memcpy(void *dst, const void *src, size_t n)
+    void fs_linear_set_threads(int n)
+    int fs_linear_get_threads()
+
+def set_threads(int n):
+    """Set the OpenMP threads of the runner's large matrix products (default 1).
+
+    More threads help only on an otherwise idle machine; it is a no-op when the extension was
+    built without OpenMP. Applies to every runner in the process.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    fs_linear_set_threads(n)
+
+
+def get_threads():
+    """Return the thread count set by :func:`set_threads`."""
+    return fs_linear_get_threads()
+
 
 cdef enum:
     MODE_IDS = 0

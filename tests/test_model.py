@@ -259,3 +259,26 @@ def test_config_validation():
     cfg = ModelConfig.tiny_llama()
     assert (cfg.vocab_size, cfg.dim, cfg.n_layers, cfg.n_heads, cfg.ffn_dim) == (260, 256, 4, 8, 704)
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@needs_cython
+def test_threaded_products_agree():
+    from fastspec import _model
+    model = make("llama-gqa", np.float64)
+    big = Transformer.random(ModelConfig.tiny_llama(dtype="float64", n_layers=1, max_seq_len=32))
+    previous = fs.backend()
+    fs.set_backend("cython")
+    try:
+        for m in (model, big):
+            ids = ids_for(m, 9)
+            one = m.forward(ids).logits
+            _model.set_threads(2)
+            try:
+                two = m.forward(ids).logits
+            finally:
+                _model.set_threads(1)
+            np.testing.assert_allclose(two, one, rtol=1e-12, atol=1e-12)
+    finally:
+        fs.set_backend(previous)
+    with pytest.raises(ValueError, match="n must be"):
+        _model.set_threads(0)
