@@ -79,6 +79,7 @@ class DFlashDrafter:
         self.hidden_layers: tuple[int, ...] = tuple(model.config.tap_layers)
         self.max_gamma: int | None = B - 1
         self.cache = model.new_cache()
+        self._block = np.empty(B, dtype=np.int64)
         #: Cumulative counters (never reset): block forwards, block positions pushed through
         #: the drafter, attention score cells (layers x heads x queries x keys).
         self.forward_calls = 0
@@ -113,7 +114,9 @@ class DFlashDrafter:
         g = min(gamma, self.model.config.block_size - 1)
         if g == 0:
             return Proposal(np.zeros(0, dtype=np.int64), None)
-        block = self.model.mask_block(int(seq[-1]))
+        block = self._block  # reused every round: [bonus, MASK, ...]
+        block[0] = check_index(int(seq[-1]), "seq[-1]", 0, self.model.target.config.vocab_size - 1)
+        block[1:] = self.model.config.mask_token_id
         if self.denoise_steps == 1:
             logits = self._forward(block)[:g]
             if self.sample_block and not sampling.greedy:
