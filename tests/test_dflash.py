@@ -488,3 +488,38 @@ def test_config_head_defaults_follow_the_trainer():
     np.testing.assert_allclose(model.draft_block(cache, 9),
                                model.draft_block_reference(out.hidden, model.mask_block(9)),
                                rtol=1e-10, atol=1e-10)
+
+
+def test_block_forward_fuzz(backend):
+    """Random shapes, contexts and partially filled blocks: cache path == explicit reference."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+
+    @hypothesis.settings(max_examples=15, deadline=None, derandomize=True)
+    @hypothesis.given(heads=st.sampled_from([(2, 1), (2, 2), (4, 2)]), head_dim=st.sampled_from([4, 8]),
+                      n_layers=st.integers(1, 2), B=st.integers(2, 16), P=st.integers(0, 20),
+                      qk_norm=st.booleans(), seed=st.integers(0, 2**16))
+    def check(heads, head_dim, n_layers, B, P, qk_norm, seed):
+        rng = np.random.default_rng(seed)
+        target = fs.Transformer.random(fs.ModelConfig(
+            vocab_size=12, dim=16, n_layers=2, n_heads=2, ffn_dim=24, max_seq_len=40,
+            dtype="float64"), seed=seed)
+        model = DFlashModel.random(DFlashConfig(block_size=B, n_layers=n_layers, n_heads=heads[0],
+                                                n_kv_heads=heads[1], head_dim=head_dim,
+                                                qk_norm=qk_norm, tap_layers=(1,)), target, seed)
+        seq = rng.integers(0, 12, size=P + 1)
+        hidden = {1: np.zeros((0, 16))}
+        cache = model.new_cache()
+        if P:
+            hidden = target.forward(seq[:P], hidden_layers=(1,)).hidden
+            model.append_context(cache, model.context_features(hidden))
+        block = model.mask_block(int(seq[P]))
+        fill = rng.random(B) < 0.3
+        fill[0] = False
+        block[fill] = rng.integers(0, 12, size=int(fill.sum()))
+        n = int(rng.integers(2, B + 1))
+        np.testing.assert_allclose(model.forward_block(cache, block[:n]),
+                                   model.draft_block_reference(hidden, block[:n]),
+                                   rtol=1e-10, atol=1e-10)
+
+    check()
