@@ -176,6 +176,8 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
     cdef bint is_causal = bool(causal)
     if out is None:
         out = np.empty(q.shape, dtype=q.dtype)
+    if q.shape[1] == 0:  # no heads: nothing to compute (and no element to point at)
+        return out
     cdef double *scratch = <double *>_scratch(n_valid * sizeof(double))
     if q.dtype == np.float32:
         _attention_run[float](q, k_cache, v_cache, out, n_valid, is_causal, scratch)

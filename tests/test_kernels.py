@@ -135,6 +135,13 @@ def test_attention_float32_within_1e5_of_float64(kern):
     assert_close_rel(got, exact, 1e-5)
 
 
+def test_attention_without_heads_returns_empty(kern, dtype):
+    q = np.zeros((2, 0, 4), dtype=dtype)
+    k = np.zeros((1, 3, 4), dtype=dtype)
+    got = kern.attention(q, k, k, 3)
+    assert got.shape == (2, 0, 4) and got.dtype == dtype
+
+
 def test_attention_writes_into_out(kern, dtype):
     rng = np.random.default_rng(4)
     q = rng.standard_normal((2, 4, 8)).astype(dtype)
