@@ -17,6 +17,16 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "hf: needs the [hf] extra (transformers, torch, safetensors)")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Skip ``slow`` tests unless FASTSPEC_SLOW=1 or the marker is selected with ``-m``."""
+    if os.environ.get("FASTSPEC_SLOW") or "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: set FASTSPEC_SLOW=1 or select with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_report_header(config):
     return (f"fastspec {fs.__version__} from {os.path.dirname(fs.__file__)}; "
             f"backend {fs.backend()}; available {BACKENDS}")
