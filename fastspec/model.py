@@ -32,7 +32,9 @@ class ModelConfig:
 
     The toy family (:meth:`toy`) is pre-norm LayerNorm without affine parameters, learned
     absolute positions, a tanh FFN and an untied head. The Llama family (defaults) is RMSNorm,
-    rotary positions, SwiGLU, grouped-query attention and optional QK-norm (Qwen3).
+    rotary positions, SwiGLU, grouped-query attention, optional QK-norm (``qk_norm``, Qwen3)
+    and optional q/k/v projection biases (``qkv_bias``, Qwen2; stored as
+    ``model.layers.L.self_attn.{q,k,v}_proj.bias``).
     """
 
     vocab_size: int
@@ -364,7 +366,8 @@ class Transformer:
         -----
         With the Cython backend active (``fastspec.backend() == "cython"``) and the
         extension ``fastspec._model`` built, the whole step runs in one fused ``nogil`` call;
-        otherwise the NumPy twin below runs. Both give the same result within rounding.
+        otherwise the NumPy twin below runs. Both give the same result within rounding. The
+        fused runner reuses scratch buffers: do not run one model from several threads at once.
         """
         runner = self._fused()
         if cache is None:
@@ -416,6 +419,8 @@ class Transformer:
             hidden states.
         """
         runner = self._fused()
+        if type(cache) is not KVCache:
+            self._check_cache(cache)
         start = cache.length
         if runner is not None:
             logits, hidden = runner.forward_embeddings(x, cache.k, cache.v, start, causal,
