@@ -2,9 +2,15 @@
 
 Same names, signatures, results and error messages as the NumPy twin
 :mod:`fastspec._reference` (read its docstrings for the exact semantics). Each kernel
-validates everything while holding the GIL -- structure through :mod:`fastspec._checks`,
-O(V) data (finite, non-negative, rows summing to 1, uniforms in [0, 1)) with typed scans --
-and then runs C inner loops from ``csrc/`` under ``nogil`` that cannot fail.
+validates everything while holding the GIL -- well-formed arguments are accepted by typed
+fast paths, anything else goes through :mod:`fastspec._checks`, which raises the documented
+message; O(V) data (finite, non-negative, rows summing to 1, uniforms in [0, 1)) is scanned in
+typed code -- and then runs C inner loops from ``csrc/`` with the GIL released; those loops
+cannot fail. Scratch memory is per thread and reused between calls.
+
+Agreement with the twin: attention, probs and cache_write agree to rounding (float64
+accumulation in both); sample, verify_greedy and verify_rejection return the same tokens bit
+for bit (their inverse-CDF sums are sequential in float64, exactly like numpy.cumsum).
 """
 from cython cimport floating
 from libc.math cimport INFINITY
