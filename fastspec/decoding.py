@@ -353,6 +353,9 @@ def _plan(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k
         raise TypeError(f"drafter must implement the Drafter protocol (reset, propose, commit, "
                         f"hidden_layers, max_gamma), got {type(drafter).__name__}")
     hidden_layers = target.check_hidden_layers(drafter.hidden_layers)
+    check_target = getattr(drafter, "check_target", None)
+    if check_target is not None:  # drafters bound to one target (DFlash) refuse another
+        check_target(target)
     max_gamma = drafter.max_gamma
     if max_gamma is not None:
         max_gamma = check_index(max_gamma, "drafter.max_gamma", 1, 2**31 - 1)

@@ -90,6 +90,17 @@ class DFlashDrafter:
         return (f"DFlashDrafter(block_size={self.model.config.block_size}, "
                 f"denoise_steps={self.denoise_steps}, sample_block={self.sample_block})")
 
+    def check_target(self, target) -> None:
+        """Raise ValueError unless ``target`` has the width and vocabulary the drafter reads.
+
+        Called by :func:`fastspec.speculative_generate` before any cache is touched.
+        """
+        want, got = self.model.target.config, getattr(target, "config", None)
+        if got is None or (got.dim, got.vocab_size) != (want.dim, want.vocab_size):
+            shape = None if got is None else (got.dim, got.vocab_size)
+            raise ValueError(f"target (dim, vocab_size) = {shape} does not match the DFlash "
+                             f"drafter's target ({want.dim}, {want.vocab_size})")
+
     # --- protocol -------------------------------------------------------------------------
 
     def reset(self, prompt: np.ndarray, hidden: Mapping[int, np.ndarray] | None) -> None:
