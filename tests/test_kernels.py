@@ -368,3 +368,34 @@ def test_verify_rejection_degenerate_cases(kern, dtype):
     pp = random_rows(rng, 4, 9, dtype)
     draft = np.array([int(np.argmax(r)) for r in pp[:3]])
     assert kern.verify_rejection(draft, pp, pp[:3].copy(), np.full(4, 0.999))[0] == 3
+
+
+# ---- threads -------------------------------------------------------------------------------
+
+def test_kernels_give_the_same_results_from_several_threads(kern):
+    """The compiled kernels release the GIL and keep their scratch per thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(13)
+    jobs = []
+    for t in range(8):
+        length = 1100 + 50 * t  # long enough for the scratch-buffer attention path
+        q = rng.standard_normal((1, 4, 16)).astype(np.float32)
+        k = rng.standard_normal((4, length, 16)).astype(np.float32)
+        logits = rng.standard_normal(3000 + 500 * t)
+        p = random_rows(rng, 5, 2000 + 100 * t, np.float64)
+        draft = rng.integers(0, p.shape[1], 4)
+        jobs.append((q, k, length, logits, p, draft, rng.random(5)))
+
+    def work(job):
+        q, k, length, logits, p, draft, u = job
+        return (kern.attention(q, k, k, length), kern.probs(logits, 0.8, 0, 0.9),
+                kern.verify_rejection(draft, p, None, u))
+
+    expected = [work(job) for job in jobs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            for got, want in zip(pool.map(work, jobs), expected):
+                np.testing.assert_array_equal(got[0], want[0])
+                np.testing.assert_array_equal(got[1], want[1])
+                assert got[2] == want[2]
