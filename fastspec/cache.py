@@ -1,11 +1,16 @@
 """KVCache: one preallocated key/value buffer per model, appended in place, cropped by length."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from fastspec._checks import check_index
 
 __all__ = ["KVCache"]
+
+_IN_USE = ("KVCache is in use by another thread: a cache serves one call at a time; give each "
+           "thread its own cache (and its own model: the fused runner keeps scratch buffers)")
 
 
 class KVCache:
@@ -27,7 +32,7 @@ class KVCache:
         Number of valid positions. Appending writes at ``length``; :meth:`crop` only moves it.
     """
 
-    __slots__ = ("k", "v", "_length", "_lock_owner")
+    __slots__ = ("k", "v", "_length", "_lock_owner", "_guard")
 
     def __init__(self, n_layers: int, n_kv_heads: int, capacity: int, head_dim: int,
                  dtype: str | np.dtype = "float32") -> None:
@@ -39,6 +44,7 @@ class KVCache:
         self.v = np.zeros(shape, dtype=np.dtype(dtype))
         self._length = 0
         self._lock_owner = None
+        self._guard = threading.Lock()
 
     @property
     def length(self) -> int:
@@ -85,6 +91,33 @@ class KVCache:
         """Return the valid values of ``layer``, shape (n_kv_heads, length, head_dim) (a view)."""
         return self.v[layer, :, :self._length]
 
+    def _claim(self) -> bool:
+        """Take the cache for the calling thread without blocking.
+
+        Returns False when this thread already holds it (nested calls), True when taken here
+        (pass the result to :meth:`_unclaim`). Raises RuntimeError if another thread holds it:
+        concurrent writers would interleave positions silently.
+        """
+        if self._guard.acquire(False):
+            self._lock_owner = threading.get_ident()
+            return True
+        if self._lock_owner == threading.get_ident():
+            return False
+        raise RuntimeError(_IN_USE)
+
+    def _unclaim(self, claimed: bool) -> None:
+        if claimed:
+            self._lock_owner = None
+            self._guard.release()
+
+    def claim(self) -> "_Claim":
+        """Context manager holding the cache for this thread (RuntimeError if another holds it).
+
+        The model's forward methods and :func:`fastspec.speculative_generate` claim their cache;
+        :meth:`crop`, :meth:`advance` and :meth:`reset` do not (they are the owner's moves).
+        """
+        return _Claim(self)
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the two buffers."""
@@ -94,3 +127,18 @@ class KVCache:
         L, H, C, D = self.k.shape
         return (f"KVCache(n_layers={L}, n_kv_heads={H}, capacity={C}, head_dim={D}, "
                 f"dtype={self.k.dtype}, length={self._length})")
+
+
+class _Claim:
+    __slots__ = ("cache", "claimed")
+
+    def __init__(self, cache: KVCache) -> None:
+        self.cache = cache
+        self.claimed = False
+
+    def __enter__(self) -> KVCache:
+        self.claimed = self.cache._claim()
+        return self.cache
+
+    def __exit__(self, *exc) -> None:
+        self.cache._unclaim(self.claimed)

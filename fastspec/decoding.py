@@ -314,7 +314,8 @@ def speculative_generate(target, drafter: Drafter, prompt_ids, max_new_tokens: i
     """
     plan = _plan(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k, top_p,
                  seed, eos_token_id, cache)
-    return _run(plan, np.random.default_rng(seed), trace, callback)
+    with plan.cache.claim():  # the whole call: another thread may not reset/crop it meanwhile
+        return _run(plan, np.random.default_rng(seed), trace, callback)
 
 
 class _Plan:

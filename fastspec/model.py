@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -208,6 +209,21 @@ def _linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray
     return y if bias is None else y + bias
 
 
+def _claims_cache(method):
+    """Hold the ``cache`` argument for the calling thread during the call (KVCache.claim):
+    another thread writing the same cache at the same time gets a RuntimeError."""
+    @functools.wraps(method)
+    def wrapper(self, first, cache=None, *args, **kwargs):
+        if type(cache) is not KVCache:  # None (temporary cache) or refused by the method
+            return method(self, first, cache, *args, **kwargs)
+        claimed = cache._claim()
+        try:
+            return method(self, first, cache, *args, **kwargs)
+        finally:
+            cache._unclaim(claimed)
+    return wrapper
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
@@ -337,6 +353,7 @@ class Transformer:
             raise ValueError(f"{name} must be in [0, {self.config.vocab_size}), got {int(bad)}")
         return np.ascontiguousarray(arr)
 
+    @_claims_cache
     def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
                 causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
         """Run new positions through the model, appending them to ``cache``.
@@ -392,6 +409,7 @@ class Transformer:
         cache.advance(ids.shape[0])
         return ForwardOutput(logits, hidden)
 
+    @_claims_cache
     def forward_embeddings(self, x: np.ndarray, cache: KVCache, hidden_layers: Iterable[int] = (),
                            causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
         """Run input embeddings through the layer stack WITHOUT advancing the cache.
@@ -434,6 +452,7 @@ class Transformer:
         logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
         return ForwardOutput(logits, hidden)
 
+    @_claims_cache
     def write_context_kv(self, features: np.ndarray, cache: KVCache, layer: int | None = None,
                          advance: bool = True) -> None:
         """Project context features straight into the K/V cache (DFlash KV injection).
