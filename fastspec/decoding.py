@@ -12,6 +12,7 @@ crops the cache back to ``len(new_seq) - 1`` and tells the drafter what was comm
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -171,6 +172,20 @@ def _next_token(logits_row2d, sampling: SamplingParams, rng) -> int:
 
 # --- vanilla ---------------------------------------------------------------------------------
 
+def _holds_cache(fn):
+    """Hold a caller's ``cache=`` for the whole call (KVCache.claim): another thread may not
+    reset or write it meanwhile (RuntimeError for that thread)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        cache = kwargs.get("cache")
+        if type(cache) is not KVCache:
+            return fn(*args, **kwargs)
+        with cache.claim():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+@_holds_cache
 def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id: int | None = None,
              use_cache: bool = True, *, cache: KVCache | None = None) -> GenerationResult:
@@ -271,6 +286,7 @@ def _drafter_counters(drafter) -> tuple[int, int, int] | None:
     return calls, getattr(drafter, "forward_positions", 0), getattr(drafter, "score_cells", 0)
 
 
+@_holds_cache
 def speculative_generate(target, drafter: Drafter, prompt_ids, max_new_tokens: int,
                          gamma: int | str = 4, temperature: float = 0.0, top_k: int = 0,
                          top_p: float = 1.0, seed: int = 0, eos_token_id: int | None = None,
@@ -314,8 +330,7 @@ def speculative_generate(target, drafter: Drafter, prompt_ids, max_new_tokens: i
     """
     plan = _plan(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k, top_p,
                  seed, eos_token_id, cache)
-    with plan.cache.claim():  # the whole call: another thread may not reset/crop it meanwhile
-        return _run(plan, np.random.default_rng(seed), trace, callback)
+    return _run(plan, np.random.default_rng(seed), trace, callback)
 
 
 class _Plan:
