@@ -296,7 +296,13 @@ def load_hf(folder: str | os.PathLike, dtype: str | None = None) -> Transformer:
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise ValueError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
-    config = hf_config(json.loads(cfg_path.read_text()), dtype or "float32")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path}: must hold a JSON object, got {type(cfg).__name__}")
+    config = hf_config(cfg, dtype or "float32")
     files = _weight_files(folder)
     needed = _needed(config)
     missing = [n for n in needed if n not in files]

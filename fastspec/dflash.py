@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from fastspec._checks import check_index
+from fastspec._npz import read_npz
 from fastspec.cache import KVCache
 from fastspec.model import LayerWeights, ModelConfig, Transformer, apply_rope, rms_norm, rope_tables, silu
 
@@ -371,12 +372,8 @@ class DFlashModel:
         if not isinstance(target, Transformer):
             raise TypeError(f"target must be a Transformer, got {type(target).__name__}")
         path = Path(path)
-        with np.load(path, allow_pickle=False) as f:
-            if "config" not in f.files or "fc.weight" not in f.files:
-                raise ValueError(f"{path}: not a fastspec DFlash file (no 'config'/'fc.weight')")
-            config = DFlashConfig.from_dict(json.loads(str(f["config"])))
-            sd = {k: f[k] for k in f.files if k != "config"}
-        return cls.from_state_dict(config, target, sd)
+        cfg, sd = read_npz(path, "DFlash", required=("fc.weight",))  # bounded, no pickle
+        return cls.from_state_dict(DFlashConfig.from_dict(cfg), target, sd)
 
     @property
     def n_params(self) -> int:

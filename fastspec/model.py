@@ -693,15 +693,11 @@ class Transformer:
         if path.is_dir():
             from fastspec.checkpoints import load_hf
             return load_hf(path, dtype=dtype)
-        with np.load(path, allow_pickle=False) as f:
-            if "config" not in f.files:
-                raise ValueError(f"{path}: not a fastspec model file (no 'config' entry)")
-            cfg = json.loads(str(f["config"]))
-            if dtype is not None:
-                cfg["dtype"] = dtype
-            config = ModelConfig.from_dict(cfg)
-            sd = {k: f[k] for k in f.files if k != "config"}
-        return cls.from_state_dict(config, sd)
+        from fastspec._npz import read_npz  # bounded: validates every header before reading
+        cfg, sd = read_npz(path, "model")
+        if dtype is not None:
+            cfg["dtype"] = dtype
+        return cls.from_state_dict(ModelConfig.from_dict(cfg), sd)
 
     @property
     def n_params(self) -> int:
