@@ -267,13 +267,13 @@ def peers(target, draft, new_tokens: int = 256, prompt_len: int = 64, threads: i
         target.save(Path(tmp) / "target")
         draft.save(Path(tmp) / "draft")
         load = lambda d: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
-            Path(tmp) / d, torch_dtype=torch.float32).eval()
+            Path(tmp) / d, dtype=torch.float32).eval()
         hf_target, hf_draft = load("target"), load("draft")
     calls = {"n": 0}
     hf_target.register_forward_pre_hook(lambda *a: calls.__setitem__("n", calls["n"] + 1))
     for m in (hf_target, hf_draft):
         m.generation_config.eos_token_id = None
-        m.generation_config.pad_token_id = 0
+        m.generation_config.pad_token_id = m.config.vocab_size - 1
     hf_draft.generation_config.num_assistant_tokens = 4
     hf_draft.generation_config.num_assistant_tokens_schedule = "constant"
     inp = torch.tensor(ids[None, :], dtype=torch.long)
@@ -283,7 +283,8 @@ def peers(target, draft, new_tokens: int = 256, prompt_len: int = 64, threads: i
         with torch.inference_mode():
             t0 = time.perf_counter()
             out = hf_target.generate(inp, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                     do_sample=False, **kw)
+                                     do_sample=False,
+                                 attention_mask=torch.ones_like(inp), **kw)
             dt = time.perf_counter() - t0
         return out[0, len(ids):].tolist(), dt, calls["n"]
 
