@@ -118,6 +118,7 @@ def _add_bench(sub) -> None:
     p.add_argument("--peers", action="store_true", help="compare with transformers ([hf] extra)")
     p.add_argument("--out", default="bench_results.json", help="JSON output path")
     p.add_argument("--plot-dir", metavar="DIR", help="write PNG plots here ([plot] extra)")
+    p.add_argument("--markdown", metavar="PATH", help="also write a markdown report (docs/PERFORMANCE.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=_run_bench)
 

@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -261,7 +262,7 @@ class Transformer:
                                                        config.rope_theta, dt)
         else:
             self.rope_cos = self.rope_sin = None
-        self._runner = None
+        self._runners = threading.local()
 
     # --- construction -------------------------------------------------------------------
 
@@ -507,14 +508,16 @@ class Transformer:
         """Return the fused Cython runner when the Cython backend is active, else None."""
         if kernels.backend() != "cython" or _model_ext is None:
             return None
-        runner = self._runner
+        # One runner per thread: its scratch buffers are not shared, so threads may run the
+        # same model concurrently (each on its own cache).
+        runner = getattr(self._runners, "runner", None)
         if runner is None:
-            runner = self._runner = _model_ext.TransformerRunner(self)
+            runner = self._runners.runner = _model_ext.TransformerRunner(self)
         return runner
 
     def invalidate(self) -> None:
-        """Forget the fused runner; call after replacing (not updating in place) a weight array."""
-        self._runner = None
+        """Forget the fused runners; call after replacing (not updating in place) a weight array."""
+        self._runners = threading.local()
 
     def _temp_cache(self, ids) -> KVCache:
         n = len(ids) if hasattr(ids, "__len__") else np.asarray(ids).size

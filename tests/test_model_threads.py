@@ -1,0 +1,27 @@
+"""One model shared by several threads, each with its own cache, gives the serial outputs."""
+import threading
+
+import numpy as np
+
+import fastspec as fs
+
+
+def test_same_model_separate_caches_in_threads(backend):
+    model = fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=2, dim=64, n_heads=4,
+                                                            ffn_dim=128, max_seq_len=256), seed=3)
+    prompts = [np.random.default_rng(i).integers(0, 256, 16) for i in range(4)]
+    serial = [fs.generate(model, p, 48).tokens for p in prompts]
+    results = [None] * len(prompts)
+    start = threading.Barrier(len(prompts))
+
+    def work(i):
+        start.wait()
+        for _ in range(3):  # several rounds so the threads really interleave
+            results[i] = fs.generate(model, prompts[i], 48).tokens
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == serial
