@@ -7,7 +7,7 @@ import fastspec as fs
 
 
 def test_same_model_separate_caches_in_threads(backend):
-    model = fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=2, dim=64, n_heads=4,
+    model = fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=2, dim=64, n_heads=4, n_kv_heads=2,
                                                             ffn_dim=128, max_seq_len=256), seed=3)
     prompts = [np.random.default_rng(i).integers(0, 256, 16) for i in range(4)]
     serial = [fs.generate(model, p, 48).tokens for p in prompts]
