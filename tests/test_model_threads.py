@@ -7,17 +7,18 @@ import fastspec as fs
 
 
 def test_same_model_separate_caches_in_threads(backend):
-    model = fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=2, dim=64, n_heads=4, n_kv_heads=2,
-                                                            ffn_dim=128, max_seq_len=256), seed=3)
-    prompts = [np.random.default_rng(i).integers(0, 256, 16) for i in range(4)]
-    serial = [fs.generate(model, p, 48).tokens for p in prompts]
+    # Big enough that the threads' forward calls overlap (a shared scratch buffer made 6 of 6
+    # runs differ at this size).
+    model = fs.Transformer.random(fs.ModelConfig.tiny_llama(max_seq_len=256), seed=3)
+    prompts = [np.random.default_rng(i).integers(0, 256, 16) for i in range(2)]
+    serial = [fs.generate(model, p, 32).tokens for p in prompts]
     results = [None] * len(prompts)
     start = threading.Barrier(len(prompts))
 
     def work(i):
         start.wait()
         for _ in range(3):  # several rounds so the threads really interleave
-            results[i] = fs.generate(model, prompts[i], 48).tokens
+            results[i] = fs.generate(model, prompts[i], 32).tokens
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
     for t in threads:
