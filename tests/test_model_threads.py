@@ -12,17 +12,17 @@ def test_same_model_separate_caches_in_threads(backend):
     model = fs.Transformer.random(fs.ModelConfig.tiny_llama(max_seq_len=256), seed=3)
     prompts = [np.random.default_rng(i).integers(0, 256, 16) for i in range(2)]
     serial = [fs.generate(model, p, 32).tokens for p in prompts]
-    results = [None] * len(prompts)
+    results = [[] for _ in prompts]
     start = threading.Barrier(len(prompts))
 
     def work(i):
         start.wait()
         for _ in range(3):  # several rounds so the threads really interleave
-            results[i] = fs.generate(model, prompts[i], 32).tokens
+            results[i].append(fs.generate(model, prompts[i], 32).tokens)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert results == serial
+    assert results == [[s] * 3 for s in serial]
