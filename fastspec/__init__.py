@@ -11,6 +11,8 @@ from fastspec.drafters import (Drafter, Proposal, SamplingParams, DraftModelDraf
 from fastspec.decoding import DecodeStats, GenerationResult, generate, speculative_generate
 from fastspec.dflash import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
+from fastspec.tokenizer import ByteTokenizer
+from fastspec import pretrained
 
 __version__ = "0.1.0"
 
@@ -19,5 +21,5 @@ __all__ = [
     "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
     "Drafter", "Proposal", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
     "DecodeStats", "GenerationResult", "generate", "speculative_generate",
-    "DFlashConfig", "DFlashModel", "DFlashDrafter",
+    "DFlashConfig", "DFlashModel", "DFlashDrafter", "ByteTokenizer", "pretrained",
 ]
