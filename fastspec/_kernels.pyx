@@ -661,6 +661,8 @@ def verify_rejection(draft_tokens, p, q, uniforms):
     _check_rows_data(p, "p")
     cdef int bad
     if q is not None:
+        if not isinstance(q, np.ndarray):
+            raise TypeError(f"q must be a numpy.ndarray or None, got {type(q).__name__}")
         if q.dtype != p.dtype:
             raise TypeError(f"q must have the dtype of p ({p.dtype}), got {q.dtype}")
         if q.ndim != 2 or q.shape != (g, p.shape[1]):

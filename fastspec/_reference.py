@@ -163,6 +163,8 @@ def sample(p, u):
     """
     check_float_array(p, "p", 1)
     check_probability_rows(p.reshape(1, -1), "p", normalised=False)
+    if isinstance(u, (str, bytes)):  # np.asarray would parse it; the compiled kernel refuses it
+        raise TypeError(f"u must be a real number, got {u!r}")
     check_uniforms(np.asarray([u], dtype=np.float64), 1, "u")
     return _inverse_cdf(p.astype(np.float64), float(u))
 
@@ -229,6 +231,8 @@ def verify_rejection(draft_tokens, p, q, uniforms):
     g = check_tokens(draft_tokens, p, "p")
     check_probability_rows(p, "p")
     if q is not None:
+        if not isinstance(q, np.ndarray):
+            raise TypeError(f"q must be a numpy.ndarray or None, got {type(q).__name__}")
         if q.dtype != p.dtype:
             raise TypeError(f"q must have the dtype of p ({p.dtype}), got {q.dtype}")
         if q.ndim != 2 or q.shape != (g, p.shape[1]):
