@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,7 @@ def read_npz(path, kind: str, required: tuple[str, ...] = ()) -> tuple[dict, dic
                 arrays[name] = _read_member(zf, info, size, name == "config")
             except ValueError as exc:
                 raise ValueError(f"{path}: member {name!r}: {exc}") from None
-            except (zipfile.BadZipFile, EOFError, OSError, RuntimeError) as exc:
+            except (zipfile.BadZipFile, zlib.error, EOFError, OSError, RuntimeError) as exc:
                 raise ValueError(f"{path}: member {name!r} is corrupt ({exc})") from None
     raw = arrays.pop("config")
     try:
