@@ -68,7 +68,8 @@ def _outcome(backend, name, args, mutable):
         result = getattr(fs.kernels.module(backend), name)(**args)
     except (TypeError, ValueError) as exc:
         for k, old in before.items():
-            np.testing.assert_array_equal(args[k], old, err_msg=f"{name}: {k} modified on error")
+            # Bytes, not values: NaN != NaN, and object arrays compare their pointers.
+            assert args[k].tobytes() == old.tobytes(), f"{name}: {k} modified on error"
         return "error", type(exc)
     return "ok", (result, {k: args[k] for k in before})
 
@@ -91,7 +92,7 @@ def _same(a, b):
         assert a == b
 
 
-def _compare(name, args, mutable=()):
+def _compare(name, args, mutable=(), values=True):
     outcomes = {}
     for backend in ("numpy", "cython"):
         # Each backend gets its own copies of writable arrays (the call may write into them).
@@ -102,7 +103,7 @@ def _compare(name, args, mutable=()):
     assert kind_n == kind_c, f"{name}: numpy {outcomes['numpy']} vs cython {outcomes['cython']}"
     if kind_n == "error":
         assert val_n is val_c, f"{name}: numpy raised {val_n.__name__}, cython {val_c.__name__}"
-    else:
+    elif values:
         _same(val_n, val_c)
 
 
@@ -110,9 +111,16 @@ Q = np.full((2, 2, 4), 0.5, np.float32)
 K = np.full((1, 6, 4), 0.25, np.float32)
 
 
+def _finite(*arrays) -> bool:
+    return all(not isinstance(a, np.ndarray) or a.dtype.kind != "f" or np.isfinite(a).all()
+               for a in arrays)
+
+
 def _attention(q, k, v, length, causal, out):
+    # The caches are not scanned for NaN/inf (a per-call O(cache) pass): with non-finite cache
+    # contents only the outcome (result or error class) must agree, not the values.
     _compare("attention", dict(q=q, k_cache=k, v_cache=v, length=length, causal=causal, out=out),
-             mutable=("out",))
+             mutable=("out",), values=_finite(q, k, v))
 
 
 test_attention_args_fuzz, test_attention_args_fuzz_slow = fast_and_slow(
