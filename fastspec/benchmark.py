@@ -255,7 +255,8 @@ def gamma_scaling(target, draft, dflash, gammas: Sequence[int] = (1, 2, 4, 8, 16
             for drafter, fn in runs.items():
                 t = _per_token(fn, new_tokens)
                 tau = fn(new_tokens).stats.mean_accepted_length
-                rows.append({"backend": name, "drafter": drafter, "gamma": g, "speedup": van / t,
+                eff = g if drafter == "draft" else min(g, dflash.config.block_size - 1)
+                rows.append({"backend": name, "drafter": drafter, "gamma": eff, "speedup": van / t,
                              "tau": tau, "ms_per_token": 1e3 * t})
             if progress:
                 progress.step(f"{name} gamma {g}")
