@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Retrain fastspec's embedded default models: fastspec/data/{target,draft,dflash}.npz.
+#
+# Needs PyTorch (pip install torch; the CPU wheel is enough). Every step runs on one thread and
+# is bounded by wall-clock minutes (--minutes: the learning-rate schedule follows the elapsed
+# fraction of the budget, so a step ends on time even on a shared machine; its log records the
+# number of steps reached). Total about 2 hours on one core.
+#
+# This is the recipe that produced the shipped weights (docs/MODELS.md, "Reproduce"), written
+# as resumable phases: each phase starts from the previous one's .npz (--init). The shipped
+# target's phase 1 was an interrupted run of another schedule; see docs/MODELS.md.
+#
+# Usage: bash scripts/train_embedded.sh [outdir] [workdir]
+set -euo pipefail
+OUT=${1:-fastspec/data}
+WORK=${2:-/tmp/fastspec-train}
+PY=${PYTHON:-python}
+mkdir -p "$OUT" "$WORK"
+
+# 1. target: 4 x 256 byte LM, ~75 min (10 + 65).
+$PY -m fastspec.training target --out "$WORK/target_phase1.npz" --seed 0 --threads 1 \
+    --dim 256 --layers 4 --heads 4 --kv-heads 2 --seq 512 --batch 16 \
+    --lr 2e-3 --warmup 150 --minutes 10 2>&1 | tee "$WORK/target_phase1.log"
+$PY -m fastspec.training target --init "$WORK/target_phase1.npz" --data-seed 1 \
+    --out "$OUT/target.npz" --seed 0 --threads 1 \
+    --dim 256 --layers 4 --heads 4 --kv-heads 2 --seq 512 --batch 16 \
+    --lr 2e-3 --warmup 30 --minutes 65 2>&1 | tee "$WORK/target.log"
+
+# 2. draft: 1 x 256, distilled from the target (KL 0.8 + corpus CE 0.2), 30 + 13 min.
+#    (The shipped draft's phase 1 distilled from a mid-training target checkpoint.)
+$PY -m fastspec.training draft --target "$OUT/target.npz" --out "$WORK/draft_phase1.npz" \
+    --seed 0 --threads 1 --dim 256 --layers 1 --heads 4 --kv-heads 2 --seq 512 --batch 16 \
+    --lr 3e-3 --warmup 50 --init-embed --minutes 30 --eval-every 200 \
+    2>&1 | tee "$WORK/draft_phase1.log"
+$PY -m fastspec.training draft --target "$OUT/target.npz" --init "$WORK/draft_phase1.npz" \
+    --data-seed 1 --out "$OUT/draft.npz" --seed 0 --threads 1 --dim 256 --layers 1 \
+    --heads 4 --kv-heads 2 --seq 512 --batch 16 --lr 1e-3 --warmup 20 --minutes 13 \
+    --eval-every 200 --fp32-copy "$WORK/draft_fp32.npz" 2>&1 | tee "$WORK/draft.log"
+
+# 3. DFlash: 2 layers, block 8, taps [1, 3], on the target's own greedy continuations,
+#    13 + 23 min. (The shipped drafter's phase 1 used a late, not final, target checkpoint.)
+$PY -m fastspec.training dflash --target "$OUT/target.npz" --out "$WORK/dflash_phase1.npz" \
+    --seed 0 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 --seq 256 --batch 8 \
+    --anchors 16 --episodes 192 --val-episodes 32 --eval-rows 32 --final-eval-rows 32 \
+    --gen-batch 64 --eval-every 100 --lr 2e-3 --warmup 50 --minutes 13 \
+    --episodes-cache "$WORK/episodes_phase1.npz" 2>&1 | tee "$WORK/dflash_phase1.log"
+$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase1.npz" \
+    --out "$OUT/dflash.npz" --seed 1 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
+    --seq 256 --batch 8 --anchors 16 --episodes 256 --val-episodes 32 --eval-rows 32 \
+    --final-eval-rows 64 --gen-batch 64 --eval-every 300 --lr 1.5e-3 --warmup 30 \
+    --mismatch-frac 0.35 --minutes 23 --episodes-cache "$WORK/episodes_phase2.npz" \
+    --fp32-copy "$WORK/dflash_fp32.npz" 2>&1 | tee "$WORK/dflash.log"
