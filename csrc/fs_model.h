@@ -19,14 +19,8 @@
 
 #include "fs_linear.h"
 
-/* The attention kernel shared with fastspec._kernels; a local fallback keeps this file
- * building on its own. */
-#if defined(__has_include) && !defined(FS_MODEL_OWN_ATTENTION)
-#if __has_include("fs_attention.h")
+/* The attention kernel shared with fastspec._kernels (one implementation of attention). */
 #include "fs_attention.h"
-#define FS_HAVE_ATTENTION_H 1
-#endif
-#endif
 
 enum { FS_ACT_SWIGLU = 0, FS_ACT_TANH = 1, FS_ACT_GELU = 2 };
 

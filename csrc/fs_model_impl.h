@@ -21,10 +21,10 @@ typedef struct {
 } FS_FN(fs_model);
 
 /* Views into one preallocated buffer of rows * fs_scratch_row(d) elements, plus a double
- * buffer of capacity + head_dim for attention scores and accumulators. */
+ * buffer of at least capacity doubles for attention scores. */
 typedef struct {
     FS_T *x, *h, *q, *k, *v, *att, *f1, *f2;
-    double *scores, *acc;
+    double *scores;
 } FS_FN(fs_scratch);
 
 static inline void FS_FN(fs_scratch_init)(FS_FN(fs_scratch) *s, const fs_dims *d, FS_T *buf,
@@ -40,7 +40,6 @@ static inline void FS_FN(fs_scratch_init)(FS_FN(fs_scratch) *s, const fs_dims *d
     s->f1 = buf;            buf += rows * d->ffn_dim;
     s->f2 = buf;
     s->scores = dbuf;
-    s->acc = dbuf + capacity;
 }
 
 /* out (n, dim) = norm(x) [* w]; statistics in double like the NumPy twin. */
@@ -109,56 +108,6 @@ FS_LIN_INLINE void FS_FN(fs_store_kv)(const FS_FN(fs_model) *m, const FS_FN(fs_l
         }
 }
 
-#if !defined(FS_HAVE_ATTENTION_H)
-/* Scaled dot-product attention of n queries (n, H, D) over keys [0, length) of one layer's
- * cache; query i sits at position length - n + i. Scores and sums in double. */
-FS_LIN_CLONES static void FS_FN(fs_attend)(const FS_T *q, const FS_T *kc, const FS_T *vc,
-                                       FS_T *out, int n, int H, int Hkv, int D, int capacity,
-                                       int length, int causal, double *scores, double *acc)
-{
-    int group = H / Hkv;
-    double scale = 1.0 / sqrt((double)D);
-    for (int i = 0; i < n; i++) {
-        int lim = causal ? length - n + i + 1 : length;
-        for (int h = 0; h < H; h++) {
-            const FS_T *qi = q + ((size_t)i * H + h) * D;
-            const FS_T *K = kc + (size_t)(h / group) * capacity * D;
-            const FS_T *V = vc + (size_t)(h / group) * capacity * D;
-            double mx = -INFINITY;
-            for (int j = 0; j < lim; j++) {
-                const FS_T *kj = K + (size_t)j * D;
-                /* Eight partial sums: vectorises without -ffast-math. */
-                FS_T part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                int t = 0;
-                for (; t + 8 <= D; t += 8)
-                    for (int u = 0; u < 8; u++) part[u] += qi[t + u] * kj[t + u];
-                double s = 0.0;
-                for (; t < D; t++) s += (double)qi[t] * (double)kj[t];
-                for (int u = 0; u < 8; u++) s += (double)part[u];
-                s *= scale;
-                scores[j] = s;
-                if (s > mx) mx = s;
-            }
-            double sum = 0.0;
-            for (int j = 0; j < lim; j++) {
-                double w = exp(scores[j] - mx);
-                scores[j] = w;
-                sum += w;
-            }
-            for (int t = 0; t < D; t++) acc[t] = 0.0;
-            for (int j = 0; j < lim; j++) {
-                const FS_T *vj = V + (size_t)j * D;
-                double w = scores[j];
-                for (int t = 0; t < D; t++) acc[t] += w * (double)vj[t];
-            }
-            FS_T *oi = out + ((size_t)i * H + h) * D;
-            double inv = 1.0 / sum;
-            for (int t = 0; t < D; t++) oi[t] = (FS_T)(acc[t] * inv);
-        }
-    }
-}
-#endif
-
 /* f1 <- silu(f1) * f2, elementwise over nf values. */
 FS_LIN_CLONES static void FS_FN(fs_swiglu)(FS_T *FS_LIN_RESTRICT f1, const FS_T *FS_LIN_RESTRICT f2,
                                           size_t nf)
@@ -214,13 +163,8 @@ static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s, int
         if (d->qk_norm) FS_FN(fs_norm_rows)(d, s->q, L->q_norm, s->q, n * H, D, 1);
         if (d->rope) FS_FN(fs_rope)(m, s->q, n, H, pos0);
         FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, kc, vc, capacity);
-#if defined(FS_HAVE_ATTENTION_H)
         FS_FN(fs_attention)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n, causal,
                             s->scores);
-#else
-        FS_FN(fs_attend)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n, causal,
-                         s->scores, s->acc);
-#endif
         FS_FN(fs_linear)(s->att, L->wo, NULL, s->x, n, HD, dim, 1);
         FS_FN(fs_norm_rows)(d, s->x, L->mlp_norm, s->h, n, dim, d->rmsnorm);
         size_t nf = (size_t)n * F;
