@@ -67,4 +67,7 @@ def load(dtype: str = "float32") -> Bundle:
     target = Transformer.load(folder / _FILES["target"], dtype=dtype)
     draft = Transformer.load(folder / _FILES["draft"], dtype=dtype)
     dflash = DFlashModel.load(folder / _FILES["dflash"], target)
+    # Trained on 256-token sequences: keep the drafter's context within what it has seen
+    # (block included); see DFlashDrafter's context_window.
+    dflash.context_window = 256 - dflash.config.block_size
     return Bundle(target=target, draft=draft, dflash=dflash, tokenizer=ByteTokenizer())

@@ -64,7 +64,8 @@ class DFlashDrafter:
     one-hot.
     """
 
-    def __init__(self, model: DFlashModel, denoise_steps: int = 1, sample_block: bool = False) -> None:
+    def __init__(self, model: DFlashModel, denoise_steps: int = 1, sample_block: bool = False,
+                 context_window: int | None = None) -> None:
         if not isinstance(model, DFlashModel):
             raise TypeError(f"model must be a DFlashModel, got {type(model).__name__}")
         B = model.config.block_size
@@ -79,6 +80,13 @@ class DFlashDrafter:
         self.hidden_layers: tuple[int, ...] = tuple(model.config.tap_layers)
         self.max_gamma: int | None = B - 1
         self.cache = model.new_cache()
+        if context_window is None:
+            context_window = getattr(model, "context_window", None)
+        self.context_window = (None if context_window is None else
+                               check_index(context_window, "context_window", 1, self.cache.capacity))
+        #: Context positions dropped from the front by the sliding window (absolute position
+        #: of the cache's first entry).
+        self._offset = 0
         self._block = np.empty(B, dtype=np.int64)
         #: Cumulative counters (never reset): block forwards, block positions pushed through
         #: the drafter, attention score cells (layers x heads x queries x keys).
@@ -108,9 +116,11 @@ class DFlashDrafter:
         prompt = self.model.target.check_ids(prompt, "prompt")
         n = prompt.shape[0] - 1
         self.cache.reset()
+        self._offset = 0
         if n == 0 and not hidden:
             return
         self.model.append_context(self.cache, self._features(hidden, n), 0)
+        self._slide()
 
     def propose(self, seq: np.ndarray, gamma: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
@@ -118,8 +128,8 @@ class DFlashDrafter:
         seq = np.asarray(seq)
         gamma = check_index(gamma, "gamma", 0, 2**31 - 1)
         P = seq.shape[0] - 1
-        if self.cache.length != P:
-            raise ValueError(f"the drafter's context holds {self.cache.length} positions but seq "
+        if self.cache.length + self._offset != P:
+            raise ValueError(f"the drafter's context holds {self.cache.length + self._offset} positions but seq "
                              f"has {seq.shape[0]} tokens (expected len(seq) - 1 = {P}); call "
                              "reset/commit with every verification result")
         g = min(gamma, self.model.config.block_size - 1)
@@ -145,12 +155,33 @@ class DFlashDrafter:
         """Append the context features of the ``n_accepted + 1`` newly committed positions."""
         seq = np.asarray(seq)
         n_new = check_index(n_accepted, "n_accepted", 0, 2**31 - 1) + 1
-        start = seq.shape[0] - 1 - n_new
+        start = seq.shape[0] - 1 - n_new - self._offset
         if not 0 <= start <= self.cache.length:
             raise ValueError(f"commit of {n_new} positions ending at len(seq) - 1 = "
                              f"{seq.shape[0] - 1} does not continue the drafter's context of "
                              f"{self.cache.length} positions")
         self.model.append_context(self.cache, self._features(hidden, n_new), start)
+        self._slide()
+
+    def _slide(self) -> None:
+        """Keep the context within ``context_window`` positions (checked after each append).
+
+        A drafter trained on short sequences never saw more context keys than its training
+        length; beyond it acceptance collapses. RoPE scores depend only on relative positions,
+        so the drafter can keep the last ``context_window`` positions, moved to the front of
+        the buffer with their keys rotated back by the number of dropped positions: the block
+        then sits at the same relative distances as in a fresh run over that window. The
+        window is refreshed every 16 positions (one short copy), not every round.
+        """
+        W = self.context_window
+        if W is None or self.cache.length <= W + 16:
+            return
+        drop = self.cache.length - W
+        k, v = self.cache.k, self.cache.v  # (layers, kv heads, capacity, head_dim)
+        k[:, :, :W] = _rotate(k[:, :, drop:drop + W], -drop, self.model.config.rope_theta)
+        v[:, :, :W] = v[:, :, drop:drop + W].copy()
+        self.cache.crop(W)
+        self._offset += drop
 
     # --- internals ------------------------------------------------------------------------
 
@@ -184,6 +215,15 @@ class DFlashDrafter:
             block[1 + order] = best[order]
             masked[order] = False
         return block[1:1 + g].copy()
+
+
+def _rotate(keys: np.ndarray, shift: int, theta: float) -> np.ndarray:
+    """Rotate RoPE'd keys (..., head_dim) by ``shift`` positions (rotate-half convention)."""
+    D = keys.shape[-1]
+    angle = shift * theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)
+    cos, sin = np.cos(angle), np.sin(angle)
+    x1, x2 = keys[..., :D // 2].astype(np.float64), keys[..., D // 2:].astype(np.float64)
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(keys.dtype)
 
 
 def _rows(hidden, layer, n):

@@ -1,0 +1,52 @@
+"""DFlashDrafter's sliding context window: exact against a fresh run over the window."""
+import numpy as np
+import pytest
+
+import fastspec as fs
+
+
+@pytest.fixture
+def models():
+    cfg = fs.ModelConfig.tiny_llama(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+                                    max_seq_len=256, dtype="float64")
+    target = fs.Transformer.random(cfg, seed=0)
+    dflash = fs.DFlashModel.random(fs.DFlashConfig(block_size=6, n_layers=2), target, seed=1)
+    return target, dflash
+
+
+def test_window_proposals_equal_a_fresh_run_over_the_window(models, backend):
+    target, dflash = models
+    W = 10
+    drafter = fs.DFlashDrafter(dflash, context_window=W)
+    seq = np.random.default_rng(0).integers(0, 256, 60)
+    sampling = fs.SamplingParams()
+    rng = np.random.default_rng(0)
+    out = target.forward(seq, hidden_layers=dflash.config.tap_layers)
+    drafter.reset(seq[:20], {l: h[:19] for l, h in out.hidden.items()})
+    P = 19
+    while P < 55:
+        n_new = 3  # commit 3 positions per "round", like a verification with 2 accepted
+        mine = drafter.propose(seq[:P + 1], 5, sampling, rng).tokens
+        # Fresh: only the last len(context) positions, re-based to start at position 0.
+        ctx = drafter.cache.length
+        fresh = dflash.new_cache()
+        dflash.append_context(fresh, dflash.context_features(
+            {l: h[P - ctx:P] for l, h in out.hidden.items()}))
+        logits = dflash.forward_block(fresh, dflash.mask_block(int(seq[P])))
+        np.testing.assert_array_equal(mine, np.argmax(logits, axis=1)[:5])
+        np.testing.assert_allclose(dflash.forward_block(drafter.cache, dflash.mask_block(int(seq[P]))),
+                                   logits, rtol=0, atol=1e-9)
+        assert ctx <= W + 16
+        drafter.commit(seq[:P + n_new + 1], n_new - 1, {l: h[P:P + n_new] for l, h in out.hidden.items()})
+        P += n_new
+    assert drafter._offset > 0  # the window did slide
+
+
+@pytest.mark.parametrize("window", [1, 7])
+def test_windowed_drafter_is_lossless(models, backend, window):
+    target, dflash = models
+    prompt = np.random.default_rng(1).integers(0, 256, 12)
+    ref = fs.generate(target, prompt, 48).tokens
+    res = fs.speculative_generate(target, fs.DFlashDrafter(dflash, context_window=window),
+                                  prompt, 48, gamma=5)
+    assert res.tokens == ref
