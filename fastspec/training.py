@@ -33,6 +33,8 @@ import numpy as np
 from .tokenizer import ByteTokenizer
 
 __all__ = [
+    "Budget",
+    "Progress",
     "model_config",
     "dflash_config",
     "build_transformer",
@@ -701,7 +703,7 @@ def train_target(args) -> None:
     opt = _adamw(list(model.parameters()), args.lr, args.wd)
     rng = np.random.default_rng(args.seed if args.data_seed is None else args.data_seed)
 
-    def step_fn(probe: bool = False):
+    def step_fn():
         x, y = _batch(train, rng, args.batch, args.seq)
         with _autocast(args.bf16):
             logits, _ = model(x)
@@ -709,8 +711,7 @@ def train_target(args) -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        if not probe:
-            opt.step()
+        opt.step()
         return loss.item()
 
     budget = prog.budget
@@ -785,7 +786,7 @@ def train_draft(args) -> None:
     opt = _adamw(list(model.parameters()), args.lr, args.wd)
     rng = np.random.default_rng(args.seed if args.data_seed is None else args.data_seed)
 
-    def step_fn(probe: bool = False):
+    def step_fn():
         x, y = _batch(train, rng, args.batch, args.seq)
         with torch.no_grad(), _autocast(args.bf16):
             tlogits, _ = target(x)
@@ -799,8 +800,7 @@ def train_draft(args) -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        if not probe:
-            opt.step()
+        opt.step()
         return ce.item(), kd.item()
 
     budget = prog.budget
@@ -1150,7 +1150,7 @@ def train_dflash(args) -> None:
     opt = _adamw(params, args.lr, args.wd)
     m = args.anchors
 
-    def step_fn(probe: bool = False):
+    def step_fn():
         seqs, plens = _dflash_rows(rng, args.batch, T, tr, train_tok, args.episode_frac)
         st = torch.from_numpy(seqs)
         with torch.no_grad(), _autocast(args.target_bf16):
@@ -1168,8 +1168,7 @@ def train_dflash(args) -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, args.clip)
-        if not probe:
-            opt.step()
+        opt.step()
         return loss.item(), float(hits[:, :, 0].mean()), float(hits.mean())
 
     budget = prog.budget
@@ -1212,7 +1211,7 @@ def _common(p: argparse.ArgumentParser, out: str, lr: float, batch: int, seq: in
     p.add_argument("--out", default=out, help=f"output .npz (default {out})")
     p.add_argument("--steps", type=int, default=None, help="number of optimizer steps")
     p.add_argument("--minutes", type=float, default=None,
-                   help="time budget: steps = minutes / (seconds per step of a short probe)")
+                   help="wall-clock budget; the schedule follows the elapsed fraction of it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--lr", type=float, default=lr)

@@ -38,15 +38,21 @@ $PY -m fastspec.training draft --target "$OUT/target.npz" --init "$WORK/draft_ph
     --eval-every 200 --fp32-copy "$WORK/draft_fp32.npz" 2>&1 | tee "$WORK/draft.log"
 
 # 3. DFlash: 2 layers, block 8, taps [1, 3], on the target's own greedy continuations,
-#    13 + 23 min. (The shipped drafter's phase 1 used a late, not final, target checkpoint.)
+#    13 + 23 + 11 min. (The shipped drafter's phase 1 used a late, not final, target checkpoint.)
 $PY -m fastspec.training dflash --target "$OUT/target.npz" --out "$WORK/dflash_phase1.npz" \
     --seed 0 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 --seq 256 --batch 8 \
     --anchors 16 --episodes 192 --val-episodes 32 --eval-rows 32 --final-eval-rows 32 \
     --gen-batch 64 --eval-every 100 --lr 2e-3 --warmup 50 --minutes 13 \
     --episodes-cache "$WORK/episodes_phase1.npz" 2>&1 | tee "$WORK/dflash_phase1.log"
 $PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase1.npz" \
-    --out "$OUT/dflash.npz" --seed 1 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
+    --out "$WORK/dflash_phase2.npz" --seed 1 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
     --seq 256 --batch 8 --anchors 16 --episodes 256 --val-episodes 32 --eval-rows 32 \
     --final-eval-rows 64 --gen-batch 64 --eval-every 300 --lr 1.5e-3 --warmup 30 \
     --mismatch-frac 0.35 --minutes 23 --episodes-cache "$WORK/episodes_phase2.npz" \
+    2>&1 | tee "$WORK/dflash_phase2.log"
+$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase2.npz" \
+    --out "$OUT/dflash.npz" --seed 2 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
+    --seq 256 --batch 8 --anchors 16 --episodes 256 --val-episodes 32 --eval-rows 32 \
+    --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 1e-3 --warmup 20 \
+    --mismatch-frac 0.35 --minutes 11 --episodes-cache "$WORK/episodes_phase2.npz" \
     --fp32-copy "$WORK/dflash_fp32.npz" 2>&1 | tee "$WORK/dflash.log"
