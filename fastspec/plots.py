@@ -48,6 +48,7 @@ def plot_report(report: dict, folder: str | Path) -> list[Path]:
                ylabel="speedup over vanilla (x)", title=f"Speedup vs draft length ({source})")
         ax.set_xticks(sorted({r["gamma"] for r in rows}))
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.get_xaxis().set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         written.append(_save(fig, folder / "speedup_vs_gamma.png"))
