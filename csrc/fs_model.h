@@ -24,43 +24,13 @@
 
 enum { FS_ACT_SWIGLU = 0, FS_ACT_TANH = 1, FS_ACT_GELU = 2 };
 
-/* exp(x) for x <= 0 in double, branch-free so that the activation loops vectorise (glibc's
- * exp does not, and SwiGLU needs n * ffn_dim of them per layer). Relative error ~1e-15;
- * x < -708 gives 0. */
-static inline double fs_model_exp_nonpos(double x)
-{
-    const double log2e = 1.4426950408889634074;
-    const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
-    const double shifter = 6755399441055744.0; /* 1.5 * 2^52: rounds to an integer */
-    double xc = x < -708.0 ? -708.0 : x;
-    double kd = xc * log2e + shifter;
-    uint64_t kbits;
-    memcpy(&kbits, &kd, sizeof kbits);
-    kd -= shifter;
-    double r = (xc - kd * ln2_hi) - kd * ln2_lo; /* |r| <= ln2 / 2 */
-    double p = 1.0 / 479001600.0;                /* Taylor, degree 12: error < 2e-16 */
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    uint64_t sbits = (kbits + 1023u) << 52; /* 2^k, k in [-1022, 0] */
-    double scale;
-    memcpy(&scale, &sbits, sizeof scale);
-    return x < -708.0 ? 0.0 : p * scale;
-}
+/* Activations go through fs_exp_nonpos (fs_attention.h): branch-free, so their loops
+ * vectorise (glibc's exp does not, and SwiGLU needs n * ffn_dim of them per layer). */
 
 /* silu(g) = g / (1 + exp(-g)), through exp(-|g|) only. */
 static inline double fs_model_silu(double g)
 {
-    double e = fs_model_exp_nonpos(g < 0 ? g : -g);
+    double e = fs_exp_nonpos(g < 0 ? g : -g);
     return g >= 0 ? g / (1.0 + e) : g * e / (1.0 + e);
 }
 
@@ -68,7 +38,7 @@ static inline double fs_model_silu(double g)
 static inline double fs_model_tanh(double t)
 {
     double a = t < 0 ? -t : t;
-    double e = fs_model_exp_nonpos(-2.0 * a);
+    double e = fs_exp_nonpos(-2.0 * a);
     double y = (1.0 - e) / (1.0 + e);
     return t < 0 ? -y : y;
 }
