@@ -107,10 +107,7 @@ def load_bytes(split: str = "train", root: str | Path | None = None) -> np.ndarr
     -------
     ndarray of shape (n_bytes,), dtype uint8
     """
-    parts = []
-    for f in stdlib_files(split, root):
-        data = f.read_bytes()
-        parts.append(data if data.endswith(b"\n") else data + b"\n")
+    parts = [data if data.endswith(b"\n") else data + b"\n" for data in _file_bytes(split, root)]
     return np.frombuffer(b"".join(parts), dtype=np.uint8).copy()
 
 
@@ -128,14 +125,16 @@ def load_tokens(split: str = "train", root: str | Path | None = None) -> np.ndar
     ndarray of shape (n_tokens,), dtype uint16
         The training stream of the embedded models.
     """
-    bos = ByteTokenizer.bos_id
-    parts = []
+    bos = np.array([ByteTokenizer.bos_id], dtype=np.uint16)
+    parts = [part for data in _file_bytes(split, root)
+             for part in (bos, np.frombuffer(data, dtype=np.uint8).astype(np.uint16))]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+
+
+def _file_bytes(split: str, root: str | Path | None):
+    """Yield the contents of each file of ``split``, in :func:`stdlib_files` order."""
     for f in stdlib_files(split, root):
-        parts.append(np.array([bos], dtype=np.uint16))
-        parts.append(np.frombuffer(f.read_bytes(), dtype=np.uint8).astype(np.uint16))
-    if not parts:
-        return np.zeros(0, dtype=np.uint16)
-    return np.concatenate(parts)
+        yield f.read_bytes()
 
 
 def _prompt_from_file(text: str, length: int, seed: int) -> str | None:

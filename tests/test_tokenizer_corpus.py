@@ -76,3 +76,13 @@ def test_pretrained_bundle_and_demo(capsys):
     assert set(methods) == {"vanilla", "draft", "ngram", "dflash"}
     assert all(r["identical"] for r in methods.values())
     assert methods["dflash"]["tau"] >= 1.0
+
+
+def test_token_stream_has_one_bos_per_file():
+    tokens = corpus.load_tokens("validation")
+    files = corpus.stdlib_files("validation")
+    assert tokens.dtype == np.uint16
+    assert int((tokens == fs.ByteTokenizer.bos_id).sum()) == len(files)
+    assert tokens[0] == fs.ByteTokenizer.bos_id
+    first = files[0].read_bytes()
+    np.testing.assert_array_equal(tokens[1:1 + len(first)], np.frombuffer(first, np.uint8))
