@@ -10,7 +10,10 @@
  *   Preconditions (checked by the caller, never here): 1 <= n <= length <= capacity,
  *   n_heads % n_kv_heads == 0, head_dim >= 1, all arrays C-contiguous. Cannot fail.
  *
- * Numerics: scores, softmax and the weighted sum of values are accumulated in double, so a
+ * Numerics: float64 inputs, and float32 inputs whose head_dim is not a multiple of 16 (or is
+ * over 128), go through the template below: scores, softmax and the weighted sum of values
+ * accumulated in double. Other float32 inputs use the tiled float kernel of
+ * fs_attention_f32.h (float inside tiles of 128 keys, double across them). Either way a
  * float32 result is within ~1e-6 relative of the float64 computation (the NumPy twin).
  *
  * Speed: the hot loops are written so that GCC vectorises them; with GCC on x86-64 Linux they
@@ -351,9 +354,9 @@ static void fs_attn_online_##SFX(const T *const *qrows, T *const *orows, const i
     }                                                                                          \
 }                                                                                              \
                                                                                                \
-static void fs_attention_##SFX(const T *q, const T *k, const T *v, T *out,                     \
-                               int n, int n_heads, int n_kv_heads, int head_dim, int capacity, \
-                               int length, int causal, double *scratch)                        \
+static void fs_attention_dbl_##SFX(const T *q, const T *k, const T *v, T *out,                 \
+                                   int n, int n_heads, int n_kv_heads, int head_dim,           \
+                                   int capacity, int length, int causal, double *scratch)      \
 {                                                                                              \
     int group = n_heads / n_kv_heads;                                                          \
     int rows_per_kv = n * group; /* row index t = i * group + g, head h = kv * group + g */   \
@@ -393,5 +396,32 @@ FS_ATTN_DEFINE(f32, float)
 FS_ATTN_DEFINE(f64, double)
 
 #undef FS_ATTN_DEFINE
+
+#include "fs_attention_f32.h"
+
+static void fs_attention_f64(const double *q, const double *k, const double *v, double *out,
+                             int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
+                             int length, int causal, double *scratch)
+{
+    fs_attention_dbl_f64(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
+                         causal, scratch);
+}
+
+/* float32: the tiled float kernel where the head size allows it (the choice depends on
+ * head_dim only, never on n, so decode and verification agree bit for bit). */
+static void fs_attention_f32(const float *q, const float *k, const float *v, float *out,
+                             int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
+                             int length, int causal, double *scratch)
+{
+#if FS_HAVE_VEC
+    if (fs_f32_supported(head_dim)) {
+        fs_attention_f32_tiled(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity,
+                               length, causal);
+        return;
+    }
+#endif
+    fs_attention_dbl_f32(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
+                         causal, scratch);
+}
 
 #endif /* FS_ATTENTION_H */

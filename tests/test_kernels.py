@@ -82,6 +82,12 @@ ATTENTION_SHAPES = [
     (2, 4, 2, 32, 1100, 1030, False),   # specialised 32, rows > 1, long: online softmax
     (17, 4, 4, 128, 1200, 1100, True),  # online softmax at the largest head_dim it takes
     (3, 2, 1, 130, 1030, 1030, True),   # long, several rows, head_dim too big for online
+    # float32 tiled kernel (head_dim a multiple of 16, <= 128): key tiles of 128
+    (3, 4, 2, 48, 300, 129, True),      # one key past a tile, 3 vector chunks
+    (5, 6, 2, 80, 260, 256, True),      # rows of a kv head not a multiple of 4; 5 chunks
+    (2, 2, 1, 16, 130, 127, False),     # one key short of a tile, smallest head_dim
+    (6, 4, 1, 112, 400, 385, True),     # 24 rows per kv head, several tiles, 7 chunks
+    (1, 2, 2, 144, 70, 65, True),       # head_dim over 128: the double template
 ]
 
 
@@ -99,6 +105,22 @@ def test_attention_matches_float64_formula_and_twin(kern, dtype, shape):
     assert_close_rel(got, expected, RTOL[dtype])
     assert_close_rel(got, _reference.attention(q, k, v, length, causal).astype(np.float64),
                      RTOL[dtype])
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 20])
+@pytest.mark.parametrize("length", [9, 128, 129, 300])
+def test_attention_row_is_bit_identical_alone_and_in_a_block(kern, head_dim, length):
+    # Greedy speculative decoding compares a verification forward (n queries) with decode
+    # steps (one query): each query's float32 result must not depend on its neighbours.
+    rng = np.random.default_rng(head_dim + length)
+    n, n_heads, n_kv = 9, 4, 2
+    q = rng.standard_normal((n, n_heads, head_dim)).astype(np.float32)
+    k = (2 * rng.standard_normal((n_kv, length + 4, head_dim))).astype(np.float32)
+    v = rng.standard_normal((n_kv, length + 4, head_dim)).astype(np.float32)
+    block = kern.attention(q, k, v, length)
+    for i in range(n):
+        alone = kern.attention(q[i:i + 1], k, v, length - n + i + 1)
+        np.testing.assert_array_equal(alone[0], block[i], err_msg=f"query {i}")
 
 
 def test_attention_ignores_positions_beyond_length(kern, dtype):
