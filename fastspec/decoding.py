@@ -56,6 +56,9 @@ class DecodeStats:
         Attention score cells computed, ``n_layers * n_heads * n * (past + n)`` per call.
     elapsed_s : float
         Wall time of the whole call, prefill included.
+    prefill_s : float
+        Wall time before the decoding loop: the prompt's forward (and the drafter's reset,
+        which builds its own context). ``elapsed_s - prefill_s`` is the decoding time.
     proposed_at, accepted_at : ndarray of shape (max_gamma,), int64
         ``proposed_at[i]``: rounds whose proposal had a token at block position ``i``;
         ``accepted_at[i]``: rounds in which that token was accepted.
@@ -74,6 +77,7 @@ class DecodeStats:
     target_score_cells: int = 0
     draft_score_cells: int = 0
     elapsed_s: float = 0.0
+    prefill_s: float = 0.0
     proposed_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     trace: list | None = None
@@ -94,6 +98,11 @@ class DecodeStats:
         return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else math.inf
 
     @property
+    def decode_s(self) -> float:
+        """Wall time after the prefill (``elapsed_s - prefill_s``)."""
+        return self.elapsed_s - self.prefill_s
+
+    @property
     def per_position_acceptance(self) -> np.ndarray:
         """``accepted_at / proposed_at`` (NaN where nothing was proposed)."""
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -104,7 +113,8 @@ class DecodeStats:
         d = {name: getattr(self, name) for name in (
             "new_tokens", "rounds", "drafted", "accepted", "target_calls", "draft_calls",
             "target_positions", "draft_positions", "target_score_cells", "draft_score_cells",
-            "elapsed_s", "mean_accepted_length", "acceptance_rate", "tokens_per_s")}
+            "elapsed_s", "prefill_s", "decode_s", "mean_accepted_length", "acceptance_rate",
+            "tokens_per_s")}
         d["proposed_at"] = self.proposed_at.tolist()
         d["accepted_at"] = self.accepted_at.tolist()
         if self.trace is not None:
@@ -233,6 +243,7 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, t
         stats.target_score_cells += _score_cells(cfg, n, 0)
         stats.target_positions += n
     stats.target_calls += 1
+    stats.prefill_s = time.perf_counter() - start_time
     step_logits = np.empty((1, cfg.vocab_size), dtype=np.dtype(cfg.dtype))  # reused output
     emitted = 0
     while True:
@@ -416,6 +427,7 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
     else:
         hidden = {layer: np.zeros((0, cfg.dim), dtype=p_dtype) for layer in hidden_layers}
     drafter.reset(prompt.copy(), hidden)
+    stats.prefill_s = time.perf_counter() - start_time
 
     n = n_prompt  # committed length; the cache holds n - 1 positions
     emitted = 0
