@@ -703,7 +703,10 @@ def train_target(args) -> None:
     opt = _adamw(list(model.parameters()), args.lr, args.wd)
     rng = np.random.default_rng(args.seed if args.data_seed is None else args.data_seed)
 
+    ema = None
+
     def step_fn():
+        nonlocal ema
         x, y = _batch(train, rng, args.batch, args.seq)
         with _autocast(args.bf16):
             logits, _ = model(x)
@@ -712,22 +715,32 @@ def train_target(args) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
-        return loss.item()
+        value = loss.item()
+        ema = value if ema is None else 0.98 * ema + 0.02 * value
+        return {"loss": value, "ema_bpb": ema / math.log(2)}
 
+    _lm_loop(args, prog, opt, model, cfg, val, step_fn)
+
+
+def _lm_loop(args, prog, opt, model, cfg, val, step_fn) -> None:
+    """Run ``step_fn`` (one optimizer step; returns the progress fields) until the budget ends.
+
+    Sets the learning rate of every step, evaluates validation bits/byte every
+    ``--eval-every`` steps, exports every ``--export-every`` minutes and at the end (plus a
+    float32 copy with ``--fp32-copy``), then logs the final float32 validation figure.
+    """
     budget = prog.budget
     budget.start()
     prog.start()
     last_export = time.time()
     step = 0
-    ema = None
     while not budget.done():
         lr = budget.lr(args.lr, args.warmup)
         for gr in opt.param_groups:
             gr["lr"] = lr
-        loss = step_fn()
+        fields = step_fn()
         step = budget.step = budget.step + 1
-        ema = loss if ema is None else 0.98 * ema + 0.02 * loss
-        prog.update(step, args.batch * args.seq, loss=loss, ema_bpb=ema / math.log(2), lr=lr)
+        prog.update(step, args.batch * args.seq, **fields, lr=lr)
         if step % args.eval_every == 0:
             bpb = evaluate_bpb(model, val, seq=args.seq, max_windows=args.eval_windows,
                                bf16=args.bf16)
@@ -736,14 +749,13 @@ def train_target(args) -> None:
             export_npz(model, cfg, args.out)
             last_export = time.time()
             prog.log(f"exported {args.out} at step {step}")
-    total = step
     export_npz(model, cfg, args.out)
     prog.log(f"exported {args.out} at step {step} (final)")
     if args.fp32_copy:
         export_npz(model, cfg, args.fp32_copy, dtype="float32")
     bpb = evaluate_bpb(model, val, seq=512, max_windows=args.final_eval_windows, bf16=False)
     prog.log(f"final val_bpb (fp32, seq 512, {args.final_eval_windows} windows) {bpb:.4f}")
-    prog.log(f"done: {total} steps, {total * args.batch * args.seq:,} tokens, "
+    prog.log(f"done: {step} steps, {step * args.batch * args.seq:,} tokens, "
              f"{(time.time() - prog.t0) / 60:.1f} min")
 
 
@@ -801,37 +813,9 @@ def train_draft(args) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
-        return ce.item(), kd.item()
+        return {"ce_bpb": ce.item() / math.log(2), "kl": kd.item()}
 
-    budget = prog.budget
-    budget.start()
-    prog.start()
-    last_export = time.time()
-    step = 0
-    while not budget.done():
-        lr = budget.lr(args.lr, args.warmup)
-        for gr in opt.param_groups:
-            gr["lr"] = lr
-        ce, kd = step_fn()
-        step = budget.step = budget.step + 1
-        prog.update(step, args.batch * args.seq, ce_bpb=ce / math.log(2), kl=kd, lr=lr)
-        if step % args.eval_every == 0:
-            bpb = evaluate_bpb(model, val, seq=args.seq, max_windows=args.eval_windows,
-                               bf16=args.bf16)
-            prog.log(f"step {step} val_bpb {bpb:.4f}")
-        if time.time() - last_export > args.export_every * 60:
-            export_npz(model, cfg, args.out)
-            last_export = time.time()
-            prog.log(f"exported {args.out} at step {step}")
-    total = step
-    export_npz(model, cfg, args.out)
-    prog.log(f"exported {args.out} at step {step} (final)")
-    if args.fp32_copy:
-        export_npz(model, cfg, args.fp32_copy, dtype="float32")
-    bpb = evaluate_bpb(model, val, seq=512, max_windows=args.final_eval_windows, bf16=False)
-    prog.log(f"final val_bpb (fp32, seq 512, {args.final_eval_windows} windows) {bpb:.4f}")
-    prog.log(f"done: {total} steps, {total * args.batch * args.seq:,} tokens, "
-             f"{(time.time() - prog.t0) / 60:.1f} min")
+    _lm_loop(args, prog, opt, model, cfg, val, step_fn)
 
 
 # ----------------------------------------------------------------------------------------------
