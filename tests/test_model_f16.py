@@ -285,3 +285,27 @@ def test_dflash_block_bit_identical(backend, embedded):
         ref = m.draft_block_reference(out.hidden, m.mask_block(int(prompt[-1])))
         np.testing.assert_allclose(blocks[-1], ref, rtol=1e-3, atol=1e-3)
     eq(blocks[0], blocks[1])
+
+
+@needs_cython
+def test_threaded_products_bit_identical():
+    """Column blocks split between OpenMP threads (when built with it) change nothing."""
+    from fastspec import _model
+
+    # products of >= 65536 weights and >= 128 columns are split (fs_linear.h); 300 columns
+    # leave a remainder that is not a multiple of 16
+    m16 = Transformer.random(ModelConfig.tiny_llama(weight_dtype="float16", vocab_size=300,
+                                                    n_layers=1, max_seq_len=64), seed=2)
+    m32 = m16.with_weight_dtype("float32")
+    ids = np.arange(20) % m16.config.vocab_size
+    prev, threads = fs.backend(), _model.get_threads()
+    try:
+        fs.set_backend("cython")
+        single = m16.forward(ids).logits
+        _model.set_threads(2)
+        eq(m16.forward(ids).logits, m32.forward(ids).logits)
+        eq(m16.forward(ids[:1]).logits, m32.forward(ids[:1]).logits)
+        eq(m16.forward(ids).logits, single)
+    finally:
+        _model.set_threads(threads)
+        fs.set_backend(prev)

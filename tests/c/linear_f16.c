@@ -2,21 +2,34 @@
  * AVX-512F+F16C) gives fs_linear_f32h == fs_linear_f32 bit for bit on widened float16 weights,
  * over row counts 1..12 and 23, widths with and without column remainders, with and without
  * accumulation; fs_h2f matches the compiler's _Float16 conversion on all 65536 inputs (when the
- * compiler has _Float16). Built and run by tests/test_linear_f16_c.py; exit status = failures. */
-#include "fs_linear.h"
+ * compiler has _Float16). With -DFS_TEST_PORTABLE the header is compiled as by a compiler
+ * without GNU C (scalar kernels only) and the public entry points are compared instead.
+ * Built and run by tests/test_linear_f16_c.py; exit status = failures. */
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#ifdef FS_TEST_PORTABLE
+#undef __GNUC__ /* after the system headers, which need it */
+#endif
+#include "fs_linear.h"
 
 typedef void (*part_f32)(const float *, const float *, float *, int, int, int, int, int, int);
 typedef void (*part_f32h)(const float *, const uint16_t *, float *, int, int, int, int, int, int);
 
 int main(void)
 {
+#ifdef FS_TEST_PORTABLE
+    part_f32 F[3] = {fs_linear_part_f32, 0, 0};
+    part_f32h H[3] = {fs_linear_part_f32h, 0, 0};
+#else
     part_f32 F[3] = {fs_linf_part_f32_def, 0, 0};
     part_f32h H[3] = {fs_linf_part_f32h_def, 0, 0};
+#endif
     const char *names[3] = {"baseline", "avx2", "avx512"};
     int variants = 1, fails = 0;
-#if FS_LINF_SIMD
+#if !defined(FS_TEST_PORTABLE) && FS_LINF_SIMD
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
         F[variants] = fs_linf_part_f32_avx2; H[variants] = fs_linf_part_f32h_avx2;
         names[variants++] = "avx2";
@@ -55,7 +68,7 @@ int main(void)
                         }
                         free(x); free(y1); free(y2); free(Wf); free(Wh);
                     }
-#if defined(__FLT16_MAX__)
+#if defined(__FLT16_MAX__) && !defined(FS_TEST_PORTABLE)
     for (uint32_t h = 0; h < 65536; h++) {
         uint16_t bits = (uint16_t)h;
         _Float16 f;
