@@ -2,7 +2,7 @@
  *
  * Everything here runs without the GIL and cannot fail: the Cython runner checks shapes,
  * ranges and capacity first and hands over raw pointers to weights, cache and scratch.
- * The float and double versions are generated from fs_model_impl.h.
+ * The float, double and float-on-float16-weights versions are generated from fs_model_impl.h.
  *
  * Layouts (all C-contiguous):
  *   linear weights (in, out) so that a projection is x @ W   (fastspec's internal layout)
@@ -63,16 +63,45 @@ static inline size_t fs_scratch_row(const fs_dims *d)
 #define FS_CAT_(a, b) a##_##b
 #define FS_CAT(a, b) FS_CAT_(a, b)
 
+/* FS_T: compute dtype; FS_W: dtype of the big matrices (wq .. w_down, embed, head); FS_SFX:
+ * suffix of the model functions; FS_TSFX: suffix of what depends on FS_T only (scratch, norms,
+ * activations, attention), defined by the FS_W == FS_T instantiation. FS_WHALF: FS_W is
+ * binary16 bits (uint16_t), widened by fs_h2f / fs_linear_f32h. */
 #define FS_T float
+#define FS_W float
 #define FS_SFX f32
+#define FS_TSFX f32
+#define FS_WHALF 0
 #include "fs_model_impl.h"
 #undef FS_T
+#undef FS_W
 #undef FS_SFX
+#undef FS_TSFX
+#undef FS_WHALF
 
 #define FS_T double
+#define FS_W double
 #define FS_SFX f64
+#define FS_TSFX f64
+#define FS_WHALF 0
 #include "fs_model_impl.h"
 #undef FS_T
+#undef FS_W
 #undef FS_SFX
+#undef FS_TSFX
+#undef FS_WHALF
+
+/* float compute on float16 weights: bit-identical to the f32 model on the widened weights. */
+#define FS_T float
+#define FS_W uint16_t
+#define FS_SFX f32h
+#define FS_TSFX f32
+#define FS_WHALF 1
+#include "fs_model_impl.h"
+#undef FS_T
+#undef FS_W
+#undef FS_SFX
+#undef FS_TSFX
+#undef FS_WHALF
 
 #endif /* FS_MODEL_H */

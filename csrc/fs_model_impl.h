@@ -1,34 +1,37 @@
-/* Template body of fs_model.h: included once per dtype with FS_T (float/double) and FS_SFX
- * (f32/f64) defined. No include guard on purpose. */
+/* Template body of fs_model.h: included once per variant with FS_T (float/double), FS_W (the
+ * matrices' element type), FS_SFX, FS_TSFX and FS_WHALF defined (see fs_model.h). No include
+ * guard on purpose. */
 
 #define FS_FN(name) FS_CAT(name, FS_SFX)
+#define FS_TFN(name) FS_CAT(name, FS_TSFX)
 
 /* Weights of one decoder layer; absent ones are NULL. */
 typedef struct {
-    const FS_T *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
+    const FS_W *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;
     const FS_T *attn_norm, *mlp_norm, *q_norm, *k_norm;
     const FS_T *bq, *bk, *bv;
 } FS_FN(fs_layer);
 
 typedef struct {
     fs_dims d;
-    const FS_T *embed;       /* (vocab, dim) */
+    const FS_W *embed;       /* (vocab, dim) */
     const FS_T *pos_embed;   /* (max_pos, dim) or NULL */
-    const FS_T *head;        /* (dim, vocab) */
+    const FS_W *head;        /* (dim, vocab) */
     const FS_T *final_norm;  /* (dim,) or NULL */
     const FS_T *rope_cos, *rope_sin;  /* (max_pos, head_dim/2) or NULL */
     const FS_FN(fs_layer) *layers;
 } FS_FN(fs_model);
 
+#if !FS_WHALF
 /* Views into one preallocated buffer of rows * fs_scratch_row(d) elements, plus a double
  * buffer of at least capacity doubles for attention scores. */
 typedef struct {
     FS_T *x, *h, *q, *k, *v, *att, *f1, *f2;
     double *scores;
-} FS_FN(fs_scratch);
+} FS_TFN(fs_scratch);
 
-static inline void FS_FN(fs_scratch_init)(FS_FN(fs_scratch) *s, const fs_dims *d, FS_T *buf,
-                                          size_t rows, double *dbuf, size_t capacity)
+static inline void FS_TFN(fs_scratch_init)(FS_TFN(fs_scratch) *s, const fs_dims *d, FS_T *buf,
+                                           size_t rows, double *dbuf, size_t capacity)
 {
     size_t HD = (size_t)d->n_heads * d->head_dim, KD = (size_t)d->n_kv_heads * d->head_dim;
     s->x = buf;             buf += rows * d->dim;
@@ -43,8 +46,8 @@ static inline void FS_FN(fs_scratch_init)(FS_FN(fs_scratch) *s, const fs_dims *d
 }
 
 /* out (n, dim) = norm(x) [* w]; statistics in double like the NumPy twin. */
-FS_LIN_INLINE void FS_FN(fs_norm_rows)(const fs_dims *d, const FS_T *x, const FS_T *w,
-                                          FS_T *out, int n, int width, int rms)
+FS_LIN_INLINE void FS_TFN(fs_norm_rows)(const fs_dims *d, const FS_T *x, const FS_T *w,
+                                           FS_T *out, int n, int width, int rms)
 {
     for (int i = 0; i < n; i++) {
         const FS_T *xi = x + (size_t)i * width;
@@ -70,6 +73,8 @@ FS_LIN_INLINE void FS_FN(fs_norm_rows)(const fs_dims *d, const FS_T *x, const FS
         }
     }
 }
+
+#endif
 
 /* Rotate-half RoPE on (n, heads, D) rows at positions pos0 + i. */
 FS_LIN_INLINE void FS_FN(fs_rope)(const FS_FN(fs_model) *m, FS_T *x, int n, int heads,
@@ -97,7 +102,7 @@ FS_LIN_INLINE void FS_FN(fs_store_kv)(const FS_FN(fs_model) *m, const FS_FN(fs_l
 {
     const fs_dims *d = &m->d;
     int Hkv = d->n_kv_heads, D = d->head_dim;
-    if (d->qk_norm) FS_FN(fs_norm_rows)(d, k, L->k_norm, k, n * Hkv, D, 1);
+    if (d->qk_norm) FS_TFN(fs_norm_rows)(d, k, L->k_norm, k, n * Hkv, D, 1);
     if (d->rope) FS_FN(fs_rope)(m, k, n, Hkv, pos0);
     for (int i = 0; i < n; i++)
         for (int g = 0; g < Hkv; g++) {
@@ -108,15 +113,16 @@ FS_LIN_INLINE void FS_FN(fs_store_kv)(const FS_FN(fs_model) *m, const FS_FN(fs_l
         }
 }
 
+#if !FS_WHALF
 /* f1 <- silu(f1) * f2, elementwise over nf values. */
-FS_LIN_CLONES static void FS_FN(fs_swiglu)(FS_T *FS_LIN_RESTRICT f1, const FS_T *FS_LIN_RESTRICT f2,
-                                          size_t nf)
+FS_LIN_CLONES static void FS_TFN(fs_swiglu)(FS_T *FS_LIN_RESTRICT f1,
+                                           const FS_T *FS_LIN_RESTRICT f2, size_t nf)
 {
     for (size_t j = 0; j < nf; j++) f1[j] = (FS_T)fs_model_silu((double)f1[j]) * f2[j];
 }
 
 /* f <- tanh(f) or gelu_tanh(f), elementwise. */
-FS_LIN_CLONES static void FS_FN(fs_act)(FS_T *f, size_t nf, int gelu)
+FS_LIN_CLONES static void FS_TFN(fs_act)(FS_T *f, size_t nf, int gelu)
 {
     const double c = 0.7978845608028654; /* sqrt(2 / pi) */
     if (gelu)
@@ -128,6 +134,8 @@ FS_LIN_CLONES static void FS_FN(fs_act)(FS_T *f, size_t nf, int gelu)
         for (size_t j = 0; j < nf; j++) f[j] = (FS_T)fs_model_tanh((double)f[j]);
 }
 
+#endif
+
 /* x (n, dim) <- embed[ids] (+ pos_embed[pos0 + i]). */
 static void FS_FN(fs_embed)(const FS_FN(fs_model) *m, const int64_t *ids, int n, int pos0,
                             FS_T *x)
@@ -135,7 +143,12 @@ static void FS_FN(fs_embed)(const FS_FN(fs_model) *m, const int64_t *ids, int n,
     int dim = m->d.dim;
     for (int i = 0; i < n; i++) {
         FS_T *xi = x + (size_t)i * dim;
+#if FS_WHALF
+        const FS_W *e = m->embed + (size_t)ids[i] * dim;
+        for (int j = 0; j < dim; j++) xi[j] = fs_h2f(e[j]);
+#else
         memcpy(xi, m->embed + (size_t)ids[i] * dim, (size_t)dim * sizeof(FS_T));
+#endif
         if (m->pos_embed) {
             const FS_T *p = m->pos_embed + (size_t)(pos0 + i) * dim;
             for (int j = 0; j < dim; j++) xi[j] += p[j];
@@ -146,7 +159,7 @@ static void FS_FN(fs_embed)(const FS_FN(fs_model) *m, const int64_t *ids, int n,
 /* Run every layer on s->x (n, dim) in place for positions pos0 .. pos0+n-1, writing their
  * K/V into the cache and attending over [0, pos0 + n). hidden[l], when not NULL, receives a
  * copy of layer l's output (n, dim). */
-static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s, int n, int pos0,
+static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s, int n, int pos0,
                              int causal, FS_T *k_cache, FS_T *v_cache, size_t layer_stride,
                              int capacity, FS_T *const *hidden)
 {
@@ -156,25 +169,25 @@ static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s, int
     for (int l = 0; l < d->n_layers; l++) {
         const FS_FN(fs_layer) *L = &m->layers[l];
         FS_T *kc = k_cache + (size_t)l * layer_stride, *vc = v_cache + (size_t)l * layer_stride;
-        FS_FN(fs_norm_rows)(d, s->x, L->attn_norm, s->h, n, dim, d->rmsnorm);
+        FS_TFN(fs_norm_rows)(d, s->x, L->attn_norm, s->h, n, dim, d->rmsnorm);
         FS_FN(fs_linear)(s->h, L->wq, L->bq, s->q, n, dim, HD, 0);
         FS_FN(fs_linear)(s->h, L->wk, L->bk, s->k, n, dim, KD, 0);
         FS_FN(fs_linear)(s->h, L->wv, L->bv, s->v, n, dim, KD, 0);
-        if (d->qk_norm) FS_FN(fs_norm_rows)(d, s->q, L->q_norm, s->q, n * H, D, 1);
+        if (d->qk_norm) FS_TFN(fs_norm_rows)(d, s->q, L->q_norm, s->q, n * H, D, 1);
         if (d->rope) FS_FN(fs_rope)(m, s->q, n, H, pos0);
         FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, kc, vc, capacity);
-        FS_FN(fs_attention)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n, causal,
-                            s->scores);
+        FS_TFN(fs_attention)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n, causal,
+                             s->scores);
         FS_FN(fs_linear)(s->att, L->wo, NULL, s->x, n, HD, dim, 1);
-        FS_FN(fs_norm_rows)(d, s->x, L->mlp_norm, s->h, n, dim, d->rmsnorm);
+        FS_TFN(fs_norm_rows)(d, s->x, L->mlp_norm, s->h, n, dim, d->rmsnorm);
         size_t nf = (size_t)n * F;
         if (d->act == FS_ACT_SWIGLU) {
             FS_FN(fs_linear)(s->h, L->w_gate, NULL, s->f1, n, dim, F, 0);
             FS_FN(fs_linear)(s->h, L->w_up, NULL, s->f2, n, dim, F, 0);
-            FS_FN(fs_swiglu)(s->f1, s->f2, nf);
+            FS_TFN(fs_swiglu)(s->f1, s->f2, nf);
         } else {
             FS_FN(fs_linear)(s->h, L->w_up, NULL, s->f1, n, dim, F, 0);
-            FS_FN(fs_act)(s->f1, nf, d->act == FS_ACT_GELU);
+            FS_TFN(fs_act)(s->f1, nf, d->act == FS_ACT_GELU);
         }
         FS_FN(fs_linear)(s->f1, L->w_down, NULL, s->x, n, F, dim, 1);
         if (hidden && hidden[l])
@@ -183,16 +196,16 @@ static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s, int
 }
 
 /* logits (n, vocab) = final_norm(s->x) @ head. */
-static void FS_FN(fs_head)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s, int n, FS_T *logits)
+static void FS_FN(fs_head)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s, int n, FS_T *logits)
 {
     const fs_dims *d = &m->d;
-    FS_FN(fs_norm_rows)(d, s->x, m->final_norm, s->h, n, d->dim, d->rmsnorm);
+    FS_TFN(fs_norm_rows)(d, s->x, m->final_norm, s->h, n, d->dim, d->rmsnorm);
     FS_FN(fs_linear)(s->h, m->head, NULL, logits, n, d->dim, d->vocab, 0);
 }
 
 /* DFlash context injection: for layers [l0, l1), k = feat @ Wk (+bk) -> k-norm -> RoPE,
  * v = feat @ Wv (+bv), written at positions pos0 .. pos0+n-1. No input norm on feat. */
-static void FS_FN(fs_context_kv)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s,
+static void FS_FN(fs_context_kv)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s,
                                  const FS_T *feat, int n, int pos0, FS_T *k_cache,
                                  FS_T *v_cache, size_t layer_stride, int capacity, int l0, int l1)
 {
@@ -208,3 +221,4 @@ static void FS_FN(fs_context_kv)(const FS_FN(fs_model) *m, FS_FN(fs_scratch) *s,
 }
 
 #undef FS_FN
+#undef FS_TFN

@@ -11,7 +11,7 @@ C code cannot fail. The NumPy twin of every method lives in :mod:`fastspec.model
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint16_t
 from libc.stdlib cimport calloc, free
 
 cnp.import_array()
@@ -58,6 +58,22 @@ cdef extern from "fs_model.h" nogil:
         const double *bk
         const double *bv
 
+    ctypedef struct fs_layer_f32h:
+        const uint16_t *wq
+        const uint16_t *wk
+        const uint16_t *wv
+        const uint16_t *wo
+        const uint16_t *w_gate
+        const uint16_t *w_up
+        const uint16_t *w_down
+        const float *attn_norm
+        const float *mlp_norm
+        const float *q_norm
+        const float *k_norm
+        const float *bq
+        const float *bk
+        const float *bv
+
     ctypedef struct fs_model_f32:
         fs_dims d
         const float *embed
@@ -78,6 +94,16 @@ cdef extern from "fs_model.h" nogil:
         const double *rope_sin
         const fs_layer_f64 *layers
 
+    ctypedef struct fs_model_f32h:
+        fs_dims d
+        const uint16_t *embed
+        const float *pos_embed
+        const uint16_t *head
+        const float *final_norm
+        const float *rope_cos
+        const float *rope_sin
+        const fs_layer_f32h *layers
+
     ctypedef struct fs_scratch_f32:
         float *x
         float *h
@@ -91,13 +117,18 @@ cdef extern from "fs_model.h" nogil:
                              double *dbuf, size_t capacity)
     void fs_embed_f32(const fs_model_f32 *m, const int64_t *ids, int n, int pos0, float *x)
     void fs_embed_f64(const fs_model_f64 *m, const int64_t *ids, int n, int pos0, double *x)
+    void fs_embed_f32h(const fs_model_f32h *m, const int64_t *ids, int n, int pos0, float *x)
     void fs_layers_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, int pos0, int causal,
                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
                        float **hidden)
     void fs_layers_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int n, int pos0, int causal,
                        double *k_cache, double *v_cache, size_t layer_stride, int capacity,
                        double **hidden)
+    void fs_layers_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int n, int pos0, int causal,
+                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
+                        float **hidden)
     void fs_head_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, float *logits)
+    void fs_head_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int n, float *logits)
     void fs_head_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int n, double *logits)
     void fs_context_kv_f32(const fs_model_f32 *m, fs_scratch_f32 *s, const float *feat, int n,
                            int pos0, float *k_cache, float *v_cache, size_t layer_stride,
@@ -105,6 +136,9 @@ cdef extern from "fs_model.h" nogil:
     void fs_context_kv_f64(const fs_model_f64 *m, fs_scratch_f64 *s, const double *feat, int n,
                            int pos0, double *k_cache, double *v_cache, size_t layer_stride,
                            int capacity, int l0, int l1)
+    void fs_context_kv_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, const float *feat,
+                            int n, int pos0, float *k_cache, float *v_cache,
+                            size_t layer_stride, int capacity, int l0, int l1)
     void *memcpy(void *dst, const void *src, size_t n)
     void fs_linear_set_threads(int n)
     int fs_linear_get_threads()
@@ -132,6 +166,7 @@ cdef enum:
 _ACTS = {"swiglu": 0, "tanh": 1, "gelu": 2}
 _LAYER_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "attn_norm", "mlp_norm",
                  "q_norm", "k_norm", "q_bias", "k_bias", "v_bias")
+_N_MATRICES = 7  # _LAYER_FIELDS[:7] are stored in the weight dtype
 
 
 cdef inline void *_ptr(object a) except? NULL:
@@ -149,14 +184,20 @@ cdef class TransformerRunner:
     model : fastspec.Transformer
         Its weight arrays must stay alive and keep their shapes; the runner holds references.
         Build a new runner after replacing any weight array (in-place updates are seen).
+        With ``config.weight_dtype == "float16"`` the matrices (embed, head, wq .. w_down) are
+        float16 arrays, widened to float32 in registers; the result is bit-identical to the
+        float32 model on the widened weights.
     """
 
     cdef fs_dims dims
     cdef bint is64
+    cdef bint half
     cdef fs_model_f32 m32
     cdef fs_model_f64 m64
+    cdef fs_model_f32h m16
     cdef fs_layer_f32 *layers32
     cdef fs_layer_f64 *layers64
+    cdef fs_layer_f32h *layers16
     cdef void **hidden_ptrs
     cdef object _keep
     cdef cnp.ndarray _scratch
@@ -169,6 +210,7 @@ cdef class TransformerRunner:
     def __cinit__(self):
         self.layers32 = NULL
         self.layers64 = NULL
+        self.layers16 = NULL
         self.hidden_ptrs = NULL
 
     def __init__(self, model):
@@ -176,8 +218,12 @@ cdef class TransformerRunner:
         dt = np.dtype(c.dtype)
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise TypeError(f"model dtype must be float32 or float64, got {dt}")
+        wdt = np.dtype(getattr(c, "weight_dtype", None) or dt)
+        if wdt != dt and (dt, wdt) != (np.dtype(np.float32), np.dtype(np.float16)):
+            raise TypeError(f"weight dtype {wdt} is not supported with model dtype {dt}")
         self.dtype = dt
         self.is64 = dt == np.dtype(np.float64)
+        self.half = wdt == np.dtype(np.float16)
         self._typenum = cnp.NPY_FLOAT64 if self.is64 else cnp.NPY_FLOAT32
         d = &self.dims
         d.vocab, d.dim, d.n_layers = c.vocab_size, c.dim, c.n_layers
@@ -190,19 +236,19 @@ cdef class TransformerRunner:
         d.eps = c.norm_eps
         keep = []
 
-        def arr(a, shape=None):
+        def arr(a, shape=None, want=dt):
             if a is None:
                 return None
-            if not isinstance(a, np.ndarray) or a.dtype != dt or not a.flags.c_contiguous:
-                raise TypeError(f"runner weights must be C-contiguous {dt} arrays")
+            if not isinstance(a, np.ndarray) or a.dtype != want or not a.flags.c_contiguous:
+                raise TypeError(f"runner weights must be C-contiguous {want} arrays")
             if shape is not None and a.shape != shape:
                 raise ValueError(f"weight has shape {a.shape}, expected {shape}")
             keep.append(a)
             return a
 
-        embed = arr(model.embed, (c.vocab_size, c.dim))
+        embed = arr(model.embed, (c.vocab_size, c.dim), wdt)
         pos = arr(model.pos_embed, (c.max_seq_len, c.dim))
-        head = arr(model.head, (c.dim, c.vocab_size))
+        head = arr(model.head, (c.dim, c.vocab_size), wdt)
         fnorm = arr(model.final_norm)
         cos = arr(model.rope_cos)
         sin = arr(model.rope_sin)
@@ -218,16 +264,19 @@ cdef class TransformerRunner:
         self.hidden_ptrs = <void **>calloc(L, sizeof(void *))
         if self.is64:
             self.layers64 = <fs_layer_f64 *>calloc(L, sizeof(fs_layer_f64))
+        elif self.half:
+            self.layers16 = <fs_layer_f32h *>calloc(L, sizeof(fs_layer_f32h))
         else:
             self.layers32 = <fs_layer_f32 *>calloc(L, sizeof(fs_layer_f32))
-        if self.hidden_ptrs == NULL or (self.layers64 == NULL and self.layers32 == NULL):
+        if self.hidden_ptrs == NULL or (self.layers64 == NULL and self.layers32 == NULL
+                                        and self.layers16 == NULL):
             raise MemoryError()
         cdef void *p[14]
         cdef int i, j
         for i in range(L):
             lw = model.layers[i]
             for j, name in enumerate(_LAYER_FIELDS):
-                p[j] = _ptr(arr(getattr(lw, name, None)))
+                p[j] = _ptr(arr(getattr(lw, name, None), None, wdt if j < _N_MATRICES else dt))
             needed = [0, 1, 2, 3, 5, 6] + ([4] if d.act == 0 else []) \
                 + ([7, 8] if d.rmsnorm else []) + ([9, 10] if d.qk_norm else [])
             for j in needed:
@@ -240,6 +289,13 @@ cdef class TransformerRunner:
                     <const double *>p[6], <const double *>p[7], <const double *>p[8],
                     <const double *>p[9], <const double *>p[10], <const double *>p[11],
                     <const double *>p[12], <const double *>p[13])
+            elif self.half:
+                self.layers16[i] = fs_layer_f32h(
+                    <const uint16_t *>p[0], <const uint16_t *>p[1], <const uint16_t *>p[2],
+                    <const uint16_t *>p[3], <const uint16_t *>p[4], <const uint16_t *>p[5],
+                    <const uint16_t *>p[6], <const float *>p[7], <const float *>p[8],
+                    <const float *>p[9], <const float *>p[10], <const float *>p[11],
+                    <const float *>p[12], <const float *>p[13])
             else:
                 self.layers32[i] = fs_layer_f32(
                     <const float *>p[0], <const float *>p[1], <const float *>p[2],
@@ -252,6 +308,11 @@ cdef class TransformerRunner:
                                     <const double *>_ptr(pos), <const double *>_ptr(head),
                                     <const double *>_ptr(fnorm), <const double *>_ptr(cos),
                                     <const double *>_ptr(sin), self.layers64)
+        elif self.half:
+            self.m16 = fs_model_f32h(self.dims, <const uint16_t *>_ptr(embed),
+                                     <const float *>_ptr(pos), <const uint16_t *>_ptr(head),
+                                     <const float *>_ptr(fnorm), <const float *>_ptr(cos),
+                                     <const float *>_ptr(sin), self.layers16)
         else:
             self.m32 = fs_model_f32(self.dims, <const float *>_ptr(embed),
                                     <const float *>_ptr(pos), <const float *>_ptr(head),
@@ -265,6 +326,7 @@ cdef class TransformerRunner:
     def __dealloc__(self):
         free(self.layers32)
         free(self.layers64)
+        free(self.layers16)
         free(self.hidden_ptrs)
 
     cdef int _reserve(self, size_t rows, size_t capacity) except -1:
@@ -359,13 +421,22 @@ cdef class TransformerRunner:
                                 self._rows, dbuf, capacity)
             with nogil:
                 if mode == MODE_IDS:
-                    fs_embed_f32(&self.m32, <const int64_t *>sp, n, start, s32.x)
+                    if self.half:
+                        fs_embed_f32h(&self.m16, <const int64_t *>sp, n, start, s32.x)
+                    else:
+                        fs_embed_f32(&self.m32, <const int64_t *>sp, n, start, s32.x)
                 else:
                     memcpy(s32.x, sp, <size_t>n * self.dims.dim * sizeof(float))
-                fs_layers_f32(&self.m32, &s32, n, start, causal, <float *>kp, <float *>vp,
-                              stride, capacity, <float **>self.hidden_ptrs)
-                if logits:
-                    fs_head_f32(&self.m32, &s32, n, <float *>rp)
+                if self.half:
+                    fs_layers_f32h(&self.m16, &s32, n, start, causal, <float *>kp, <float *>vp,
+                                   stride, capacity, <float **>self.hidden_ptrs)
+                    if logits:
+                        fs_head_f32h(&self.m16, &s32, n, <float *>rp)
+                else:
+                    fs_layers_f32(&self.m32, &s32, n, start, causal, <float *>kp, <float *>vp,
+                                  stride, capacity, <float **>self.hidden_ptrs)
+                    if logits:
+                        fs_head_f32(&self.m32, &s32, n, <float *>rp)
         return res, hidden
 
     cdef tuple _hidden(self, object hidden_layers):
@@ -480,5 +551,11 @@ cdef class TransformerRunner:
             fs_scratch_init_f32(&s32, &self.dims, <float *>cnp.PyArray_DATA(self._scratch),
                                 self._rows, dbuf, capacity)
             with nogil:
-                fs_context_kv_f32(&self.m32, &s32, <const float *>fp, n, start, <float *>kp,
-                                  <float *>vp, stride, capacity, layer_lo, layer_hi)
+                if self.half:
+                    fs_context_kv_f32h(&self.m16, &s32, <const float *>fp, n, start,
+                                       <float *>kp, <float *>vp, stride, capacity, layer_lo,
+                                       layer_hi)
+                else:
+                    fs_context_kv_f32(&self.m32, &s32, <const float *>fp, n, start,
+                                      <float *>kp, <float *>vp, stride, capacity, layer_lo,
+                                      layer_hi)

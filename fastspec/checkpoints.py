@@ -276,7 +276,8 @@ def _needed(c: ModelConfig) -> list[str]:
     return names
 
 
-def load_hf(folder: str | os.PathLike, dtype: str | None = None) -> Transformer:
+def load_hf(folder: str | os.PathLike, dtype: str | None = None,
+            weight_dtype: str | None = None) -> Transformer:
     """Load a Llama/Qwen2/Qwen3 Hugging Face checkpoint folder as a :class:`Transformer`.
 
     Parameters
@@ -286,6 +287,8 @@ def load_hf(folder: str | os.PathLike, dtype: str | None = None) -> Transformer:
         ``model.safetensors.index.json``).
     dtype : {"float32", "float64"}, optional
         Model dtype (default float32); bf16/f16 weights are converted.
+    weight_dtype : {"float16", "float32", "float64"}, optional
+        Storage dtype of the matrices (:class:`~fastspec.ModelConfig`); default ``dtype``.
 
     Raises
     ------
@@ -302,7 +305,7 @@ def load_hf(folder: str | os.PathLike, dtype: str | None = None) -> Transformer:
         raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{cfg_path}: must hold a JSON object, got {type(cfg).__name__}")
-    config = hf_config(cfg, dtype or "float32")
+    config = hf_config(cfg, dtype or "float32").replace(weight_dtype=weight_dtype)
     files = _weight_files(folder)
     needed = _needed(config)
     missing = [n for n in needed if n not in files]
@@ -314,7 +317,7 @@ def load_hf(folder: str | os.PathLike, dtype: str | None = None) -> Transformer:
         by_file.setdefault(files[name], []).append(name)
     sd: dict[str, np.ndarray] = {}
     for path, names in by_file.items():
-        sd.update(read_safetensors(path, names, dtype=config.dtype))
+        sd.update(read_safetensors(path, names, dtype=config.dtype))  # float16: one rounding
     return Transformer.from_state_dict(config, sd)
 
 

@@ -27,7 +27,8 @@ import numpy as np
 from fastspec._checks import check_index
 from fastspec._npz import read_npz
 from fastspec.cache import KVCache
-from fastspec.model import LayerWeights, ModelConfig, Transformer, apply_rope, rms_norm, rope_tables, silu
+from fastspec.model import (_MATRICES, LayerWeights, ModelConfig, Transformer, apply_rope, rms_norm,
+                            rope_tables, silu)
 
 __all__ = ["DFlashConfig", "DFlashModel", "BYTE_MASK_TOKEN_ID", "MAX_BLOCK_SIZE"]
 
@@ -228,10 +229,14 @@ class DFlashModel:
         self.config = c = config.resolve(target.config)
         dt = np.dtype(target.config.dtype)
         self.dtype = dt
-        cast = lambda a: None if a is None else np.ascontiguousarray(a, dtype=dt)  # noqa: E731
+        # The layers' projections follow the target's weight_dtype (float16: half the bytes
+        # per block forward); fc and the norms stay in the compute dtype.
+        wdt = np.dtype(target.config.matrix_dtype)
+        cast = lambda a, t=dt: None if a is None else np.ascontiguousarray(a, dtype=t)  # noqa: E731
         self.fc = cast(fc)
         self.hidden_norm = cast(hidden_norm)
-        self.layers = [LayerWeights(**{k: cast(v) for k, v in lw.arrays().items()}) for lw in layers]
+        self.layers = [LayerWeights(**{k: cast(v, wdt if k in _MATRICES else dt)
+                                       for k, v in lw.arrays().items()}) for lw in layers]
         self.norm = cast(norm)
         self._check_shapes()
         self.max_positions = target.config.max_seq_len + c.block_size
@@ -250,7 +255,7 @@ class DFlashModel:
                            ffn_dim=c.ffn_dim, max_seq_len=self.max_positions, norm="rmsnorm",
                            positional="rope", activation="swiglu", tie_embeddings=False,
                            rope_theta=c.rope_theta, norm_eps=c.norm_eps, dtype=t.dtype,
-                           qk_norm=c.qk_norm)
+                           qk_norm=c.qk_norm, weight_dtype=t.weight_dtype)
 
     # --- construction -------------------------------------------------------------------
 
@@ -559,8 +564,9 @@ class DFlashModel:
         P = ctx.shape[0]
         H, Hkv, D, eps = c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps
         cos, sin = rope_tables(P + n, D, c.rope_theta, self.dtype)
-        x = self.target.embed[ids]
-        for lw in self.layers:
+        embed, head, layers = self._stack._numpy_weights()  # matrices in the compute dtype
+        x = embed[ids]
+        for lw in layers:
             h = rms_norm(x, lw.attn_norm, eps)
             q = (h @ lw.wq).reshape(n, H, D)
             k = np.concatenate([ctx @ lw.wk, h @ lw.wk]).reshape(P + n, Hkv, D)
@@ -579,4 +585,4 @@ class DFlashModel:
             x = x + a.astype(self.dtype).reshape(n, H * D) @ lw.wo
             h = rms_norm(x, lw.mlp_norm, eps)
             x = x + (silu(h @ lw.w_gate) * (h @ lw.w_up)) @ lw.w_down
-        return rms_norm(x[1:], self.norm, eps) @ self.target.head
+        return rms_norm(x[1:], self.norm, eps) @ head

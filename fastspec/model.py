@@ -26,6 +26,8 @@ __all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
 _NORMS = ("rmsnorm", "layernorm")
 _POSITIONALS = ("rope", "learned")
 _ACTIVATIONS = ("swiglu", "tanh", "gelu")
+#: LayerWeights fields stored in ``ModelConfig.weight_dtype`` (with ``embed`` and ``head``).
+_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,14 @@ class ModelConfig:
     rotary positions, SwiGLU, grouped-query attention, optional QK-norm (``qk_norm``, Qwen3)
     and optional q/k/v projection biases (``qkv_bias``, Qwen2; stored as
     ``model.layers.L.self_attn.{q,k,v}_proj.bias``).
+
+    ``dtype`` is the compute dtype (activations, KV cache, logits). ``weight_dtype`` is the
+    storage dtype of the large matrices (``embed``, ``head`` and the seven projections of each
+    layer): None (default) means ``dtype``; ``"float16"`` (only with ``dtype="float32"``) keeps
+    them in float16, which halves the bytes a decode step streams. Float16 weights are widened
+    to float32 exactly, in registers, and the result is bit-identical to a float32 model whose
+    weights are those float16 values. Norms, biases, rope tables and ``pos_embed`` stay in
+    ``dtype``. A ``weight_dtype`` equal to ``dtype`` is stored as None.
     """
 
     vocab_size: int
@@ -56,6 +66,7 @@ class ModelConfig:
     head_dim: int | None = None
     qk_norm: bool = False
     qkv_bias: bool = False
+    weight_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -84,6 +95,16 @@ class ModelConfig:
             raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if self.weight_dtype not in (None, "float16", "float32", "float64"):
+            raise ValueError("weight_dtype must be None, 'float16', 'float32' or 'float64', got "
+                             f"{self.weight_dtype!r}")
+        if self.weight_dtype == self.dtype:
+            object.__setattr__(self, "weight_dtype", None)
+        elif self.weight_dtype == "float16" and self.dtype != "float32":
+            raise ValueError(f"weight_dtype 'float16' needs dtype 'float32', got {self.dtype!r}")
+        elif self.weight_dtype is not None and self.weight_dtype != "float16":
+            raise ValueError(f"weight_dtype {self.weight_dtype!r} does not match dtype "
+                             f"{self.dtype!r} (only float16 weights with float32 compute)")
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
         if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
@@ -106,9 +127,17 @@ class ModelConfig:
         fields.update(overrides)
         return cls(**fields)
 
+    @property
+    def matrix_dtype(self) -> str:
+        """Storage dtype of the large matrices: ``weight_dtype``, or ``dtype`` when None."""
+        return self.weight_dtype or self.dtype
+
     def to_dict(self) -> dict:
-        """Return the config as a JSON-serialisable dict."""
-        return dataclasses.asdict(self)
+        """Return the config as a JSON-serialisable dict (``weight_dtype`` only when set)."""
+        d = dataclasses.asdict(self)
+        if d["weight_dtype"] is None:  # files of default models stay readable by older versions
+            del d["weight_dtype"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -239,6 +268,8 @@ class Transformer:
     layers : list of LayerWeights
     head : ndarray of shape (dim, vocab_size)
         Output projection in ``(in, out)`` layout (for tied embeddings, ``embed.T`` copied).
+        ``embed``, ``head`` and the layers' projections are converted to
+        ``config.matrix_dtype``, everything else to ``config.dtype`` (C-contiguous).
     final_norm : ndarray of shape (dim,), optional
         RMSNorm weight (Llama family).
     pos_embed : ndarray of shape (max_seq_len, dim), optional
@@ -249,11 +280,12 @@ class Transformer:
                  head: np.ndarray, final_norm: np.ndarray | None = None,
                  pos_embed: np.ndarray | None = None) -> None:
         self.config = config
-        dt = np.dtype(config.dtype)
-        cast = lambda a: None if a is None else np.ascontiguousarray(a, dtype=dt)  # noqa: E731
-        self.embed = cast(embed)
-        self.layers = [LayerWeights(**{k: cast(v) for k, v in lw.arrays().items()}) for lw in layers]
-        self.head = cast(head)
+        dt, wdt = np.dtype(config.dtype), np.dtype(config.matrix_dtype)
+        cast = lambda a, t=dt: None if a is None else np.ascontiguousarray(a, dtype=t)  # noqa: E731
+        self.embed = cast(embed, wdt)
+        self.layers = [LayerWeights(**{k: cast(v, wdt if k in _MATRICES else dt)
+                                       for k, v in lw.arrays().items()}) for lw in layers]
+        self.head = cast(head, wdt)
         self.final_norm = cast(final_norm)
         self.pos_embed = cast(pos_embed)
         self._check_shapes()
@@ -263,6 +295,7 @@ class Transformer:
         else:
             self.rope_cos = self.rope_sin = None
         self._runners = threading.local()
+        self._wide = None  # float16 matrices widened for the NumPy path (see _numpy_weights)
 
     # --- construction -------------------------------------------------------------------
 
@@ -403,7 +436,7 @@ class Transformer:
         self._check_cache(cache)
         self._check_room(cache, start, ids.shape[0])
         out = self._check_out(out, ids.shape[0])
-        x = self.embed[ids]
+        x = self._numpy_weights()[0][ids]
         if self.config.positional == "learned":
             x = x + self.pos_embed[start:start + ids.shape[0]]
         logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
@@ -488,8 +521,9 @@ class Transformer:
             runner.context_kv(features, cache.k, cache.v, start, lo, hi)
         else:
             cos, sin = self._rope_rows(start, n)
+            layers = self._numpy_weights()[2]
             for i in range(lo, hi):
-                self._store_kv(features, self.layers[i], cache.k[i], cache.v[i], start, cos, sin)
+                self._store_kv(features, layers[i], cache.k[i], cache.v[i], start, cos, sin)
         if advance:
             cache.advance(n)
 
@@ -516,8 +550,48 @@ class Transformer:
         return runner
 
     def invalidate(self) -> None:
-        """Forget the fused runners; call after replacing (not updating in place) a weight array."""
+        """Forget the fused runners (and widened weights); call after replacing or updating a
+        weight array (in-place updates of float16 matrices are not seen by the NumPy path
+        before this call)."""
         self._runners = threading.local()
+        self._wide = None
+
+    def _numpy_weights(self) -> tuple[np.ndarray, np.ndarray, list[LayerWeights]]:
+        """Return ``embed, head, layers`` with every matrix in the compute dtype.
+
+        The model's own arrays when ``weight_dtype`` is unset; otherwise float32 copies of the
+        float16 matrices, made once (exact) and kept: the NumPy path then does the float32
+        model's arithmetic on them.
+        """
+        if self.config.weight_dtype is None:
+            return self.embed, self.head, self.layers
+        wide = self._wide
+        if wide is None:
+            dt = np.dtype(self.config.dtype)
+            layers = [LayerWeights(**{k: v.astype(dt) if k in _MATRICES else v
+                                      for k, v in lw.arrays().items()}) for lw in self.layers]
+            wide = self._wide = (self.embed.astype(dt), self.head.astype(dt), layers)
+        return wide
+
+    def with_weight_dtype(self, weight_dtype: str | None) -> "Transformer":
+        """Return this model with its matrices stored in ``weight_dtype``.
+
+        Parameters
+        ----------
+        weight_dtype : {None, "float16", "float32", "float64"}
+            See :class:`ModelConfig`; None or the compute dtype stores the matrices in it.
+            float16 -> float32 is exact; float32 -> float16 rounds to nearest (values beyond
+            the float16 range become infinite).
+
+        Returns
+        -------
+        Transformer
+            A new model; arrays that need no conversion (norms, biases, ``pos_embed``, and
+            matrices already in ``weight_dtype``) are shared with this one.
+        """
+        config = self.config.replace(weight_dtype=weight_dtype)
+        return Transformer(config, self.embed, self.layers, self.head, self.final_norm,
+                           self.pos_embed)
 
     def _temp_cache(self, ids) -> KVCache:
         n = len(ids) if hasattr(ids, "__len__") else np.asarray(ids).size
@@ -566,12 +640,13 @@ class Transformer:
     def _layers_numpy(self, x, cache, start, causal, hidden_layers, out):
         n = x.shape[0]
         cos, sin = self._rope_rows(start, n)
+        _, head, layers = self._numpy_weights()
         hidden = {}
-        for i, lw in enumerate(self.layers):
+        for i, lw in enumerate(layers):
             x = self.layer_forward(x, lw, cache.k[i], cache.v[i], start, cos, sin, causal)
             if i in hidden_layers:
                 hidden[i] = x.copy()
-        logits = self.norm(x, self.final_norm) @ self.head
+        logits = self.norm(x, self.final_norm) @ head
         if out is not None:
             out[...] = logits
             logits = out
@@ -600,7 +675,8 @@ class Transformer:
         """One decoder layer on ``x`` (n, dim) at positions ``start ..``; returns the new x.
 
         Writes the new keys/values into ``k_cache``/``v_cache`` (n_kv_heads, C, head_dim) at
-        ``start ..`` and attends over positions ``[0, start + n)``.
+        ``start ..`` and attends over positions ``[0, start + n)``. ``lw`` holds matrices in the
+        compute dtype (for float16 weights: an entry of ``_numpy_weights()[2]``).
         """
         c = self.config
         n = x.shape[0]
@@ -690,16 +766,31 @@ class Transformer:
             save_hf(self, path)
 
     @classmethod
-    def load(cls, path: str | Path, dtype: str | None = None) -> "Transformer":
-        """Load an ``.npz`` written by :meth:`save` or a Hugging Face checkpoint folder."""
+    def load(cls, path: str | Path, dtype: str | None = None,
+             weight_dtype: str | None = None) -> "Transformer":
+        """Load an ``.npz`` written by :meth:`save` or a Hugging Face checkpoint folder.
+
+        Parameters
+        ----------
+        path : path-like
+        dtype : {"float32", "float64"}, optional
+            Compute dtype; default: the file's (float32 for a Hugging Face folder).
+        weight_dtype : {"float16", "float32", "float64"}, optional
+            Storage dtype of the matrices (see :class:`ModelConfig`); default: the file's
+            ``weight_dtype`` when it fits ``dtype`` (float16 needs float32), else ``dtype``.
+        """
         path = Path(path)
         if path.is_dir():
             from fastspec.checkpoints import load_hf
-            return load_hf(path, dtype=dtype)
+            return load_hf(path, dtype=dtype, weight_dtype=weight_dtype)
         from fastspec._npz import read_npz  # bounded: validates every header before reading
         cfg, sd = read_npz(path, "model")
         if dtype is not None:
             cfg["dtype"] = dtype
+            if cfg.get("weight_dtype") == "float16" and dtype != "float32":
+                cfg["weight_dtype"] = None
+        if weight_dtype is not None:
+            cfg["weight_dtype"] = weight_dtype
         return cls.from_state_dict(ModelConfig.from_dict(cfg), sd)
 
     @property
@@ -712,4 +803,6 @@ class Transformer:
         c = self.config
         return (f"Transformer(dim={c.dim}, n_layers={c.n_layers}, n_heads={c.n_heads}, "
                 f"n_kv_heads={c.n_kv_heads}, vocab_size={c.vocab_size}, {c.norm}/{c.positional}/"
-                f"{c.activation}, dtype={c.dtype}, params={self.n_params})")
+                f"{c.activation}, dtype={c.dtype}"
+                + (f", weight_dtype={c.weight_dtype}" if c.weight_dtype else "")
+                + f", params={self.n_params})")

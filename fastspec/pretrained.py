@@ -50,8 +50,17 @@ def available() -> bool:
     return all((folder / name).is_file() for name in _FILES.values())
 
 
-def load(dtype: str = "float32") -> Bundle:
+def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
     """Load the embedded target, draft and DFlash models (stored in float16, computed in ``dtype``).
+
+    Parameters
+    ----------
+    dtype : {"float32", "float64"}, default "float32"
+        Compute dtype (activations, KV caches, logits).
+    weight_dtype : {"float16", "float32", "float64"}, optional
+        Storage dtype of the matrices (see :class:`~fastspec.ModelConfig`). Default: float16
+        with float32 compute (the files' own values, half the memory traffic of a decode step,
+        results bit-identical to ``weight_dtype="float32"``), else ``dtype``.
 
     Raises
     ------
@@ -64,8 +73,10 @@ def load(dtype: str = "float32") -> Bundle:
     missing = [name for name in _FILES.values() if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"embedded model files missing from {folder}: {missing}")
-    target = Transformer.load(folder / _FILES["target"], dtype=dtype)
-    draft = Transformer.load(folder / _FILES["draft"], dtype=dtype)
+    if weight_dtype is None:
+        weight_dtype = "float16" if dtype == "float32" else dtype
+    target = Transformer.load(folder / _FILES["target"], dtype=dtype, weight_dtype=weight_dtype)
+    draft = Transformer.load(folder / _FILES["draft"], dtype=dtype, weight_dtype=weight_dtype)
     dflash = DFlashModel.load(folder / _FILES["dflash"], target)
     # Trained on 256-token sequences: keep the drafter's context within what it has seen
     # (block included); see DFlashDrafter's context_window.

@@ -1,0 +1,86 @@
+/* Checks fs_linear.h's float kernels: every variant this CPU runs (baseline, AVX2+F16C,
+ * AVX-512F+F16C) gives fs_linear_f32h == fs_linear_f32 bit for bit on widened float16 weights,
+ * over row counts 1..12 and 23, widths with and without column remainders, with and without
+ * accumulation; fs_h2f matches the compiler's _Float16 conversion on all 65536 inputs (when the
+ * compiler has _Float16). With -DFS_TEST_PORTABLE the header is compiled as by a compiler
+ * without GNU C (scalar kernels only) and the public entry points are compared instead.
+ * Built and run by tests/test_linear_f16_c.py; exit status = failures. */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef FS_TEST_PORTABLE
+#undef __GNUC__ /* after the system headers, which need it */
+#endif
+#include "fs_linear.h"
+
+typedef void (*part_f32)(const float *, const float *, float *, int, int, int, int, int, int);
+typedef void (*part_f32h)(const float *, const uint16_t *, float *, int, int, int, int, int, int);
+
+int main(void)
+{
+#ifdef FS_TEST_PORTABLE
+    part_f32 F[3] = {fs_linear_part_f32, 0, 0};
+    part_f32h H[3] = {fs_linear_part_f32h, 0, 0};
+#else
+    part_f32 F[3] = {fs_linf_part_f32_def, 0, 0};
+    part_f32h H[3] = {fs_linf_part_f32h_def, 0, 0};
+#endif
+    const char *names[3] = {"baseline", "avx2", "avx512"};
+    int variants = 1, fails = 0;
+#if !defined(FS_TEST_PORTABLE) && FS_LINF_SIMD
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+        F[variants] = fs_linf_part_f32_avx2; H[variants] = fs_linf_part_f32h_avx2;
+        names[variants++] = "avx2";
+    }
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c")) {
+        F[variants] = fs_linf_part_f32_avx512; H[variants] = fs_linf_part_f32h_avx512;
+        names[variants++] = "avx512";
+    }
+#endif
+    const int ins[] = {3, 70, 256}, outs[] = {5, 16, 83, 704};
+    for (int v = 0; v < variants; v++)
+        for (int ii = 0; ii < 3; ii++)
+            for (int oo = 0; oo < 4; oo++)
+                for (int n = 1; n <= 23; n += n < 12 ? 1 : 11)
+                    for (int acc = 0; acc < 2; acc++) {
+                        int in = ins[ii], out = outs[oo];
+                        float *x = malloc(sizeof(float) * n * in);
+                        float *y1 = malloc(sizeof(float) * n * out);
+                        float *y2 = malloc(sizeof(float) * n * out);
+                        float *Wf = malloc(sizeof(float) * in * out);
+                        uint16_t *Wh = malloc(sizeof(uint16_t) * in * out);
+                        srand(1000 * v + 100 * ii + 10 * oo + n);
+                        for (int i = 0; i < n * in; i++) x[i] = rand() / (float)RAND_MAX - 0.5f;
+                        for (int i = 0; i < in * out; i++) {
+                            Wh[i] = (uint16_t)(rand() & 0xffff);
+                            if (((Wh[i] >> 10) & 31) >= 20) Wh[i] &= 0xbfff;  /* |w| < 32 */
+                            Wf[i] = fs_h2f(Wh[i]);
+                        }
+                        for (int i = 0; i < n * out; i++) y1[i] = y2[i] = 0.01f * i;
+                        F[v](x, Wf, y1, n, in, out, 0, out, acc);
+                        H[v](x, Wh, y2, n, in, out, 0, out, acc);
+                        if (memcmp(y1, y2, sizeof(float) * n * out)) {
+                            printf("%s: in=%d out=%d n=%d accumulate=%d differ\n", names[v], in,
+                                   out, n, acc);
+                            fails++;
+                        }
+                        free(x); free(y1); free(y2); free(Wf); free(Wh);
+                    }
+#if defined(__FLT16_MAX__) && !defined(FS_TEST_PORTABLE)
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint16_t bits = (uint16_t)h;
+        _Float16 f;
+        memcpy(&f, &bits, sizeof f);
+        float a = (float)f, b = fs_h2f(bits);
+        if (memcmp(&a, &b, sizeof a) && !(a != a && b != b)) {
+            printf("fs_h2f(0x%04x) = %a, expected %a\n", h, b, a);
+            fails++;
+            break;
+        }
+    }
+#endif
+    printf("%d variants checked, %d failures\n", variants, fails);
+    return fails;
+}
