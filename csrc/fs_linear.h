@@ -281,7 +281,9 @@ FS_LIN_INLINE ATTR int fs_linf_vec_##V(const float *x, const WT *W, float *y, in
 }                                                                                              \
                                                                                                \
 /* One row, columns [lo, hi): four rows of W per pass over y (which stays in L1); the last     \
- * m < 16 columns go through zero-padded vectors (the same arithmetic as full ones). */        \
+ * m < 16 columns go through zero-padded vectors (the same arithmetic as full ones). Each     \
+ * y[c] takes its products in k order, one multiply-add at a time, exactly as in a tile, so a \
+ * row gives the same bits alone (decode) as inside a block (verification). */               \
 FS_LIN_INLINE ATTR void fs_linf_row_##V(const float *FS_LIN_RESTRICT x,                        \
                                         const WT *FS_LIN_RESTRICT W,                           \
                                         float *FS_LIN_RESTRICT y, int in, int out, int lo,     \
@@ -299,12 +301,14 @@ FS_LIN_INLINE ATTR void fs_linf_row_##V(const float *FS_LIN_RESTRICT x,         
         fs_lin_vf32 v0, v1, v2, v3;                                                            \
         for (int c = lo; c < cv; c += 16) {                                                    \
             LOADW(&v0, w0 + c); LOADW(&v1, w1 + c); LOADW(&v2, w2 + c); LOADW(&v3, w3 + c);    \
-            *(fs_lin_vf32 *)(y + c) += (a0 * v0 + a1 * v1) + (a2 * v2 + a3 * v3);              \
+            fs_lin_vf32 t = *(fs_lin_vf32 *)(y + c);                                           \
+            t += a0 * v0; t += a1 * v1; t += a2 * v2; t += a3 * v3;                            \
+            *(fs_lin_vf32 *)(y + c) = t;                                                       \
         }                                                                                      \
         if (m) {                                                                               \
             LOADP(&v0, w0 + cv, m); LOADP(&v1, w1 + cv, m);                                    \
             LOADP(&v2, w2 + cv, m); LOADP(&v3, w3 + cv, m);                                    \
-            yt.v += (a0 * v0 + a1 * v1) + (a2 * v2 + a3 * v3);                                 \
+            yt.v += a0 * v0; yt.v += a1 * v1; yt.v += a2 * v2; yt.v += a3 * v3;                \
         }                                                                                      \
     }                                                                                          \
     for (; k < in; k++) {                                                                      \

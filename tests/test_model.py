@@ -282,3 +282,30 @@ def test_threaded_products_agree():
         fs.set_backend(previous)
     with pytest.raises(ValueError, match="n must be"):
         _model.set_threads(0)
+
+
+@needs_cython
+@pytest.mark.parametrize("weight_dtype", [None, "float16"])
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_block_rows_are_bit_identical_to_decode_steps(weight_dtype, head_dim):
+    # What greedy speculative decoding compares: the logits of a verification block (n rows)
+    # and those of the decode steps that vanilla decoding would run, one token at a time.
+    # The fused float32 forward computes each row the same way in both (linear: products in
+    # k order; attention: per-row tiles), so they agree bit for bit, not just within 1e-6.
+    previous = fs.backend()
+    fs.set_backend("cython")
+    try:
+        cfg = ModelConfig(vocab_size=53, dim=4 * head_dim, n_layers=2, n_heads=4, n_kv_heads=2,
+                          ffn_dim=3 * head_dim + 8, max_seq_len=300, weight_dtype=weight_dtype)
+        model = Transformer.random(cfg, seed=3)
+        ids = ids_for(model, 150)
+        block_cache, step_cache = model.new_cache(), model.new_cache()
+        model.forward(ids[:141], block_cache)
+        model.forward(ids[:141], step_cache)
+        block = model.forward(ids[141:], block_cache, hidden_layers=(0,))
+        steps = [model.forward(ids[i:i + 1], step_cache, hidden_layers=(0,)) for i in range(141, 150)]
+        np.testing.assert_array_equal(block.logits, np.concatenate([s.logits for s in steps]))
+        np.testing.assert_array_equal(block.hidden[0], np.concatenate([s.hidden[0] for s in steps]))
+        np.testing.assert_array_equal(block_cache.k[:, :, :150], step_cache.k[:, :, :150])
+    finally:
+        fs.set_backend(previous)
