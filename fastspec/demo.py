@@ -23,6 +23,19 @@ __all__ = ["METHODS", "MethodResult", "run_methods", "demo_main", "eval_main", "
 #: Methods in display order; "vanilla" is the baseline.
 METHODS = ("vanilla", "draft", "ngram", "dflash")
 
+#: Draft tokens per round of each drafter, greedy and sampling. Measured on the embedded
+#: models (the gamma scan of ``fastspec bench`` and docs/RESULTS.md): verifying a token costs
+#: about an eighth of a decode step here, so the best gamma is short when acceptance is low
+#: (temperature 1). "adaptive" grows after fully accepted blocks and shrinks after rejections.
+DEFAULT_GAMMA = {("draft", False): 4, ("draft", True): 2,
+                 ("ngram", False): 4, ("ngram", True): "adaptive",
+                 ("dflash", False): 7, ("dflash", True): 3}
+
+
+def default_gamma(method: str, temperature: float):
+    """Return the gamma :func:`run_methods` uses for ``method`` at ``temperature``."""
+    return DEFAULT_GAMMA[(method, temperature > 0)]
+
 
 @dataclass
 class MethodResult:
@@ -37,10 +50,11 @@ class MethodResult:
     target_calls: int = 0
     identical: bool = True
     speedup: float = 1.0
+    gamma: int | str | None = None
     extra: dict = field(default_factory=dict)
 
 
-def _runner(bundle, method: str, gamma: int) -> Callable:
+def _runner(bundle, method: str, gamma) -> Callable:
     """Return ``run(ids, max_new_tokens, temperature, seed) -> result`` for ``method``."""
     target = bundle.target
     if method == "vanilla":
@@ -53,7 +67,9 @@ def _runner(bundle, method: str, gamma: int) -> Callable:
         make = lambda: fs.DFlashDrafter(bundle.dflash)  # noqa: E731
     else:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    g = gamma if method != "dflash" else min(gamma, bundle.dflash.config.block_size - 1)
+    g = gamma
+    if method == "dflash" and isinstance(gamma, int):
+        g = min(gamma, bundle.dflash.config.block_size - 1)
     return lambda ids, n, t, s: fs.speculative_generate(target, make(), ids, n, gamma=g,
                                                         temperature=t, seed=s)
 
@@ -71,9 +87,8 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
     temperature : float
     methods : sequence of str
         Subset of :data:`METHODS`; vanilla is always run first as the baseline.
-    gamma : int, optional
-        Draft length per round (default 4 for the draft model and n-gram, block_size - 1
-        for DFlash).
+    gamma : int or "adaptive", optional
+        Draft length per round (default: :func:`default_gamma` of each method).
     repeats : int
         Timed runs per method; the fastest is reported (outputs are identical across runs).
 
@@ -85,7 +100,7 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
     results = []
     baseline = None
     for method in order:
-        g = gamma or (bundle.dflash.config.block_size - 1 if method == "dflash" else 4)
+        g = gamma or (None if method == "vanilla" else default_gamma(method, temperature))
         run = _runner(bundle, method, g)
         run(prompt_ids, min(8, max_new_tokens), temperature, seed)  # warm-up: caches, scratch
         best = None
@@ -99,7 +114,7 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
         tokens = list(res.tokens)
         stats = getattr(res, "stats", None)
         r = MethodResult(method=method, tokens=tokens, elapsed_s=dt,
-                         tokens_per_s=len(tokens) / dt if dt > 0 else float("inf"))
+                         tokens_per_s=len(tokens) / dt if dt > 0 else float("inf"), gamma=g)
         if method == "vanilla":
             baseline = r
             r.target_calls = len(tokens)
@@ -116,7 +131,8 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
 def format_table(results: Sequence[MethodResult], temperature: float) -> str:
     """Render results as a fixed-width table."""
     same = "identical"
-    head = f"{'method':<8} {'tokens/s':>9} {'speedup':>8} {'tau':>6} {'accept':>7} {'target calls':>13} {same:>10}"
+    head = (f"{'method':<8} {'gamma':>8} {'tokens/s':>9} {'speedup':>8} {'tau':>6} {'accept':>7} "
+            f"{'target calls':>13} {same:>10}")
     lines = [head, "-" * len(head)]
     for r in results:
         acc = "-" if r.method == "vanilla" else f"{r.acceptance_rate:6.1%}"
@@ -126,8 +142,9 @@ def format_table(results: Sequence[MethodResult], temperature: float) -> str:
             ident = "-"
         else:
             ident = "yes" if r.identical else "no"
-        lines.append(f"{r.method:<8} {r.tokens_per_s:9.1f} {r.speedup:7.2f}x {tau:>6} {acc:>7} "
-                     f"{r.target_calls:13d} {ident:>10}")
+        gamma = "-" if r.gamma is None else str(r.gamma)
+        lines.append(f"{r.method:<8} {gamma:>8} {r.tokens_per_s:9.1f} {r.speedup:7.2f}x {tau:>6} "
+                     f"{acc:>7} {r.target_calls:13d} {ident:>10}")
     return "\n".join(lines)
 
 
@@ -232,6 +249,7 @@ def eval_main(args) -> int:
                     "tau": _summary([r["tau"] for r in sel]),
                     "speedup": _summary([r["speedup"] for r in sel]),
                     "identical": sum(r["identical"] for r in sel) if temperature == 0 else None,
+                    "gamma": sel[0]["gamma"] if sel else None,
                 }
     report = {"environment": environment(), "max_new_tokens": args.max_new_tokens,
               "n_prompts": len(prompts), "temperatures": args.temperatures,
@@ -286,12 +304,13 @@ def results_markdown(report: dict) -> str:
             if not n:
                 continue
             lines += [f"## temperature {temperature}, {subset.replace('_', '-')} prompts ({n})", "",
-                      "| drafter | tau mean | speedup mean | speedup min | median | max | greedy identical |",
-                      "|---|---|---|---|---|---|---|"]
+                      "| drafter | gamma | tau mean | speedup mean | speedup min | median | max | "
+                      "greedy identical |",
+                      "|---|---|---|---|---|---|---|---|"]
             for m, s in rows:
                 t, sp = s["tau"], s["speedup"]
                 ident = "-" if s["identical"] is None else f"{s['identical']}/{n}"
-                lines.append(f"| {m} | {t['mean']:.2f} | {sp['mean']:.2f}x | {sp['min']:.2f}x | "
-                             f"{sp['median']:.2f}x | {sp['max']:.2f}x | {ident} |")
+                lines.append(f"| {m} | {s.get('gamma', '-')} | {t['mean']:.2f} | {sp['mean']:.2f}x | "
+                             f"{sp['min']:.2f}x | {sp['median']:.2f}x | {sp['max']:.2f}x | {ident} |")
             lines.append("")
     return "\n".join(lines)
