@@ -36,7 +36,7 @@ def test_window_proposals_equal_a_fresh_run_over_the_window(models, backend):
         np.testing.assert_array_equal(mine, np.argmax(logits, axis=1)[:5])
         np.testing.assert_allclose(dflash.forward_block(drafter.cache, dflash.mask_block(int(seq[P]))),
                                    logits, rtol=0, atol=1e-9)
-        assert ctx <= W + 16
+        assert W - min(32, W // 2) <= ctx <= W or drafter._offset == 0
         drafter.commit(seq[:P + n_new + 1], n_new - 1, {l: h[P:P + n_new] for l, h in out.hidden.items()})
         P += n_new
     assert drafter._offset > 0  # the window did slide

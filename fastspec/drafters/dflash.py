@@ -168,19 +168,22 @@ class DFlashDrafter:
 
         A drafter trained on short sequences never saw more context keys than its training
         length; beyond it acceptance collapses. RoPE scores depend only on relative positions,
-        so the drafter can keep the last ``context_window`` positions, moved to the front of
-        the buffer with their keys rotated back by the number of dropped positions: the block
-        then sits at the same relative distances as in a fresh run over that window. The
-        window is refreshed every 16 positions (one short copy), not every round.
+        so the drafter can keep the last positions, moved to the front of the buffer with
+        their keys rotated back by the number of dropped positions: the block then sits at the
+        same relative distances as in a fresh run over that window. When the context outgrows
+        the window, it is cut to ``W - min(32, W // 2)`` positions, so the copy and rotation
+        run once every few dozen positions, not every round, and the context stays within
+        ``[W - min(32, W // 2), W]``.
         """
         W = self.context_window
-        if W is None or self.cache.length <= W + 16:
+        if W is None or self.cache.length <= W:
             return
-        drop = self.cache.length - W
+        keep = W - min(32, W // 2)
+        drop = self.cache.length - keep
         k, v = self.cache.k, self.cache.v  # (layers, kv heads, capacity, head_dim)
-        k[:, :, :W] = _rotate(k[:, :, drop:drop + W], -drop, self.model.config.rope_theta)
-        v[:, :, :W] = v[:, :, drop:drop + W].copy()
-        self.cache.crop(W)
+        k[:, :, :keep] = _rotate(k[:, :, drop:drop + keep], -drop, self.model.config.rope_theta)
+        v[:, :, :keep] = v[:, :, drop:drop + keep].copy()
+        self.cache.crop(keep)
         self._offset += drop
 
     # --- internals ------------------------------------------------------------------------
@@ -218,12 +221,15 @@ class DFlashDrafter:
 
 
 def _rotate(keys: np.ndarray, shift: int, theta: float) -> np.ndarray:
-    """Rotate RoPE'd keys (..., head_dim) by ``shift`` positions (rotate-half convention)."""
+    """Rotate RoPE'd keys (..., head_dim) by ``shift`` positions (rotate-half convention).
+
+    Angles in float64, arithmetic in the keys' dtype.
+    """
     D = keys.shape[-1]
     angle = shift * theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)
-    cos, sin = np.cos(angle), np.sin(angle)
-    x1, x2 = keys[..., :D // 2].astype(np.float64), keys[..., D // 2:].astype(np.float64)
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(keys.dtype)
+    cos, sin = np.cos(angle).astype(keys.dtype), np.sin(angle).astype(keys.dtype)
+    x1, x2 = keys[..., :D // 2], keys[..., D // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def _rows(hidden, layer, n):
