@@ -188,7 +188,7 @@ def _prompt_tokens(length: int, vocab: int) -> np.ndarray:
 def decode_bound(model, limits: dict, step_s: float) -> dict:
     """Compare a measured decode step with the memory and compute bounds of its weights."""
     n_params = model.n_params
-    weight_bytes = n_params * np.dtype(model.config.dtype).itemsize
+    weight_bytes = n_params * np.dtype(model.config.matrix_dtype).itemsize  # norms: negligible
     flops = 2 * n_params
     t_mem_cache = weight_bytes / (limits["stream_cache_GBps"] * 1e9)
     t_mem_dram = weight_bytes / (limits["stream_dram_GBps"] * 1e9)
@@ -425,9 +425,16 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
         fs.set_backend(previous)
         if with_peers:
             try:
+                tiny = fs.Transformer.random(fs.ModelConfig.tiny_llama(), 0)
+                tiny_draft = fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=1), 1)
                 report["peers"] = [
-                    {"models": "random tiny Llama", **peers(fs.Transformer.random(fs.ModelConfig.tiny_llama(), 0),
-                                                            fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=1), 1))},
+                    {"models": "random tiny Llama", **peers(tiny, tiny_draft)},
+                    # The same architecture with its matrices held as float16 values (as
+                    # checkpoints ship): transformers loads them into float32, fastspec keeps
+                    # them in float16 and computes in float32; the outputs are the same.
+                    {"models": "random tiny Llama, float16 weights",
+                     **peers(tiny.with_weight_dtype("float16"),
+                             tiny_draft.with_weight_dtype("float16"))},
                 ]
                 if source == "embedded":
                     report["peers"].append({"models": "embedded", **peers(target, draft)})
