@@ -1017,6 +1017,46 @@ def _sample_anchors(rng, rows_plen, T: int, m: int, mismatch, mismatch_frac: flo
     return out
 
 
+def _miss_anchors(dmodel, target, dcfg, seqs, plens, tap, anchors, miss_frac: float, rng,
+                  bf16: bool):
+    """Move ~``miss_frac`` of the episode rows' anchors to where a decoding round would start.
+
+    In greedy speculative decoding a round starts right after the drafter's first miss: the
+    anchor is the target's correction token and the drafter has just failed on that context.
+    Uniform anchors under-sample these harder positions (they overstate tau). For episode
+    rows (the target's own greedy continuations, so block labels are the next tokens), probe
+    the current drafter at uniform continuation anchors ``a`` without gradients; where its
+    argmax first misses at block row ``k``, ``a + k`` is a round start. Returns the new
+    (Bt, m) anchors, sorted per row.
+    """
+    torch = _torch()
+    Bs = dcfg["block_size"]
+    Bt, T = seqs.shape
+    out = anchors.numpy().copy()
+    rows = [b for b in range(Bt) if plens[b] > 0]
+    n_move = int(round(out.shape[1] * miss_frac))
+    if not rows or n_move == 0:
+        return anchors
+    probe = np.stack([np.sort(rng.integers(max(1, plens[b] - 1), T - Bs, out.shape[1]))
+                      for b in rows])
+    with torch.no_grad():
+        lg = dflash_packed_logits(dmodel, target, dcfg, seqs[rows], torch.from_numpy(probe),
+                                  bf16, tap=tap[rows])
+    guess = lg[:, :, 1:].argmax(-1).numpy()                          # (R, m, B-1)
+    truth = seqs[rows].numpy()[np.arange(len(rows))[:, None, None],
+                               probe[:, :, None] + np.arange(1, Bs)]  # (R, m, B-1)
+    miss = guess != truth
+    for i, b in enumerate(rows):
+        has = miss[i].any(-1)
+        starts = probe[i][has] + miss[i][has].argmax(-1) + 1
+        starts = np.unique(starts[starts < T])
+        if len(starts):
+            pick = rng.choice(starts, size=min(n_move, len(starts)), replace=False)
+            keep = rng.choice(out.shape[1], size=out.shape[1] - len(pick), replace=False)
+            out[b] = np.sort(np.concatenate([out[b][keep], pick]))
+    return torch.from_numpy(out)
+
+
 def _dflash_rows(rng, batch: int, T: int, episodes, corpus: np.ndarray, episode_frac: float):
     """Draw a batch of rows: greedy episodes (with prompt lengths) and corpus windows."""
     seqs = np.zeros((batch, T), dtype=np.int64)
@@ -1145,6 +1185,9 @@ def train_dflash(args) -> None:
         mismatch[:, 1:] = (logits[:, :-1].float().argmax(-1) != st[:, 1:]).numpy()
         anchors = torch.from_numpy(_sample_anchors(rng, plens, T, m, mismatch,
                                                    args.mismatch_frac))
+        if args.miss_frac > 0:
+            anchors = _miss_anchors(dmodel, target, dcfg, st, plens, tap, anchors,
+                                    args.miss_frac, rng, args.bf16)
         labels = branch_greedy_labels(target, st, anchors, logits, cache_,
                                       dcfg["block_size"], args.target_bf16)
         lg = dflash_packed_logits(dmodel, target, dcfg, st, anchors, args.bf16, tap=tap)
@@ -1268,6 +1311,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="position weight exp(-(k-1)/gamma_w) of block row k")
     f.add_argument("--episode-frac", type=float, default=0.6,
                    help="share of rows that are greedy episodes (the rest: corpus windows)")
+    f.add_argument("--miss-frac", type=float, default=0.0,
+                   help="share of episode-row anchors moved to where the drafter's own block "
+                        "first misses (round starts of greedy decoding); costs a probe forward")
     f.add_argument("--mismatch-frac", type=float, default=0.25,
                    help="share of anchors on tokens the target did not predict")
     f.add_argument("--episodes", type=int, default=1024, help="training greedy episodes")
