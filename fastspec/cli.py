@@ -99,6 +99,9 @@ def _add_eval(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_results.json", help="JSON output path")
     p.add_argument("--markdown", metavar="PATH", help="also write a markdown summary here")
+    p.add_argument("--gamma", type=_gamma, default=None, metavar="G",
+                   help="draft tokens per round for every drafter, an int or 'adaptive' "
+                        "(default: each drafter's tuned default, fastspec.demo.DEFAULT_GAMMA)")
     p.set_defaults(run=_run_eval)
 
 
@@ -152,6 +155,11 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def _gamma(text: str):
+    """``--gamma``: a positive int or "adaptive"."""
+    return text if text == "adaptive" else _positive_int(text)
 
 
 def _non_negative_float(text: str) -> float:

@@ -27,9 +27,9 @@ METHODS = ("vanilla", "draft", "ngram", "dflash")
 #: models (the gamma scan of ``fastspec bench`` and docs/RESULTS.md): verifying a token costs
 #: about an eighth of a decode step here, so the best gamma is short when acceptance is low
 #: (temperature 1). "adaptive" grows after fully accepted blocks and shrinks after rejections.
-DEFAULT_GAMMA = {("draft", False): 4, ("draft", True): 2,
-                 ("ngram", False): 4, ("ngram", True): "adaptive",
-                 ("dflash", False): 7, ("dflash", True): 3}
+DEFAULT_GAMMA = {("draft", False): 3, ("draft", True): 2,
+                 ("ngram", False): "adaptive", ("ngram", True): 2,
+                 ("dflash", False): 3, ("dflash", True): 3}
 
 
 def default_gamma(method: str, temperature: float):
@@ -231,7 +231,7 @@ def eval_main(args) -> int:
         for i, prompt in enumerate(prompts):
             ids = tok.encode(prompt, add_bos=True)
             results = run_methods(bundle, ids, args.max_new_tokens, temperature, METHODS,
-                                  seed=args.seed + i)
+                                  seed=args.seed + i, gamma=getattr(args, "gamma", None))
             looping = is_looping(results[0].tokens)
             for r in results:
                 runs.append({"prompt": i, "temperature": temperature, "looping": looping,

@@ -11,6 +11,7 @@
 # target's phase 1 was an interrupted run of another schedule; see docs/MODELS.md.
 #
 # Usage: bash scripts/train_embedded.sh [outdir] [workdir]
+# Total about 5 hours on one core (steps 4-5 can run in parallel on a second core).
 set -euo pipefail
 OUT=${1:-fastspec/data}
 WORK=${2:-/tmp/fastspec-train}
@@ -56,3 +57,31 @@ $PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_
     --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 1e-3 --warmup 20 \
     --mismatch-frac 0.35 --minutes 11 --episodes-cache "$WORK/episodes_phase2.npz" \
     --fp32-copy "$WORK/dflash_fp32.npz" 2>&1 | tee "$WORK/dflash.log"
+
+# 4. Continue the target (phase 3, 78 min), then re-distil the draft and re-tune DFlash against
+#    it (27 min each, in parallel). DFlash: fresh episodes and "miss" anchors (--miss-frac:
+#    half of each episode row's anchors moved to where the drafter's own block first misses,
+#    the round starts of greedy decoding).
+$PY -m fastspec.training target --init "$OUT/target.npz" --data-seed 2 --out "$WORK/target_phase3.npz" \
+    --seed 0 --threads 1 --dim 256 --layers 4 --heads 4 --kv-heads 2 --seq 512 --batch 16 \
+    --lr 1e-3 --warmup 30 --minutes 78 --eval-every 250 2>&1 | tee "$WORK/target_phase3.log"
+cp "$WORK/target_phase3.npz" "$OUT/target.npz"
+$PY -m fastspec.training draft --target "$OUT/target.npz" --init "$OUT/draft.npz" --data-seed 3 \
+    --out "$WORK/draft_phase3.npz" --seed 0 --threads 1 --dim 256 --layers 1 --heads 4 \
+    --kv-heads 2 --seq 512 --batch 16 --lr 1e-3 --warmup 20 --minutes 27 --eval-every 300 \
+    2>&1 | tee "$WORK/draft_phase3.log"
+$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$OUT/dflash.npz" \
+    --out "$WORK/dflash_phase4.npz" --seed 3 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
+    --seq 256 --batch 8 --anchors 16 --episodes 256 --val-episodes 32 --eval-rows 32 \
+    --final-eval-rows 64 --gen-batch 64 --eval-every 500 --lr 1.5e-3 --warmup 30 \
+    --mismatch-frac 0.3 --miss-frac 0.5 --minutes 27 --episodes-cache "$WORK/episodes_phase4.npz" \
+    2>&1 | tee "$WORK/dflash_phase4.log"
+# 5. DFlash phase 5: 1,536 fresh episodes (phase 4 had overfitted its 256), 12 min.
+$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase4.npz" \
+    --out "$WORK/dflash_phase5.npz" --seed 5 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
+    --seq 256 --batch 8 --anchors 16 --episodes 1536 --val-episodes 32 --eval-rows 32 \
+    --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 8e-4 --warmup 20 \
+    --mismatch-frac 0.3 --miss-frac 0.5 --minutes 12 --episodes-cache "$WORK/episodes_phase5.npz" \
+    2>&1 | tee "$WORK/dflash_phase5.log"
+cp "$WORK/draft_phase3.npz" "$OUT/draft.npz"
+cp "$WORK/dflash_phase5.npz" "$OUT/dflash.npz"
