@@ -175,7 +175,7 @@ def test_draft_model_counters_and_capacity():
     d.reset(arr(PREFIX), None)
     prop = d.propose(arr(PREFIX), 10, GREEDY, np.random.default_rng(0))
     assert len(prop) == 12 - len(PREFIX) + 1  # clamped to the draft cache
-    assert d.forward_calls == len(prop)
+    assert d.forward_calls == 1 + len(prop)  # the prompt prefill (in reset), then one per token
     assert d.forward_positions == len(PREFIX) + len(prop) - 1
     with pytest.raises(ValueError, match="max_seq_len"):
         d.reset(arr(list(range(8)) * 2), None)

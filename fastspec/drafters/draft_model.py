@@ -64,11 +64,17 @@ class DraftModelDrafter:
             self._q = np.empty((gamma, self._vocab), dtype=self._q.dtype)
 
     def reset(self, prompt: np.ndarray, hidden=None) -> None:
-        """Forget the previous sequence; the prompt is fed lazily by the first :meth:`propose`."""
+        """Forget the previous sequence and prefill the prompt but its last token.
+
+        Prefilling here, not in the first :meth:`propose`, puts the draft model's prompt pass
+        where the target's is (``stats.prefill_s``), outside the decoding rounds.
+        """
         if prompt.shape[0] > self.cache.capacity:
             raise ValueError(f"prompt has {prompt.shape[0]} tokens, more than the draft model's "
                              f"max_seq_len {self.cache.capacity}")
         self.cache.reset()
+        if prompt.shape[0] > 1:
+            self._forward(prompt[:-1])
 
     def _forward(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         past = self.cache.length
