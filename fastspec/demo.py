@@ -29,7 +29,7 @@ METHODS = ("vanilla", "draft", "ngram", "dflash")
 #: (temperature 1). "adaptive" grows after fully accepted blocks and shrinks after rejections.
 DEFAULT_GAMMA = {("draft", False): 3, ("draft", True): 2,
                  ("ngram", False): "adaptive", ("ngram", True): 2,
-                 ("dflash", False): 3, ("dflash", True): 3}
+                 ("dflash", False): 7, ("dflash", True): 3}
 
 
 def default_gamma(method: str, temperature: float):
