@@ -73,11 +73,6 @@ static inline size_t fs_scratch_row(const fs_dims *d)
 #define FS_TSFX f32
 #define FS_WHALF 0
 #include "fs_model_impl.h"
-#undef FS_T
-#undef FS_W
-#undef FS_SFX
-#undef FS_TSFX
-#undef FS_WHALF
 
 #define FS_T double
 #define FS_W double
@@ -85,11 +80,6 @@ static inline size_t fs_scratch_row(const fs_dims *d)
 #define FS_TSFX f64
 #define FS_WHALF 0
 #include "fs_model_impl.h"
-#undef FS_T
-#undef FS_W
-#undef FS_SFX
-#undef FS_TSFX
-#undef FS_WHALF
 
 /* float compute on float16 weights: bit-identical to the f32 model on the widened weights. */
 #define FS_T float
@@ -98,10 +88,5 @@ static inline size_t fs_scratch_row(const fs_dims *d)
 #define FS_TSFX f32
 #define FS_WHALF 1
 #include "fs_model_impl.h"
-#undef FS_T
-#undef FS_W
-#undef FS_SFX
-#undef FS_TSFX
-#undef FS_WHALF
 
 #endif /* FS_MODEL_H */

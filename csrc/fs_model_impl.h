@@ -222,3 +222,9 @@ static void FS_FN(fs_context_kv)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s
 
 #undef FS_FN
 #undef FS_TFN
+/* The template parameters end with the template. */
+#undef FS_T
+#undef FS_W
+#undef FS_SFX
+#undef FS_TSFX
+#undef FS_WHALF

@@ -764,6 +764,15 @@ def _lm_loop(args, prog, opt, model, cfg, val, step_fn) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def _frozen_target(path):
+    """Load the target ``.npz`` for distillation or DFlash training: eval mode, no gradients."""
+    target, tcfg = load_transformer_npz(path)
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target, tcfg
+
+
 def train_draft(args) -> None:
     """Train the 1-layer draft model by distillation from the target (see ``main``)."""
     torch = _torch()
@@ -773,10 +782,7 @@ def train_draft(args) -> None:
 
     _set_threads(args.threads)
     torch.manual_seed(args.seed)
-    target, tcfg = load_transformer_npz(args.target)
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
+    target, tcfg = _frozen_target(args.target)
     cfg = model_config(dim=args.dim, n_layers=args.layers, n_heads=args.heads,
                        n_kv_heads=args.kv_heads, ffn_dim=args.ffn_dim,
                        max_seq_len=tcfg["max_seq_len"], qk_norm=args.qk_norm,
@@ -1131,10 +1137,7 @@ def train_dflash(args) -> None:
 
     _set_threads(args.threads)
     torch.manual_seed(args.seed)
-    target, tcfg = load_transformer_npz(args.target)
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
+    target, tcfg = _frozen_target(args.target)
     dcfg = dflash_config(tcfg, n_layers=args.layers, block_size=args.block_size,
                          tap_layers=args.tap_layers or None)
     dmodel = build_dflash(dcfg, tcfg, seed=args.seed)
