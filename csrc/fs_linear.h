@@ -1,35 +1,43 @@
 /* Dense row-major products for the fused transformer runner (fastspec._model).
  *
- * fs_linear_f32 / fs_linear_f64:  y (n, out) [+]= x (n, in) @ W (in, out) [+ bias (out,)]
- * fs_linear_f32h:                 the same as fs_linear_f32 with W stored as IEEE binary16 bits
- *                                 (uint16_t): weights are widened to float in registers (exact,
- *                                 vcvtph2ps) and every product and sum is fs_linear_f32's, so the
- *                                 result is bit-identical to fs_linear_f32 on the widened W while
- *                                 a decode step streams half the bytes.
+ * fs_linear_f64:   y (n, out) [+]= x (n, in) @ W (in, out) [+ bias (out,)], W C-contiguous
+ * fs_linear_f32:   the same in float, with W packed by fs_pack_f32 (panels of 32 columns)
+ * fs_linear_f32h:  the same as fs_linear_f32 with W stored as IEEE binary16 bits (uint16_t,
+ *                  packed by fs_pack_f32h): weights are widened to float in registers (exact,
+ *                  vcvtph2ps) and every product and sum is fs_linear_f32's, so the result is
+ *                  bit-identical to fs_linear_f32 on the widened W while a decode step streams
+ *                  half the bytes.
  *
- * All matrices are C-contiguous. The inner loops run over `out` (contiguous in W and y), so
- * they vectorise without reassociating sums.
- * - One row (a decode step) streams W row after row: purely sequential reads, which is what
- *   the hardware prefetcher serves at full bandwidth (a decode step is bandwidth bound).
- * - Several rows (a verification step) use register tiles of up to FS_LIN_MAXR rows x 2
- *   vectors accumulated over the whole `in` axis, so W is read once for up to 10 rows: a
- *   9-token verification step then costs about one weight pass plus nearly free FMAs.
- * - With OpenMP (FASTSPEC_HAVE_OPENMP, probed by setup.py) large products can split their
- *   columns between threads: opt in with fs_linear_set_threads (default 1 thread).
+ * Float kernels (the hot path): W is packed once, when a runner is built, into panels of 32
+ * columns stored k after k, so that a register tile of up to FS_LIN_MAXR rows x 32 columns
+ * reads its weights as one sequential stream and keeps its sums in registers over the whole
+ * `in` axis. One row (a decode step) streams four panels at once and is bandwidth bound; a
+ * verification block of up to 10 rows reads W once and is bound by the multiply-adds, which
+ * now overlap the stream instead of following it (measured: a 9-row product of the embedded
+ * target's matrices 444 -> 333 us, one row 232 -> 224 us). Every output takes its products in
+ * k order, one multiply-add at a time, for any row count: decode and verification agree bit
+ * for bit.
+ *
+ * Double kernel: unpacked W; inner loops over `out` (contiguous in W and y) vectorise without
+ * reassociating sums; one row streams W row after row, several rows use register tiles swept
+ * over blocks of FS_LIN_KB rows of W.
+ *
+ * With OpenMP (FASTSPEC_HAVE_OPENMP, probed by setup.py) large products can split their
+ * columns between threads: opt in with fs_linear_set_threads (default 1 thread).
  *
  * With GCC on x86-64 Linux the entry points are compiled three times (AVX-512, AVX2, baseline)
  * and one is picked from the CPU flags: a portable wheel without -march=native still gets wide
- * vectors. Other compilers get the baseline build (and scalar tiles without GCC vectors).
+ * vectors. Other compilers get the baseline build (and scalar loops without GCC vectors).
  * Define FS_NO_CLONES to turn multi-versioning off.
  *
  * Bit-identical float16 weights: the float kernels (f32 and f32h) come from ONE macro body that
  * differs only in how 16 weights are loaded, and all their arithmetic is on 16-lane float
- * vectors (column remainders too, through zero-padded vectors). GCC contracts a*b+c into FMA
- * where the target has it (AVX-512F has it for 16-lane vectors, not for scalars/narrower
- * vectors without AVX512VL); with identical statements on identical vector types the two
- * instantiations are contracted identically, so f32h == f32 on widened weights in every variant.
- * The float16 variants need F16C, which target_clones cannot add to its "avx2" clone, so both
- * float kernels use explicit target attributes and a dispatch on __builtin_cpu_supports.
+ * vectors (the last, partial vector of a row too: packing pads it with zero weights). GCC
+ * contracts a*b+c into FMA where the target has it; with identical statements on identical
+ * vector types the two instantiations are contracted identically, so f32h == f32 on widened
+ * weights in every variant. The float16 variants need F16C, which target_clones cannot add to
+ * its "avx2" clone, so both float kernels use explicit target attributes and a dispatch on
+ * __builtin_cpu_supports.
  */
 #ifndef FS_LINEAR_H
 #define FS_LINEAR_H
@@ -81,6 +89,25 @@ static inline float fs_h2f(uint16_t h)
     return f;
 }
 
+/* Packed layout of the float kernels' W (in, out): columns zero-padded to a multiple of 16
+ * and cut into panels of 32 (the last one 16 wide when the padded width is an odd multiple of
+ * 16); panel c0 / 32 holds W[k, c0:c0 + width] for every k, contiguously, from P + c0 * in.
+ * A tile of rows then reads its weights as one sequential stream per panel. */
+static inline size_t fs_packed_len(int in, int out) { return (size_t)in * ((out + 15) / 16 * 16); }
+#define FS_DEFINE_PACK(WT, SFX)                                                                \
+static void fs_pack_##SFX(const WT *W, int in, int out, WT *P)                                 \
+{                                                                                              \
+    int outp = (out + 15) / 16 * 16;                                                           \
+    for (int c0 = 0; c0 < outp; c0 += 32) {                                                    \
+        int width = outp - c0 >= 32 ? 32 : 16;                                                 \
+        for (int k = 0; k < in; k++)                                                           \
+            for (int j = 0; j < width; j++)                                                    \
+                *P++ = c0 + j < out ? W[(size_t)k * out + c0 + j] : (WT)0;                     \
+    }                                                                                          \
+}
+FS_DEFINE_PACK(float, f32)
+FS_DEFINE_PACK(uint16_t, f32h)
+
 #if defined(__GNUC__)
 /* Software prefetch this many tiles ahead along the rows of W being swept (measured: ~15%
  * off a 9-row product whose weights come from L3/DRAM). */
@@ -89,6 +116,11 @@ static inline float fs_h2f(uint16_t h)
 #endif
 #ifndef FS_LIN_KB
 #define FS_LIN_KB 32
+#endif
+/* Packed float kernels: software prefetch this many k steps ahead in each panel stream
+ * (measured on a 9-row product from L3: ~20% off without it). */
+#ifndef FS_LIN_PF_K
+#define FS_LIN_PF_K 8
 #endif
 /* Full unrolling keeps every accumulator in a register. */
 #define FS_LIN_UNROLL _Pragma("GCC unroll 16")
@@ -180,11 +212,11 @@ typedef union { fs_lin_vf32 v; float f[16]; } fs_linf_u;
 
 /* Loads of 16 weights into *dst (LOADW), or of m < 16 of them zero-padded (LOADW_PART). */
 #define FS_LINF_LOAD_F32(dst, p) (*(dst) = *(const fs_lin_vf32 *)(const void *)(p))
-#define FS_LINF_PART_F32(dst, p, m) fs_linf_part_f32(dst, p, m)
+/* The first min(m, 16) floats at p, zero-padded. */
 FS_LIN_INLINE void fs_linf_part_f32(fs_lin_vf32 *dst, const float *p, int m)
 {
     fs_linf_u u = {{0}};
-    memcpy(u.f, p, (size_t)m * sizeof(float));
+    memcpy(u.f, p, (size_t)(m < 16 ? m : 16) * sizeof(float));
     *dst = u.v;
 }
 #define FS_LINF_LOAD_F32H_DEF(dst, p) fs_linf_load_h_def(dst, p)
@@ -206,150 +238,68 @@ FS_LIN_INLINE FS_LINF_AVX2_F32H void fs_linf_load_h_avx2(fs_lin_vf32 *dst, const
                                                 12, 13, 14, 15);
 }
 #endif
-/* m < 16 binary16 weights, zero-padded, widened with the variant's full load. */
-#define FS_LINF_PART_F32H(LOADW, dst, p, m)                                                    \
-    do {                                                                                       \
-        uint16_t hb_[16] = {0};                                                                \
-        memcpy(hb_, p, (size_t)(m) * sizeof(uint16_t));                                        \
-        LOADW(dst, hb_);                                                                       \
-    } while (0)
-
-/* The float kernels for weight type WT, variant V (name suffix), target attribute ATTR.
- * LOADW(dst, p) loads 16 weights; LOADP(dst, p, m) loads m < 16 of them zero-padded. */
-#define FS_DEFINE_LINEAR_F(V, WT, ATTR, LOADW, LOADP)                                          \
-/* A tile of R rows x NV vectors of y at column c0 over rows [k0, k1) of W, in registers. */   \
+/* The float kernels for weight type WT, variant V (name suffix), target attribute ATTR, on a
+ * packed W (see fs_pack_f32). LOADW(dst, p) loads 16 weights. */
+#define FS_DEFINE_LINEAR_F(V, WT, ATTR, LOADW)                                                 \
+/* A tile of R rows x NP panels x NV vectors of y at column c0 (NP consecutive panels of 32     \
+ * columns, or one of 16 when NV = 1), accumulated in registers over the whole `in` axis while \
+ * the panels stream in sequentially. Each y[c] takes its products in k order, one            \
+ * multiply-add at a time, whatever R and NP are: a row gives the same bits alone (decode) as  \
+ * inside a block (verification). */                                                          \
 FS_LIN_INLINE ATTR void fs_linf_tile_##V(const float *FS_LIN_RESTRICT x,                       \
-                                         const WT *FS_LIN_RESTRICT W,                          \
-                                         float *FS_LIN_RESTRICT y, const int R, const int NV,  \
-                                         int in, int out, int c0, int k0, int k1,              \
+                                         const WT *FS_LIN_RESTRICT P,                          \
+                                         float *FS_LIN_RESTRICT y, const int R, const int NP,  \
+                                         const int NV, int in, int out, int c0,                \
                                          int accumulate)                                       \
 {                                                                                              \
-    fs_lin_vf32 acc[FS_LIN_MAXR * 8];                                                          \
+    fs_lin_vf32 acc[FS_LIN_MAXR * 2];                                                          \
+    const size_t ps = (size_t)in * 32;                                                         \
     FS_LIN_UNROLL for (int r = 0; r < R; r++)                                                  \
-        FS_LIN_UNROLL for (int v = 0; v < NV; v++)                                             \
-            acc[r * NV + v] = (accumulate || k0 > 0)                                           \
-                ? *(const fs_lin_vf32 *)(y + (size_t)r * out + c0 + v * 16) : (fs_lin_vf32){0};\
-    for (int k = k0; k < k1; k++) {                                                            \
-        const WT *w = W + (size_t)k * out + c0;                                                \
-        if (FS_LIN_PF_TILES)                                                                   \
-            FS_LIN_UNROLL for (int v = 0; v < NV; v++)                                         \
-                __builtin_prefetch(w + (FS_LIN_PF_TILES * NV + v) * 16, 0, 3);                 \
+        FS_LIN_UNROLL for (int j = 0; j < NP * NV; j++) {                                      \
+            int c = c0 + j * 16;                                                               \
+            if (accumulate) fs_linf_part_f32(&acc[r * NP * NV + j], y + (size_t)r * out + c,   \
+                                             out - c);                                         \
+            else acc[r * NP * NV + j] = (fs_lin_vf32){0};                                      \
+        }                                                                                      \
+    for (int k = 0; k < in; k++) {                                                             \
         fs_lin_vf32 wv[8];                                                                     \
-        FS_LIN_UNROLL for (int v = 0; v < NV; v++) LOADW(&wv[v], w + v * 16);                  \
+        FS_LIN_UNROLL for (int p = 0; p < NP; p++) {                                           \
+            const WT *w = P + p * ps + (size_t)k * NV * 16;                                    \
+            FS_LIN_UNROLL for (int v = 0; v < NV; v++) {                                       \
+                if (FS_LIN_PF_K) __builtin_prefetch(w + (FS_LIN_PF_K * NV + v) * 16, 0, 3);    \
+                LOADW(&wv[p * NV + v], w + v * 16);                                            \
+            }                                                                                  \
+        }                                                                                      \
         FS_LIN_UNROLL for (int r = 0; r < R; r++) {                                            \
             const float a = x[(size_t)r * in + k];                                             \
-            FS_LIN_UNROLL for (int v = 0; v < NV; v++) acc[r * NV + v] += a * wv[v];           \
+            FS_LIN_UNROLL for (int j = 0; j < NP * NV; j++) acc[r * NP * NV + j] += a * wv[j]; \
         }                                                                                      \
     }                                                                                          \
     FS_LIN_UNROLL for (int r = 0; r < R; r++)                                                  \
-        FS_LIN_UNROLL for (int v = 0; v < NV; v++)                                             \
-            *(fs_lin_vf32 *)(y + (size_t)r * out + c0 + v * 16) = acc[r * NV + v];             \
+        FS_LIN_UNROLL for (int j = 0; j < NP * NV; j++) {                                      \
+            int c = c0 + j * 16;                                                               \
+            fs_linf_u t = {acc[r * NP * NV + j]};                                              \
+            memcpy(y + (size_t)r * out + c, t.f, sizeof(float) * (out - c < 16 ? out - c : 16));\
+        }                                                                                      \
 }                                                                                              \
                                                                                                \
-/* Columns [lo, hi): full tiles of NV vectors, then single vectors; returns the first column  \
- * not covered. Blocks of FS_LIN_KB rows of W, each swept across all columns: W is read as a  \
- * few sequential streams and y is reloaded once per block (from L1). */                       \
-FS_LIN_INLINE ATTR int fs_linf_cols_##V(const float *x, const WT *W, float *y, const int R,    \
-                                        const int NV, int in, int out, int lo, int hi,         \
-                                        int accumulate)                                        \
+/* R rows, columns [lo, hi) (lo a multiple of 32; hi == out or a multiple of 32): NP panels   \
+ * at a time, then single panels, then the last half panel. */                                 \
+FS_LIN_INLINE ATTR void fs_linf_rows_##V(const float *x, const WT *P, float *y, const int R,   \
+                                         const int NP, int in, int out, int lo, int hi,        \
+                                         int accumulate)                                       \
 {                                                                                              \
-    int c0 = lo;                                                                               \
-    for (int k0 = 0; k0 < in; k0 += FS_LIN_KB) {                                               \
-        int k1 = k0 + FS_LIN_KB < in ? k0 + FS_LIN_KB : in;                                    \
-        for (c0 = lo; c0 + NV * 16 <= hi; c0 += NV * 16)                                       \
-            fs_linf_tile_##V(x, W, y, R, NV, in, out, c0, k0, k1, accumulate);                 \
-        for (; c0 + 16 <= hi; c0 += 16)                                                        \
-            fs_linf_tile_##V(x, W, y, R, 1, in, out, c0, k0, k1, accumulate);                  \
-    }                                                                                          \
-    return c0;                                                                                 \
+    int end = hi == out ? (out + 15) / 16 * 16 : hi, c0 = lo;                                  \
+    for (; c0 + 32 * NP <= end; c0 += 32 * NP)                                                 \
+        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, NP, 2, in, out, c0, accumulate);        \
+    for (; c0 + 32 <= end; c0 += 32)                                                           \
+        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 2, in, out, c0, accumulate);         \
+    if (c0 < end) fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 1, in, out, c0, accumulate);\
 }                                                                                              \
                                                                                                \
-FS_LIN_INLINE ATTR int fs_linf_vec_##V(const float *x, const WT *W, float *y, int R, int in,   \
-                                       int out, int lo, int hi, int accumulate)                \
-{                                                                                              \
-    switch (R) {                                                                               \
-    case 2: return fs_linf_cols_##V(x, W, y, 2, 4, in, out, lo, hi, accumulate);               \
-    case 3: return fs_linf_cols_##V(x, W, y, 3, 2, in, out, lo, hi, accumulate);               \
-    case 4: return fs_linf_cols_##V(x, W, y, 4, 2, in, out, lo, hi, accumulate);               \
-    case 5: return fs_linf_cols_##V(x, W, y, 5, 2, in, out, lo, hi, accumulate);               \
-    case 6: return fs_linf_cols_##V(x, W, y, 6, 2, in, out, lo, hi, accumulate);               \
-    case 7: return fs_linf_cols_##V(x, W, y, 7, 2, in, out, lo, hi, accumulate);               \
-    case 8: return fs_linf_cols_##V(x, W, y, 8, 2, in, out, lo, hi, accumulate);               \
-    case 9: return fs_linf_cols_##V(x, W, y, 9, 2, in, out, lo, hi, accumulate);               \
-    default: return fs_linf_cols_##V(x, W, y, 10, 2, in, out, lo, hi, accumulate);             \
-    }                                                                                          \
-}                                                                                              \
-                                                                                               \
-/* One row, columns [lo, hi): four rows of W per pass over y (which stays in L1); the last     \
- * m < 16 columns go through zero-padded vectors (the same arithmetic as full ones). Each     \
- * y[c] takes its products in k order, one multiply-add at a time, exactly as in a tile, so a \
- * row gives the same bits alone (decode) as inside a block (verification). */               \
-FS_LIN_INLINE ATTR void fs_linf_row_##V(const float *FS_LIN_RESTRICT x,                        \
-                                        const WT *FS_LIN_RESTRICT W,                           \
-                                        float *FS_LIN_RESTRICT y, int in, int out, int lo,     \
-                                        int hi, int accumulate)                                \
-{                                                                                              \
-    if (!accumulate)                                                                           \
-        for (int c = lo; c < hi; c++) y[c] = 0.0f;                                             \
-    int cv = lo + (hi - lo) / 16 * 16, m = hi - cv;                                            \
-    fs_linf_u yt;                                                                              \
-    if (m) fs_linf_part_f32(&yt.v, y + cv, m);                                                 \
-    int k = 0;                                                                                 \
-    for (; k + 4 <= in; k += 4) {                                                              \
-        const float a0 = x[k], a1 = x[k + 1], a2 = x[k + 2], a3 = x[k + 3];                   \
-        const WT *w0 = W + (size_t)k * out, *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;    \
-        fs_lin_vf32 v0, v1, v2, v3;                                                            \
-        for (int c = lo; c < cv; c += 16) {                                                    \
-            LOADW(&v0, w0 + c); LOADW(&v1, w1 + c); LOADW(&v2, w2 + c); LOADW(&v3, w3 + c);    \
-            fs_lin_vf32 t = *(fs_lin_vf32 *)(y + c);                                           \
-            t += a0 * v0; t += a1 * v1; t += a2 * v2; t += a3 * v3;                            \
-            *(fs_lin_vf32 *)(y + c) = t;                                                       \
-        }                                                                                      \
-        if (m) {                                                                               \
-            LOADP(&v0, w0 + cv, m); LOADP(&v1, w1 + cv, m);                                    \
-            LOADP(&v2, w2 + cv, m); LOADP(&v3, w3 + cv, m);                                    \
-            yt.v += a0 * v0; yt.v += a1 * v1; yt.v += a2 * v2; yt.v += a3 * v3;                \
-        }                                                                                      \
-    }                                                                                          \
-    for (; k < in; k++) {                                                                      \
-        const float a = x[k];                                                                  \
-        const WT *w = W + (size_t)k * out;                                                     \
-        fs_lin_vf32 v0;                                                                        \
-        for (int c = lo; c < cv; c += 16) {                                                    \
-            LOADW(&v0, w + c);                                                                 \
-            *(fs_lin_vf32 *)(y + c) += a * v0;                                                 \
-        }                                                                                      \
-        if (m) {                                                                               \
-            LOADP(&v0, w + cv, m);                                                             \
-            yt.v += a * v0;                                                                    \
-        }                                                                                      \
-    }                                                                                          \
-    if (m) memcpy(y + cv, yt.f, (size_t)m * sizeof(float));                                    \
-}                                                                                              \
-                                                                                               \
-/* Columns [c0, hi), c0 + 16 > hi, not covered by tiles: zero-padded vector axpy per row. */   \
-FS_LIN_INLINE ATTR void fs_linf_tail_##V(const float *FS_LIN_RESTRICT x,                       \
-                                         const WT *FS_LIN_RESTRICT W,                          \
-                                         float *FS_LIN_RESTRICT y, int R, int in, int out,     \
-                                         int c0, int hi, int accumulate)                       \
-{                                                                                              \
-    int m = hi - c0;                                                                           \
-    for (int r = 0; r < R; r++) {                                                              \
-        float *yr = y + (size_t)r * out;                                                       \
-        fs_linf_u yt = {{0}};                                                                  \
-        if (accumulate) fs_linf_part_f32(&yt.v, yr + c0, m);                                   \
-        for (int k = 0; k < in; k++) {                                                         \
-            const float a = x[(size_t)r * in + k];                                             \
-            fs_lin_vf32 v0;                                                                    \
-            LOADP(&v0, W + (size_t)k * out + c0, m);                                           \
-            yt.v += a * v0;                                                                    \
-        }                                                                                      \
-        memcpy(yr + c0, yt.f, (size_t)m * sizeof(float));                                      \
-    }                                                                                          \
-}                                                                                              \
-                                                                                               \
-/* All n rows, columns [lo, hi). */                                                            \
-static ATTR void fs_linf_part_##V(const float *x, const WT *W, float *y, int n, int in,        \
+/* All n rows, columns [lo, hi). One row reads four panels at once (eight independent sums     \
+ * hide the multiply-add latency), two rows two panels, more rows one panel. */                \
+static ATTR void fs_linf_part_##V(const float *x, const WT *P, float *y, int n, int in,        \
                                   int out, int lo, int hi, int accumulate)                     \
 {                                                                                              \
     /* Split n rows into passes of at most FS_LIN_MAXR, as even as possible. */                \
@@ -359,28 +309,29 @@ static ATTR void fs_linf_part_##V(const float *x, const WT *W, float *y, int n, 
         int R = (n - r0 + (passes - p) - 1) / (passes - p);                                    \
         const float *xp = x + (size_t)r0 * in;                                                 \
         float *yp = y + (size_t)r0 * out;                                                      \
-        if (R == 1) {                                                                          \
-            fs_linf_row_##V(xp, W, yp, in, out, lo, hi, accumulate);                           \
-        } else {                                                                               \
-            int c0 = fs_linf_vec_##V(xp, W, yp, R, in, out, lo, hi, accumulate);               \
-            if (c0 < hi) fs_linf_tail_##V(xp, W, yp, R, in, out, c0, hi, accumulate);         \
+        switch (R) {                                                                           \
+        case 1: fs_linf_rows_##V(xp, P, yp, 1, 4, in, out, lo, hi, accumulate); break;         \
+        case 2: fs_linf_rows_##V(xp, P, yp, 2, 2, in, out, lo, hi, accumulate); break;         \
+        case 3: fs_linf_rows_##V(xp, P, yp, 3, 1, in, out, lo, hi, accumulate); break;         \
+        case 4: fs_linf_rows_##V(xp, P, yp, 4, 1, in, out, lo, hi, accumulate); break;         \
+        case 5: fs_linf_rows_##V(xp, P, yp, 5, 1, in, out, lo, hi, accumulate); break;         \
+        case 6: fs_linf_rows_##V(xp, P, yp, 6, 1, in, out, lo, hi, accumulate); break;         \
+        case 7: fs_linf_rows_##V(xp, P, yp, 7, 1, in, out, lo, hi, accumulate); break;         \
+        case 8: fs_linf_rows_##V(xp, P, yp, 8, 1, in, out, lo, hi, accumulate); break;         \
+        case 9: fs_linf_rows_##V(xp, P, yp, 9, 1, in, out, lo, hi, accumulate); break;         \
+        default: fs_linf_rows_##V(xp, P, yp, 10, 1, in, out, lo, hi, accumulate); break;       \
         }                                                                                      \
         r0 += R;                                                                               \
     }                                                                                          \
 }
 
-#define FS_LINF_PART_F32H_DEF(dst, p, m) FS_LINF_PART_F32H(FS_LINF_LOAD_F32H_DEF, dst, p, m)
-FS_DEFINE_LINEAR_F(f32_def, float, , FS_LINF_LOAD_F32, FS_LINF_PART_F32)
-FS_DEFINE_LINEAR_F(f32h_def, uint16_t, , FS_LINF_LOAD_F32H_DEF, FS_LINF_PART_F32H_DEF)
+FS_DEFINE_LINEAR_F(f32_def, float, , FS_LINF_LOAD_F32)
+FS_DEFINE_LINEAR_F(f32h_def, uint16_t, , FS_LINF_LOAD_F32H_DEF)
 #if FS_LINF_SIMD
-#define FS_LINF_PART_F32H_AVX2(dst, p, m) FS_LINF_PART_F32H(FS_LINF_LOAD_F32H_AVX2, dst, p, m)
-#define FS_LINF_PART_F32H_AVX512(dst, p, m) FS_LINF_PART_F32H(FS_LINF_LOAD_F32H_AVX512, dst, p, m)
-FS_DEFINE_LINEAR_F(f32_avx2, float, FS_LINF_AVX2_F32, FS_LINF_LOAD_F32, FS_LINF_PART_F32)
-FS_DEFINE_LINEAR_F(f32_avx512, float, FS_LINF_AVX512_F32, FS_LINF_LOAD_F32, FS_LINF_PART_F32)
-FS_DEFINE_LINEAR_F(f32h_avx2, uint16_t, FS_LINF_AVX2_F32H, FS_LINF_LOAD_F32H_AVX2,
-                   FS_LINF_PART_F32H_AVX2)
-FS_DEFINE_LINEAR_F(f32h_avx512, uint16_t, FS_LINF_AVX512_F32H, FS_LINF_LOAD_F32H_AVX512,
-                   FS_LINF_PART_F32H_AVX512)
+FS_DEFINE_LINEAR_F(f32_avx2, float, FS_LINF_AVX2_F32, FS_LINF_LOAD_F32)
+FS_DEFINE_LINEAR_F(f32_avx512, float, FS_LINF_AVX512_F32, FS_LINF_LOAD_F32)
+FS_DEFINE_LINEAR_F(f32h_avx2, uint16_t, FS_LINF_AVX2_F32H, FS_LINF_LOAD_F32H_AVX2)
+FS_DEFINE_LINEAR_F(f32h_avx512, uint16_t, FS_LINF_AVX512_F32H, FS_LINF_LOAD_F32H_AVX512)
 #endif
 
 /* The widest variant the CPU runs (same choice for both weight types: AVX-512F CPUs all have
@@ -514,44 +465,25 @@ static inline int fs_lin_threads(void) { return 1; }
 FS_DEFINE_LINEAR(double, f64)
 FS_DEFINE_LINEAR_API(double, double, f64)
 #if !defined(__GNUC__)
-FS_DEFINE_LINEAR(float, f32)
-/* fs_linear_part_f32 of the scalar build on widened weights. */
-static void fs_linear_part_f32h(const float *x, const uint16_t *W, float *y, int n, int in,
-                                int out, int lo, int hi, int accumulate)
-{
-    int passes = (n + FS_LIN_MAXR - 1) / FS_LIN_MAXR;
-    int r0 = 0;
-    for (int p = 0; p < passes; p++) {
-        int R = (n - r0 + (passes - p) - 1) / (passes - p);
-        const float *xp = x + (size_t)r0 * in;
-        float *yp = y + (size_t)r0 * out;
-        for (int r = 0; r < R; r++) {
-            float *yr = yp + (size_t)r * out;
-            if (!accumulate)
-                for (int c = lo; c < hi; c++) yr[c] = 0.0f;
-        }
-        if (R == 1) {
-            int k = 0;
-            for (; k + 4 <= in; k += 4) {
-                const float a0 = xp[k], a1 = xp[k + 1], a2 = xp[k + 2], a3 = xp[k + 3];
-                const uint16_t *w0 = W + (size_t)k * out, *w1 = w0 + out, *w2 = w1 + out,
-                               *w3 = w2 + out;
-                for (int c = lo; c < hi; c++)
-                    yp[c] += (a0 * fs_h2f(w0[c]) + a1 * fs_h2f(w1[c]))
-                             + (a2 * fs_h2f(w2[c]) + a3 * fs_h2f(w3[c]));
-            }
-            for (; k < in; k++)
-                for (int c = lo; c < hi; c++) yp[c] += xp[k] * fs_h2f(W[(size_t)k * out + c]);
-        } else {
-            for (int r = 0; r < R; r++)
-                for (int k = 0; k < in; k++)
-                    for (int c = lo; c < hi; c++)
-                        yp[(size_t)r * out + c] += xp[(size_t)r * in + k]
-                                                   * fs_h2f(W[(size_t)k * out + c]);
-        }
-        r0 += R;
-    }
+/* The float kernels of the scalar build: the packed layout, products in k order. */
+#define FS_DEFINE_LINEAR_F_SCALAR(WT, SFX, WIDEN)                                              \
+static void fs_linear_part_##SFX(const float *x, const WT *P, float *y, int n, int in,         \
+                                 int out, int lo, int hi, int accumulate)                      \
+{                                                                                              \
+    int outp = (out + 15) / 16 * 16;                                                           \
+    for (int c = lo; c < hi; c++) {                                                            \
+        int c0 = c / 32 * 32, width = outp - c0 >= 32 ? 32 : 16;                               \
+        const WT *w = P + (size_t)c0 * in + (c - c0);                                          \
+        for (int r = 0; r < n; r++) {                                                          \
+            float s = accumulate ? y[(size_t)r * out + c] : 0.0f;                              \
+            for (int k = 0; k < in; k++) s += x[(size_t)r * in + k] * WIDEN(w[(size_t)k * width]);\
+            y[(size_t)r * out + c] = s;                                                        \
+        }                                                                                      \
+    }                                                                                          \
 }
+#define FS_LIN_SAME(w) (w)
+FS_DEFINE_LINEAR_F_SCALAR(float, f32, FS_LIN_SAME)
+FS_DEFINE_LINEAR_F_SCALAR(uint16_t, f32h, fs_h2f)
 #endif
 FS_DEFINE_LINEAR_API(float, float, f32)
 FS_DEFINE_LINEAR_API(float, uint16_t, f32h)

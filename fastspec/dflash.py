@@ -385,6 +385,11 @@ class DFlashModel:
         """Number of the drafter's own parameters (the shared embedding/head not counted)."""
         return int(sum(a.size for a in self.state_dict().values()))
 
+    def invalidate(self) -> None:
+        """Forget the drafter's fused runners; call after updating its weights or the target's
+        embedding or head in place (float32 runners hold packed copies of the matrices)."""
+        self._stack.invalidate()
+
     def __repr__(self) -> str:
         c = self.config
         return (f"DFlashModel(block_size={c.block_size}, n_layers={c.n_layers}, "

@@ -551,8 +551,9 @@ class Transformer:
 
     def invalidate(self) -> None:
         """Forget the fused runners (and widened weights); call after replacing or updating a
-        weight array (in-place updates of float16 matrices are not seen by the NumPy path
-        before this call)."""
+        weight array. In-place updates of the matrices are not seen before this call by float32
+        runners (they keep packed copies) nor by the NumPy path of float16 matrices (it keeps
+        widened copies)."""
         self._runners = threading.local()
         self._wide = None
 

@@ -1,10 +1,12 @@
-/* Checks fs_linear.h's float kernels: every variant this CPU runs (baseline, AVX2+F16C,
- * AVX-512F+F16C) gives fs_linear_f32h == fs_linear_f32 bit for bit on widened float16 weights,
- * over row counts 1..12 and 23, widths with and without column remainders, with and without
- * accumulation; fs_h2f matches the compiler's _Float16 conversion on all 65536 inputs (when the
+/* Checks fs_linear.h's float kernels on packed weights: every variant this CPU runs (baseline,
+ * AVX2+F16C, AVX-512F+F16C) gives fs_linear_f32h == fs_linear_f32 bit for bit on widened
+ * float16 weights, and both agree with a double-precision product on the unpacked weights
+ * (which catches a packing error common to both), over row counts 1..12 and 23, widths with and
+ * without column remainders (half panels, partial vectors), with and without accumulation; fs_h2f matches the compiler's _Float16 conversion on all 65536 inputs (when the
  * compiler has _Float16). With -DFS_TEST_PORTABLE the header is compiled as by a compiler
  * without GNU C (scalar kernels only) and the public entry points are compared instead.
  * Built and run by tests/test_linear_f16_c.py; exit status = failures. */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -39,10 +41,10 @@ int main(void)
         names[variants++] = "avx512";
     }
 #endif
-    const int ins[] = {3, 70, 256}, outs[] = {5, 16, 83, 704};
+    const int ins[] = {3, 70, 256}, outs[] = {5, 16, 20, 48, 83, 260, 704};
     for (int v = 0; v < variants; v++)
         for (int ii = 0; ii < 3; ii++)
-            for (int oo = 0; oo < 4; oo++)
+            for (int oo = 0; oo < 7; oo++)
                 for (int n = 1; n <= 23; n += n < 12 ? 1 : 11)
                     for (int acc = 0; acc < 2; acc++) {
                         int in = ins[ii], out = outs[oo];
@@ -51,6 +53,9 @@ int main(void)
                         float *y2 = malloc(sizeof(float) * n * out);
                         float *Wf = malloc(sizeof(float) * in * out);
                         uint16_t *Wh = malloc(sizeof(uint16_t) * in * out);
+                        float *Pf = malloc(sizeof(float) * fs_packed_len(in, out));
+                        uint16_t *Ph = malloc(sizeof(uint16_t) * fs_packed_len(in, out));
+                        double *ref = malloc(sizeof(double) * n * out);
                         srand(1000 * v + 100 * ii + 10 * oo + n);
                         for (int i = 0; i < n * in; i++) x[i] = rand() / (float)RAND_MAX - 0.5f;
                         for (int i = 0; i < in * out; i++) {
@@ -58,15 +63,35 @@ int main(void)
                             if (((Wh[i] >> 10) & 31) >= 20) Wh[i] &= 0xbfff;  /* |w| < 32 */
                             Wf[i] = fs_h2f(Wh[i]);
                         }
+                        fs_pack_f32(Wf, in, out, Pf);
+                        fs_pack_f32h(Wh, in, out, Ph);
                         for (int i = 0; i < n * out; i++) y1[i] = y2[i] = 0.01f * i;
-                        F[v](x, Wf, y1, n, in, out, 0, out, acc);
-                        H[v](x, Wh, y2, n, in, out, 0, out, acc);
+                        for (int r = 0; r < n; r++)
+                            for (int c = 0; c < out; c++) {
+                                double s = acc ? y1[r * out + c] : 0.0;
+                                for (int k = 0; k < in; k++)
+                                    s += (double)x[r * in + k] * Wf[k * out + c];
+                                ref[r * out + c] = s;
+                            }
+                        F[v](x, Pf, y1, n, in, out, 0, out, acc);
+                        H[v](x, Ph, y2, n, in, out, 0, out, acc);
                         if (memcmp(y1, y2, sizeof(float) * n * out)) {
                             printf("%s: in=%d out=%d n=%d accumulate=%d differ\n", names[v], in,
                                    out, n, acc);
                             fails++;
                         }
-                        free(x); free(y1); free(y2); free(Wf); free(Wh);
+                        for (int i = 0; i < n * out; i++) {
+                            double scale = 1.0;  /* |x| < 0.5, |w| < 32: sums of in products */
+                            for (int k = 0; k < in; k++) scale += 16.0;
+                            if (fabs(y1[i] - ref[i]) > 1e-5 * scale) {
+                                printf("%s: in=%d out=%d n=%d accumulate=%d: y[%d] = %g, "
+                                       "expected %g\n", names[v], in, out, n, acc, i, y1[i], ref[i]);
+                                fails++;
+                                break;
+                            }
+                        }
+                        free(x); free(y1); free(y2); free(Wf); free(Wh); free(Pf); free(Ph);
+                        free(ref);
                     }
 #if defined(__FLT16_MAX__) && !defined(FS_TEST_PORTABLE)
     for (uint32_t h = 0; h < 65536; h++) {
