@@ -265,16 +265,23 @@ def test_multi_step_changes_proposals():
     assert differ > 0
 
 
-def test_sample_block_reports_its_q():
+@pytest.mark.parametrize("trim_block", [True, False])
+def test_sample_block_reports_its_q(trim_block):
     target = small_llama()
     model = DFlashModel.random(DFlashConfig(block_size=8), target)
-    drafter = DFlashDrafter(model, sample_block=True)
+    drafter = DFlashDrafter(model, sample_block=True, trim_block=trim_block)
     out = target.forward(np.array(PROMPT[:-1]), hidden_layers=drafter.hidden_layers)
     drafter.reset(np.array(PROMPT), out.hidden)
     sp = SamplingParams(0.8, top_k=5)
     prop = drafter.propose(np.array(PROMPT), 4, sp, np.random.default_rng(0))
     assert prop.q.shape == (4, 40)
-    logits = model.draft_block(drafter.cache, PROMPT[-1])[:4]
+    if trim_block:  # the block [bonus, MASK x 4]: 5 positions, not 8
+        block = model.mask_block(PROMPT[-1])[:5]
+        logits = model.forward_block(drafter.cache, block)
+        full = model.draft_block(drafter.cache, PROMPT[-1])[:4]
+        assert not np.allclose(logits, full)  # the trailing masks did matter
+    else:
+        logits = model.draft_block(drafter.cache, PROMPT[-1])[:4]
     np.testing.assert_allclose(prop.q, fs.kernels.probs(np.ascontiguousarray(logits), 0.8, 5, 1.0))
     assert all(prop.q[j, x] > 0 for j, x in enumerate(prop.tokens))
     greedy = drafter.propose(np.array(PROMPT), 4, SamplingParams(0.0), np.random.default_rng(0))
@@ -396,6 +403,8 @@ def test_drafter_rejects_bad_arguments():
         DFlashDrafter(model, denoise_steps=2, sample_block=True)
     with pytest.raises(TypeError, match="DFlashModel"):
         DFlashDrafter(target)
+    with pytest.raises(TypeError, match="trim_block"):
+        DFlashDrafter(model, trim_block="yes")
     d = DFlashDrafter(model)
     assert d.max_gamma == 7 and d.hidden_layers == model.config.tap_layers
     with pytest.raises(ValueError, match="hidden"):

@@ -41,6 +41,12 @@ class DFlashDrafter:
         Single step only: draw each position independently from its own distribution ``q``
         (the draft logits under the run's temperature/top-k/top-p) and report that ``q``. At
         temperature 0 it is the argmax drafter.
+    trim_block : bool, default True
+        Proposing ``g < block_size - 1`` tokens, run the block ``[bonus, MASK * g]`` (``g + 1``
+        positions) rather than all ``block_size``: the masks past the proposal only reached
+        the kept positions through attention. Measured on 8 held-out prompts with the embedded
+        drafter: greedy tau 3.08 -> 3.02 at gamma 3 and 2.62 -> 2.59 at gamma 2, for a block
+        forward of 3-4 rows instead of 8 (compute bound: about half the cost).
 
     Notes
     -----
@@ -65,7 +71,7 @@ class DFlashDrafter:
     """
 
     def __init__(self, model: DFlashModel, denoise_steps: int = 1, sample_block: bool = False,
-                 context_window: int | None = None) -> None:
+                 context_window: int | None = None, trim_block: bool = True) -> None:
         if not isinstance(model, DFlashModel):
             raise TypeError(f"model must be a DFlashModel, got {type(model).__name__}")
         B = model.config.block_size
@@ -75,8 +81,11 @@ class DFlashDrafter:
         if sample_block and self.denoise_steps > 1:
             raise ValueError(f"sample_block=True needs denoise_steps=1, got {denoise_steps}: a "
                              "multi-step sampled block has no per-position q (see the class notes)")
+        if not isinstance(trim_block, (bool, np.bool_)):
+            raise TypeError(f"trim_block must be a bool, got {trim_block!r}")
         self.model = model
         self.sample_block = bool(sample_block)
+        self.trim_block = bool(trim_block)
         self.hidden_layers: tuple[int, ...] = tuple(model.config.tap_layers)
         self.max_gamma: int | None = B - 1
         self.cache = model.new_cache()
@@ -96,7 +105,8 @@ class DFlashDrafter:
 
     def __repr__(self) -> str:
         return (f"DFlashDrafter(block_size={self.model.config.block_size}, "
-                f"denoise_steps={self.denoise_steps}, sample_block={self.sample_block})")
+                f"denoise_steps={self.denoise_steps}, sample_block={self.sample_block}, "
+                f"trim_block={self.trim_block})")
 
     def check_target(self, target) -> None:
         """Raise ValueError unless ``target`` has the width and vocabulary the drafter reads.
@@ -138,6 +148,8 @@ class DFlashDrafter:
         block = self._block  # reused every round: [bonus, MASK, ...]
         block[0] = check_index(int(seq[-1]), "seq[-1]", 0, self.model.target.config.vocab_size - 1)
         block[1:] = self.model.config.mask_token_id
+        if self.trim_block:
+            block = block[:g + 1]
         if self.denoise_steps == 1:
             logits = self._forward(block)[:g]
             if self.sample_block and not sampling.greedy:
