@@ -220,6 +220,21 @@ static void FS_FN(fs_context_kv)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s
     }
 }
 
+/* DFlash context features and their injection in one call: feat = rmsnorm(taps @ fc) *
+ * hidden_norm (eps of the model), then fs_context_kv. taps (n, n_in); fc (n_in, dim) in the
+ * layout of the compute dtype's linear kernel (packed for float, plain for double). */
+static void FS_FN(fs_context_kv_taps)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s,
+                                      const FS_T *taps, int n, int n_in, const FS_T *fc,
+                                      const FS_T *hidden_norm, int pos0, FS_T *k_cache,
+                                      FS_T *v_cache, size_t layer_stride, int capacity)
+{
+    const fs_dims *d = &m->d;
+    FS_TFN(fs_linear)(taps, fc, NULL, s->x, n, n_in, d->dim, 0);
+    FS_TFN(fs_norm_rows)(d, s->x, hidden_norm, s->h, n, d->dim, 1);
+    FS_FN(fs_context_kv)(m, s, s->h, n, pos0, k_cache, v_cache, layer_stride, capacity, 0,
+                         d->n_layers);
+}
+
 #undef FS_FN
 #undef FS_TFN
 /* The template parameters end with the template. */

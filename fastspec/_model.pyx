@@ -139,6 +139,18 @@ cdef extern from "fs_model.h" nogil:
     void fs_context_kv_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, const float *feat,
                             int n, int pos0, float *k_cache, float *v_cache,
                             size_t layer_stride, int capacity, int l0, int l1)
+    void fs_context_kv_taps_f32(const fs_model_f32 *m, fs_scratch_f32 *s, const float *taps,
+                                int n, int n_in, const float *fc, const float *hidden_norm,
+                                int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                                int capacity)
+    void fs_context_kv_taps_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, const float *taps,
+                                 int n, int n_in, const float *fc, const float *hidden_norm,
+                                 int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                                 int capacity)
+    void fs_context_kv_taps_f64(const fs_model_f64 *m, fs_scratch_f64 *s, const double *taps,
+                                int n, int n_in, const double *fc, const double *hidden_norm,
+                                int pos0, double *k_cache, double *v_cache, size_t layer_stride,
+                                int capacity)
     void *memcpy(void *dst, const void *src, size_t n)
     size_t fs_packed_len(int rows, int cols)
     void fs_pack_f32(const float *W, int rows, int cols, float *P)
@@ -177,6 +189,21 @@ cdef inline void *_ptr(object a) except? NULL:
     if a is None:
         return NULL
     return cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+def linear_weights(object a):
+    """Return matrix ``a`` (in, out) in the layout the runners' linear kernel reads.
+
+    float32 (and float16): a packed copy (panels of 32 columns, ``fs_pack_f32``); float64: ``a``
+    itself (C-contiguous). For :meth:`TransformerRunner.context_kv_taps`.
+    """
+    if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.flags.c_contiguous:
+        raise ValueError("expected a C-contiguous 2-D ndarray")
+    if a.dtype == np.float64:
+        return a
+    if a.dtype not in (np.float32, np.float16):
+        raise TypeError(f"weights must be float16, float32 or float64, got {a.dtype}")
+    return _packed(a, a.dtype == np.float16)
 
 
 def _packed(object a, bint half):
@@ -541,6 +568,66 @@ cdef class TransformerRunner:
         x = np.ascontiguousarray(x)
         return self._run(MODE_EMBED, <cnp.ndarray>x, k_cache, v_cache, start, causal,
                          self._hidden(hidden_layers), out, logits)
+
+    def context_kv_taps(self, taps, fc, hidden_norm, k_cache, v_cache, int start):
+        """DFlash context injection from the tapped target states, in one call.
+
+        ``features = rmsnorm(taps @ fc) * hidden_norm`` (the model's eps), then
+        :meth:`context_kv` over every layer. ``taps`` (n, n_in) in the model dtype; ``fc`` from
+        :func:`linear_weights` of the (n_in, dim) matrix in the model dtype; ``hidden_norm``
+        (dim,).
+        """
+        cdef cnp.ndarray t = self._rows_arg(taps, "taps", -1)
+        cdef int n = <int>t.shape[0], n_in = <int>t.shape[1]
+        cdef cnp.ndarray w = self._rows_arg(hidden_norm, "hidden_norm", self.dims.dim, 1)
+        if (not isinstance(fc, np.ndarray) or cnp.PyArray_TYPE(<cnp.ndarray>fc) != self._typenum
+                or not fc.flags.c_contiguous
+                or (fc.shape != (n_in, self.dims.dim) if self.is64
+                    else fc.shape != (fs_packed_len(n_in, self.dims.dim),))):
+            raise ValueError(f"fc must be linear_weights() of a {self.dtype} ({n_in}, "
+                             f"{self.dims.dim}) matrix")
+        self._check_cache(k_cache, v_cache, start, n)
+        cdef int capacity = <int>k_cache.shape[2]
+        cdef size_t stride = <size_t>k_cache.shape[1] * capacity * self.dims.head_dim
+        self._reserve(n, capacity)
+        cdef void *kp = cnp.PyArray_DATA(<cnp.ndarray>k_cache)
+        cdef void *vp = cnp.PyArray_DATA(<cnp.ndarray>v_cache)
+        cdef void *tp = cnp.PyArray_DATA(t)
+        cdef void *fp = cnp.PyArray_DATA(<cnp.ndarray>fc)
+        cdef void *wp = cnp.PyArray_DATA(w)
+        cdef fs_scratch_f32 s32
+        cdef fs_scratch_f64 s64
+        cdef double *dbuf = <double *>cnp.PyArray_DATA(self._dscratch)
+        if self.is64:
+            fs_scratch_init_f64(&s64, &self.dims, <double *>cnp.PyArray_DATA(self._scratch),
+                                self._rows, dbuf, capacity)
+            with nogil:
+                fs_context_kv_taps_f64(&self.m64, &s64, <const double *>tp, n, n_in,
+                                       <const double *>fp, <const double *>wp, start,
+                                       <double *>kp, <double *>vp, stride, capacity)
+        else:
+            fs_scratch_init_f32(&s32, &self.dims, <float *>cnp.PyArray_DATA(self._scratch),
+                                self._rows, dbuf, capacity)
+            with nogil:
+                if self.half:
+                    fs_context_kv_taps_f32h(&self.m16, &s32, <const float *>tp, n, n_in,
+                                            <const float *>fp, <const float *>wp, start,
+                                            <float *>kp, <float *>vp, stride, capacity)
+                else:
+                    fs_context_kv_taps_f32(&self.m32, &s32, <const float *>tp, n, n_in,
+                                           <const float *>fp, <const float *>wp, start,
+                                           <float *>kp, <float *>vp, stride, capacity)
+
+    cdef cnp.ndarray _rows_arg(self, object a, str name, int width, int ndim=2):
+        """``a`` as a C-contiguous array of the model dtype: (n >= 1, width) rows (width -1:
+        any), or a (width,) vector when ndim == 1."""
+        if (not isinstance(a, np.ndarray) or cnp.PyArray_TYPE(<cnp.ndarray>a) != self._typenum
+                or a.ndim != ndim or not a.flags.c_contiguous
+                or (ndim == 2 and (a.shape[0] < 1 or (width >= 0 and a.shape[1] != width)))
+                or (ndim == 1 and a.shape[0] != width)):
+            shape = f"({width},)" if ndim == 1 else f"(n >= 1, {'n_in' if width < 0 else width})"
+            raise ValueError(f"{name} must be a C-contiguous {self.dtype} array of shape {shape}")
+        return <cnp.ndarray>a
 
     def context_kv(self, features, k_cache, v_cache, int start, int layer_lo, int layer_hi):
         """Project ``features`` (n, dim) into the K/V cache of layers ``[layer_lo, layer_hi)``.

@@ -247,6 +247,7 @@ class DFlashModel:
                                   self.norm)
         self.rope_cos, self.rope_sin = self._stack.rope_cos, self._stack.rope_sin
         self._out = np.empty((c.block_size, target.config.vocab_size), dtype=dt)
+        self._fc_packed = None
 
     def _stack_config(self) -> ModelConfig:
         c, t = self.config, self.target.config
@@ -389,6 +390,7 @@ class DFlashModel:
         """Forget the drafter's fused runners; call after updating its weights or the target's
         embedding or head in place (float32 runners hold packed copies of the matrices)."""
         self._stack.invalidate()
+        self._fc_packed = None
 
     def __repr__(self) -> str:
         c = self.config
@@ -478,6 +480,50 @@ class DFlashModel:
         cache.crop(start)
         if n:
             self._stack.write_context_kv(np.ascontiguousarray(features, dtype=self.dtype), cache)
+
+    def append_hidden(self, cache: KVCache, hidden: Mapping[int, np.ndarray],
+                      start: int | None = None) -> None:
+        """:meth:`append_context` of :meth:`context_features` ``(hidden)``: the drafter's step
+        after each verification.
+
+        With the Cython backend the features are computed and injected in one fused call (the
+        NumPy twin is the composition of the two methods; results agree within rounding).
+
+        Parameters
+        ----------
+        cache : KVCache
+        hidden : dict[int, ndarray of shape (n, dim)]
+            Target hidden states of the ``n`` new positions for every tapped layer.
+        start : int, optional
+            As in :meth:`append_context`.
+        """
+        runner = self._stack._fused()
+        if runner is None:
+            self.append_context(cache, self.context_features(hidden), start)
+            return
+        taps = np.ascontiguousarray(self.tap(hidden), dtype=self.dtype)
+        self.check_cache(cache)
+        c = self.config
+        start = cache.length if start is None else check_index(start, "start", 0, cache.length)
+        n = taps.shape[0]
+        if start + n + c.block_size > cache.capacity:
+            raise ValueError(f"context of {start + n} positions plus a block of {c.block_size} "
+                             f"exceeds the cache capacity {cache.capacity}")
+        with cache.claim():
+            cache.crop(start)
+            if n:
+                runner.context_kv_taps(taps, self._fc_weights(), self.hidden_norm, cache.k,
+                                       cache.v, start)
+                cache.advance(n)
+
+    def _fc_weights(self) -> np.ndarray:
+        """``fc`` in the fused runner's linear layout (packed once; see :meth:`invalidate`)."""
+        packed = self._fc_packed
+        if packed is None:
+            from fastspec import _model  # present: a fused runner exists
+
+            packed = self._fc_packed = _model.linear_weights(self.fc)
+        return packed
 
     # --- block forward --------------------------------------------------------------------
 

@@ -146,6 +146,47 @@ def test_embedding_and_head_are_shared_not_copied(backend, dtype):
 
 # --- context cache ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("dtype,weights", [("float64", None), ("float32", None),
+                                           ("float32", "float16")])
+def test_append_hidden_equals_features_then_append_context(backend, dtype, weights):
+    # The fused call (Cython) against its NumPy twin, the composition of the two methods.
+    target = small_llama(dtype).with_weight_dtype(weights)
+    model = DFlashModel.random(DFlashConfig(block_size=4), target, seed=2)
+    out = target.forward(np.array(PROMPT), hidden_layers=model.config.tap_layers)
+    fused, twin = model.new_cache(), model.new_cache()
+    L = len(PROMPT)
+    for lo, hi in ((0, 5), (5, 6), (3, L)):  # appends, then a rollback to position 3
+        rows = {t: h[lo:hi] for t, h in out.hidden.items()}
+        model.append_hidden(fused, rows, lo)
+        model.append_context(twin, model.context_features(rows), lo)
+    assert fused.length == twin.length == L
+    tol = 1e-12 if dtype == "float64" else 2e-5
+    np.testing.assert_allclose(fused.k[:, :, :L], twin.k[:, :, :L], rtol=tol, atol=tol)
+    np.testing.assert_allclose(fused.v[:, :, :L], twin.v[:, :, :L], rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="capacity"):
+        model.append_hidden(fused, {t: np.zeros((fused.capacity, 32), dtype) for t in rows})
+
+
+def test_context_kv_taps_rejects_bad_arguments():
+    _model = pytest.importorskip("fastspec._model")
+    target = small_llama("float32")
+    model = DFlashModel.random(DFlashConfig(block_size=4), target, seed=2)
+    runner = _model.TransformerRunner(model._stack)
+    cache = model.new_cache()
+    taps = np.zeros((2, 64), np.float32)
+    fc = _model.linear_weights(model.fc)
+    with pytest.raises(ValueError, match="fc"):
+        runner.context_kv_taps(taps, model.fc, model.hidden_norm, cache.k, cache.v, 0)
+    with pytest.raises(ValueError, match="taps"):
+        runner.context_kv_taps(taps.astype(np.float64), fc, model.hidden_norm, cache.k, cache.v, 0)
+    with pytest.raises(ValueError, match="hidden_norm"):
+        runner.context_kv_taps(taps, fc, model.hidden_norm[:3], cache.k, cache.v, 0)
+    with pytest.raises(ValueError, match="capacity"):
+        runner.context_kv_taps(taps, fc, model.hidden_norm, cache.k, cache.v, cache.capacity - 1)
+    with pytest.raises(TypeError):
+        _model.linear_weights(np.zeros((2, 2), np.int32))
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_incremental_context_cache_equals_recompute(backend, temperature):
     target = small_llama()

@@ -129,7 +129,7 @@ class DFlashDrafter:
         self._offset = 0
         if n == 0 and not hidden:
             return
-        self.model.append_context(self.cache, self._features(hidden, n), 0)
+        self.model.append_hidden(self.cache, self._hidden_rows(hidden, n), 0)
         self._slide()
 
     def propose(self, seq: np.ndarray, gamma: int, sampling: SamplingParams,
@@ -172,7 +172,7 @@ class DFlashDrafter:
             raise ValueError(f"commit of {n_new} positions ending at len(seq) - 1 = "
                              f"{seq.shape[0] - 1} does not continue the drafter's context of "
                              f"{self.cache.length} positions")
-        self.model.append_context(self.cache, self._features(hidden, n_new), start)
+        self.model.append_hidden(self.cache, self._hidden_rows(hidden, n_new), start)
         self._slide()
 
     def _slide(self) -> None:
@@ -200,11 +200,12 @@ class DFlashDrafter:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _features(self, hidden, n):
+    def _hidden_rows(self, hidden, n):
+        """The first ``n`` rows of every tapped layer's hidden states."""
         if hidden is None:
             raise ValueError(f"DFlashDrafter needs the target's hidden states of layers "
                              f"{list(self.hidden_layers)}, got None")
-        return self.model.context_features({t: _rows(hidden, t, n) for t in self.hidden_layers})
+        return {t: _rows(hidden, t, n) for t in self.hidden_layers}
 
     def _forward(self, block):
         c, n = self.model.config, block.shape[0]
