@@ -229,6 +229,60 @@ def _decode_step_time(model, context: int) -> float:
     return timeit(step)
 
 
+def round_costs(target, draft, dflash, context: int = 300,
+                verify_sizes: Sequence[int] = (1, 2, 3, 4, 5, 6, 8, 9),
+                block_sizes: Sequence[int] = (3, 4, 6, 8)) -> dict:
+    """Time every piece of a speculative round at ``context`` committed positions.
+
+    Pieces: ``verify_n``, one target forward of ``n`` positions (with the DFlash taps when
+    ``dflash`` is given; ``verify_1`` is a decode step); ``dflash_block_n``, the DFlash block
+    forward of ``n`` positions (``gamma + 1`` with ``trim_block``); ``dflash_commit_4``, the
+    drafter's context update after a round that committed 4 tokens; ``draft_step``, one
+    draft-model token. A round drafting ``gamma`` tokens costs about ``draft +
+    verify_(gamma+1) + commit`` and emits ``tau`` tokens, so its speedup over vanilla decoding
+    is at most ``tau * decode / round``.
+
+    Returns
+    -------
+    dict
+        ``context``, ``decode_s`` and ``pieces``: a list of ``{"piece", "seconds",
+        "over_decode"}``, in the order above.
+    """
+    taps = tuple(dflash.config.tap_layers) if dflash is not None else ()
+    ids = _prompt_tokens(context, target.config.vocab_size)
+    tcache = target.new_cache()
+    out = target.forward(ids, tcache, hidden_layers=taps)
+    pieces: dict[str, Callable[[], object]] = {}
+    for n in verify_sizes:
+        block = np.full(n, 1)
+
+        def verify(block=block):
+            target.forward(block, tcache, hidden_layers=taps)
+            tcache.crop(context)
+        pieces[f"verify_{n}"] = verify
+    if dflash is not None:
+        ccache = dflash.new_cache()
+        dflash.append_hidden(ccache, out.hidden)
+        last4 = {t: h[-4:].copy() for t, h in out.hidden.items()}
+        mask = dflash.mask_block(1)
+        for n in block_sizes:
+            block = mask[:n].copy()
+            pieces[f"dflash_block_{n}"] = lambda block=block: dflash.forward_block(ccache, block)
+        pieces["dflash_commit_4"] = lambda: dflash.append_hidden(ccache, last4, context - 4)
+    dcache = draft.new_cache()
+    draft.forward(ids, dcache)
+
+    def draft_step():
+        draft.forward(np.array([1]), dcache)
+        dcache.crop(context)
+    pieces["draft_step"] = draft_step
+    seconds = {k: timeit(fn) for k, fn in pieces.items()}
+    decode = seconds[f"verify_{verify_sizes[0]}"]
+    return {"context": context, "decode_s": decode,
+            "pieces": [{"piece": k, "seconds": v, "over_decode": v / decode}
+                       for k, v in seconds.items()]}
+
+
 def _per_token(run: Callable[[int], object], new_tokens: int, vanilla: bool = False,
                repeats: int = 3) -> tuple[float, object]:
     """Seconds of decoding per generated token, prefill excluded (best of ``repeats``).
@@ -408,7 +462,7 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
     contexts = (64, 256, 1024, 2048, 4096) if full else (64, 512, 2048)
     gammas = (1, 2, 4, 8, 16) if full else (1, 4, 8)
     backends = fs.available_backends()
-    steps = 4 + len(backends) * (len(contexts) + len(gammas)) + (1 if with_peers else 0)
+    steps = 5 + len(backends) * (len(contexts) + len(gammas)) + (1 if with_peers else 0)
     bar = Progress(steps) if progress else None
     tick = (lambda what: bar.step(what)) if bar else (lambda what: None)
     previous = fs.backend()
@@ -435,6 +489,9 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
             bounds.append({"backend": name, **decode_bound(target, report["machine"], step)})
         report["decode_bound"] = bounds
         tick("decode bound")
+        fs.set_backend(backends[0])  # the fastest backend (cython when built)
+        report["round_costs"] = {"backend": backends[0], **round_costs(target, draft, dflash)}
+        tick("round costs")
         report["context_scaling"] = context_scaling(target, draft, contexts, progress=bar)
         report["gamma_scaling"] = gamma_scaling(target, draft, dflash, gammas, progress=bar)
         fs.set_backend(previous)
@@ -550,6 +607,17 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
                    f"{1e6 * r['bound_memory_s']:.0f} us ({r['stream_footprint_GBps']:.1f} GB/s) | "
                    f"{1e6 * r['bound_memory_cache_s']:.0f} us | {1e6 * r['bound_memory_dram_s']:.0f} us | "
                    f"{1e6 * r['bound_compute_s']:.0f} us | {r['binding']} | {r['achieved_fraction']:.0%} |")
+    rc = report.get("round_costs")
+    if rc:
+        out += ["", f"## What a speculative round costs (context {rc['context']}, "
+                f"{rc['backend']} backend)", "",
+                "Each piece of a round in target decode steps (a decode step here: "
+                f"{1e6 * rc['decode_s']:.0f} us). A round drafting gamma tokens costs the "
+                "drafter's pieces plus `verify_(gamma+1)`, and emits tau tokens: its speedup is "
+                "at most tau / (round cost in decode steps).", "",
+                "| piece | time | decode steps |", "|---|---|---|"]
+        for r in rc["pieces"]:
+            out.append(f"| {r['piece']} | {1e6 * r['seconds']:.0f} us | {r['over_decode']:.2f} |")
     out += ["", "## Decode cost vs context length (draft model, gamma 4; prefill excluded)", "",
             "| backend | context | vanilla ms/token | speculative ms/token | speedup |", "|---|---|---|---|---|"]
     for r in report["context_scaling"]:

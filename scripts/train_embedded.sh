@@ -90,5 +90,12 @@ $PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_
     --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 6e-4 --warmup 20 \
     --mismatch-frac 0.3 --miss-frac 0.5 --minutes 14 --episodes-cache "$WORK/episodes_phase6.npz" \
     2>&1 | tee "$WORK/dflash_phase6.log"
+# 7. DFlash phase 7: 4,096 more fresh episodes, 35 min, one thread (the other core busy).
+$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase6.npz" \
+    --out "$WORK/dflash_phase7.npz" --seed 7 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
+    --seq 256 --batch 8 --anchors 16 --episodes 4096 --val-episodes 32 --eval-rows 32 \
+    --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 5e-4 --warmup 20 \
+    --mismatch-frac 0.3 --miss-frac 0.5 --minutes 35 --episodes-cache "$WORK/episodes_phase7.npz" \
+    2>&1 | tee "$WORK/dflash_phase7.log"
 cp "$WORK/draft_phase3.npz" "$OUT/draft.npz"
-cp "$WORK/dflash_phase6.npz" "$OUT/dflash.npz"
+cp "$WORK/dflash_phase7.npz" "$OUT/dflash.npz"

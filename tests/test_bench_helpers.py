@@ -44,3 +44,30 @@ def test_attention_rates_compare_with_a_stream_of_the_same_bytes():
     for r in rows:
         assert r["bytes"] == 2 * 2 * 64 * 16 * 4
         assert r["fraction_of_stream"] == pytest.approx(r["GBps"] / r["stream_GBps"])
+
+
+def test_round_costs_report_every_piece_in_decode_steps(backend):
+    target = fs.Transformer.random(fs.ModelConfig.tiny_llama(dim=32, n_layers=2, n_heads=4,
+                                                             n_kv_heads=2, ffn_dim=48), seed=0)
+    draft = fs.Transformer.random(target.config.replace(n_layers=1), seed=1)
+    dflash = fs.DFlashModel.random(fs.DFlashConfig(block_size=4), target, seed=2)
+    rc = benchmark.round_costs(target, draft, dflash, context=20, verify_sizes=(1, 3),
+                               block_sizes=(2, 4))
+    names = [r["piece"] for r in rc["pieces"]]
+    assert names == ["verify_1", "verify_3", "dflash_block_2", "dflash_block_4",
+                     "dflash_commit_4", "draft_step"]
+    assert rc["pieces"][0]["over_decode"] == 1.0 and rc["decode_s"] > 0
+    for r in rc["pieces"]:
+        assert r["seconds"] > 0 and r["over_decode"] == pytest.approx(r["seconds"] / rc["decode_s"])
+    report = {"environment": {"python": "3", "numpy": "2", "cpus": 2, "processor": "x",
+                              "machine": "x", "time_utc": "now"},
+              "mode": "quick", "models": {"source": "random", "target_params": 1, "draft_params": 1},
+              "machine": {"stream_cache_GBps": 1.0, "stream_dram_GBps": 1.0, "gemm_size": 8,
+                          "gemm_f32_GFLOPs": 1.0},
+              "attention": [], "attention_fraction_of_cache_bandwidth": 0.5,
+              "attention_fraction_of_stream": 0.5, "kernels": [], "decode_bound": [],
+              "round_costs": {"backend": fs.backend(), **rc}, "context_scaling": [],
+              "gamma_scaling": []}
+    md = benchmark.performance_markdown(report)
+    assert "What a speculative round costs (context 20" in md
+    assert "| dflash_commit_4 |" in md
