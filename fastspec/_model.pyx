@@ -194,16 +194,17 @@ cdef inline void *_ptr(object a) except? NULL:
 def linear_weights(object a):
     """Return matrix ``a`` (in, out) in the layout the runners' linear kernel reads.
 
-    float32 (and float16): a packed copy (panels of 32 columns, ``fs_pack_f32``); float64: ``a``
-    itself (C-contiguous). For :meth:`TransformerRunner.context_kv_taps`.
+    float32: a packed copy (panels of 32 columns, ``fs_pack_f32``); float64: ``a`` itself. For
+    :meth:`TransformerRunner.context_kv_taps`, which checks the length of the result, not the
+    shape it came from.
     """
     if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.flags.c_contiguous:
         raise ValueError("expected a C-contiguous 2-D ndarray")
     if a.dtype == np.float64:
         return a
-    if a.dtype not in (np.float32, np.float16):
-        raise TypeError(f"weights must be float16, float32 or float64, got {a.dtype}")
-    return _packed(a, a.dtype == np.float16)
+    if a.dtype != np.float32:
+        raise TypeError(f"weights must be float32 or float64, got {a.dtype}")
+    return _packed(a, False)
 
 
 def _packed(object a, bint half):
