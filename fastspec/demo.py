@@ -23,13 +23,14 @@ __all__ = ["METHODS", "MethodResult", "run_methods", "demo_main", "eval_main", "
 #: Methods in display order; "vanilla" is the baseline.
 METHODS = ("vanilla", "draft", "ngram", "dflash")
 
-#: Draft tokens per round of each drafter, greedy and sampling. Measured on the embedded
-#: models (the gamma scan of ``fastspec bench`` and docs/RESULTS.md): verifying a token costs
-#: about an eighth of a decode step here, so the best gamma is short when acceptance is low
-#: (temperature 1). "adaptive" grows after fully accepted blocks and shrinks after rejections.
+#: Draft tokens per round of each drafter, greedy and sampling: the fastest of gamma 1-7 and
+#: "adaptive" in a scan of ``fastspec eval --gamma G`` over the 20 held-out prompts (see
+#: docs/RESULTS.md and the round costs in docs/PERFORMANCE.md). Verifying a position costs
+#: 0.1-0.2 of a decode step here, so gamma stays short where acceptance is low (temperature 1).
+#: "adaptive" grows after fully accepted blocks and shrinks after rejections.
 DEFAULT_GAMMA = {("draft", False): 3, ("draft", True): 2,
-                 ("ngram", False): "adaptive", ("ngram", True): 2,
-                 ("dflash", False): 7, ("dflash", True): 3}
+                 ("ngram", False): 7, ("ngram", True): 3,
+                 ("dflash", False): 5, ("dflash", True): 3}
 
 
 def default_gamma(method: str, temperature: float):
