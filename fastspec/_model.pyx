@@ -422,6 +422,24 @@ cdef class TransformerRunner:
             raise ValueError(f"positions up to {start + n} exceed max_seq_len {d.max_pos}")
         return 0
 
+    cdef int _prepare(self, object k_cache, object v_cache, int start, int n,
+                      fs_scratch_f32 *s32, fs_scratch_f64 *s64, size_t *stride) except -1:
+        """Check the cache for ``n`` positions at ``start``, grow the scratch buffers and
+        point the scratch views of the model dtype at them; ``stride[0]`` = elements per
+        layer of the cache."""
+        self._check_cache(k_cache, v_cache, start, n)
+        cdef int capacity = <int>k_cache.shape[2]
+        stride[0] = <size_t>k_cache.shape[1] * capacity * self.dims.head_dim
+        self._reserve(n, capacity)
+        cdef double *dbuf = <double *>cnp.PyArray_DATA(self._dscratch)
+        if self.is64:
+            fs_scratch_init_f64(s64, &self.dims, <double *>cnp.PyArray_DATA(self._scratch),
+                                self._rows, dbuf, capacity)
+        else:
+            fs_scratch_init_f32(s32, &self.dims, <float *>cnp.PyArray_DATA(self._scratch),
+                                self._rows, dbuf, capacity)
+        return 0
+
     cdef cnp.ndarray _out(self, object out, int n, int width, str name):
         cdef cnp.npy_intp dims[2]
         if out is None:
@@ -439,12 +457,12 @@ cdef class TransformerRunner:
                     bint causal, tuple hidden_layers, object out, bint logits):
         cdef int n = <int>src.shape[0]
         cdef int L = self.dims.n_layers
-        cdef int i, capacity
+        cdef int i
         cdef size_t stride
-        self._check_cache(k_cache, v_cache, start, n)
-        capacity = <int>k_cache.shape[2]
-        stride = <size_t>k_cache.shape[1] * capacity * self.dims.head_dim
-        self._reserve(n, capacity)
+        cdef fs_scratch_f32 s32
+        cdef fs_scratch_f64 s64
+        self._prepare(k_cache, v_cache, start, n, &s32, &s64, &stride)
+        cdef int capacity = <int>k_cache.shape[2]
         cdef cnp.ndarray res = self._out(out, n, self.dims.vocab, "out") if logits else None
         hidden = {}
         for i in range(L):
@@ -457,12 +475,7 @@ cdef class TransformerRunner:
         cdef void *vp = cnp.PyArray_DATA(<cnp.ndarray>v_cache)
         cdef void *sp = cnp.PyArray_DATA(src)
         cdef void *rp = cnp.PyArray_DATA(res) if logits else NULL
-        cdef fs_scratch_f32 s32
-        cdef fs_scratch_f64 s64
-        cdef double *dbuf = <double *>cnp.PyArray_DATA(self._dscratch)
         if self.is64:
-            fs_scratch_init_f64(&s64, &self.dims, <double *>cnp.PyArray_DATA(self._scratch),
-                                self._rows, dbuf, capacity)
             with nogil:
                 if mode == MODE_IDS:
                     fs_embed_f64(&self.m64, <const int64_t *>sp, n, start, s64.x)
@@ -473,8 +486,6 @@ cdef class TransformerRunner:
                 if logits:
                     fs_head_f64(&self.m64, &s64, n, <double *>rp)
         else:
-            fs_scratch_init_f32(&s32, &self.dims, <float *>cnp.PyArray_DATA(self._scratch),
-                                self._rows, dbuf, capacity)
             with nogil:
                 if mode == MODE_IDS:
                     if self.half:
@@ -587,28 +598,22 @@ cdef class TransformerRunner:
                     else fc.shape != (fs_packed_len(n_in, self.dims.dim),))):
             raise ValueError(f"fc must be linear_weights() of a {self.dtype} ({n_in}, "
                              f"{self.dims.dim}) matrix")
-        self._check_cache(k_cache, v_cache, start, n)
+        cdef size_t stride
+        cdef fs_scratch_f32 s32
+        cdef fs_scratch_f64 s64
+        self._prepare(k_cache, v_cache, start, n, &s32, &s64, &stride)
         cdef int capacity = <int>k_cache.shape[2]
-        cdef size_t stride = <size_t>k_cache.shape[1] * capacity * self.dims.head_dim
-        self._reserve(n, capacity)
         cdef void *kp = cnp.PyArray_DATA(<cnp.ndarray>k_cache)
         cdef void *vp = cnp.PyArray_DATA(<cnp.ndarray>v_cache)
         cdef void *tp = cnp.PyArray_DATA(t)
         cdef void *fp = cnp.PyArray_DATA(<cnp.ndarray>fc)
         cdef void *wp = cnp.PyArray_DATA(w)
-        cdef fs_scratch_f32 s32
-        cdef fs_scratch_f64 s64
-        cdef double *dbuf = <double *>cnp.PyArray_DATA(self._dscratch)
         if self.is64:
-            fs_scratch_init_f64(&s64, &self.dims, <double *>cnp.PyArray_DATA(self._scratch),
-                                self._rows, dbuf, capacity)
             with nogil:
                 fs_context_kv_taps_f64(&self.m64, &s64, <const double *>tp, n, n_in,
                                        <const double *>fp, <const double *>wp, start,
                                        <double *>kp, <double *>vp, stride, capacity)
         else:
-            fs_scratch_init_f32(&s32, &self.dims, <float *>cnp.PyArray_DATA(self._scratch),
-                                self._rows, dbuf, capacity)
             with nogil:
                 if self.half:
                     fs_context_kv_taps_f32h(&self.m16, &s32, <const float *>tp, n, n_in,
@@ -647,25 +652,19 @@ cdef class TransformerRunner:
                              f"[0, {self.dims.n_layers}]")
         cdef cnp.ndarray f = np.ascontiguousarray(features)
         cdef int n = <int>f.shape[0]
-        self._check_cache(k_cache, v_cache, start, n)
+        cdef size_t stride
+        cdef fs_scratch_f32 s32
+        cdef fs_scratch_f64 s64
+        self._prepare(k_cache, v_cache, start, n, &s32, &s64, &stride)
         cdef int capacity = <int>k_cache.shape[2]
-        cdef size_t stride = <size_t>k_cache.shape[1] * capacity * self.dims.head_dim
-        self._reserve(n, capacity)
         cdef void *kp = cnp.PyArray_DATA(<cnp.ndarray>k_cache)
         cdef void *vp = cnp.PyArray_DATA(<cnp.ndarray>v_cache)
         cdef void *fp = cnp.PyArray_DATA(f)
-        cdef fs_scratch_f32 s32
-        cdef fs_scratch_f64 s64
-        cdef double *dbuf = <double *>cnp.PyArray_DATA(self._dscratch)
         if self.is64:
-            fs_scratch_init_f64(&s64, &self.dims, <double *>cnp.PyArray_DATA(self._scratch),
-                                self._rows, dbuf, capacity)
             with nogil:
                 fs_context_kv_f64(&self.m64, &s64, <const double *>fp, n, start, <double *>kp,
                                   <double *>vp, stride, capacity, layer_lo, layer_hi)
         else:
-            fs_scratch_init_f32(&s32, &self.dims, <float *>cnp.PyArray_DATA(self._scratch),
-                                self._rows, dbuf, capacity)
             with nogil:
                 if self.half:
                     fs_context_kv_f32h(&self.m16, &s32, <const float *>fp, n, start,
