@@ -11,7 +11,7 @@
 # target's phase 1 was an interrupted run of another schedule; see docs/MODELS.md.
 #
 # Usage: bash scripts/train_embedded.sh [outdir] [workdir]
-# Total about 6.8 hours on one core (the draft and DFlash runs of step 4 can share a second core).
+# Total about 7.4 hours on one core (the draft and DFlash runs of step 4 can share a second core).
 set -euo pipefail
 OUT=${1:-fastspec/data}
 WORK=${2:-/tmp/fastspec-train}
@@ -104,5 +104,12 @@ $PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_
     --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 4e-4 --warmup 20 \
     --mismatch-frac 0.3 --miss-frac 0.5 --minutes 33 --episodes-cache "$WORK/episodes_phase8.npz" \
     2>&1 | tee "$WORK/dflash_phase8.log"
+# 9. DFlash phase 9: 4,096 more fresh episodes, 30 min, one thread.
+$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase8.npz" \
+    --out "$WORK/dflash_phase9.npz" --seed 9 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
+    --seq 256 --batch 8 --anchors 16 --episodes 4096 --val-episodes 32 --eval-rows 32 \
+    --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 3e-4 --warmup 20 \
+    --mismatch-frac 0.3 --miss-frac 0.5 --minutes 30 --episodes-cache "$WORK/episodes_phase9.npz" \
+    2>&1 | tee "$WORK/dflash_phase9.log"
 cp "$WORK/draft_phase3.npz" "$OUT/draft.npz"
-cp "$WORK/dflash_phase8.npz" "$OUT/dflash.npz"
+cp "$WORK/dflash_phase9.npz" "$OUT/dflash.npz"
