@@ -65,9 +65,9 @@ def _runner(bundle, method: str, gamma) -> Callable:
     elif method == "ngram":
         make = lambda: fs.NgramDrafter(max_ngram=3)  # noqa: E731
     elif method == "dflash":
-        # Sampled blocks at temperature > 0 (argmax at 0): on 20 held-out prompts at T=1 (phase-7
-        # drafter),
-        # tau 2.09 vs 1.87 for argmax proposals at gamma 2 (2.26 vs 2.18 at gamma 3).
+        # Sampled blocks at temperature > 0 (argmax at 0): on 20 held-out prompts at T=1
+        # (phase-7 drafter), tau 2.09 vs 1.87 for argmax proposals at gamma 2 (2.26 vs 2.18
+        # at gamma 3).
         make = lambda: fs.DFlashDrafter(bundle.dflash, sample_block=True)  # noqa: E731
     else:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
