@@ -13,8 +13,7 @@
  * reads its weights as one sequential stream and keeps its sums in registers over the whole
  * `in` axis. One row (a decode step) streams four panels at once and is bandwidth bound; a
  * verification block of up to 10 rows reads W once and is bound by the multiply-adds, which
- * now overlap the stream instead of following it (measured: a 9-row product of the embedded
- * target's matrices 444 -> 333 us, one row 232 -> 224 us). Every output takes its products in
+ * overlap the stream instead of following it. Every output takes its products in
  * k order, one multiply-add at a time, for any row count: decode and verification agree bit
  * for bit.
  *
@@ -210,7 +209,7 @@ FS_DEFINE_TILE(double, f64, fs_lin_vf64, 8)
 
 typedef union { fs_lin_vf32 v; float f[16]; } fs_linf_u;
 
-/* Loads of 16 weights into *dst (LOADW), or of m < 16 of them zero-padded (LOADW_PART). */
+/* Loads of 16 weights into *dst (LOADW). */
 #define FS_LINF_LOAD_F32(dst, p) (*(dst) = *(const fs_lin_vf32 *)(const void *)(p))
 /* The first min(m, 16) floats at p, zero-padded. */
 FS_LIN_INLINE void fs_linf_part_f32(fs_lin_vf32 *dst, const float *p, int m)

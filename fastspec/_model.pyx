@@ -229,11 +229,10 @@ cdef class TransformerRunner:
         Its weight arrays must stay alive and keep their shapes; the runner holds references.
         float64 models are read in place. float32 models have their matrices (head, wq ..
         w_down) copied once into the packed layout of the float kernels (panels of 32 columns
-        that stream sequentially; about 1.35x faster verification blocks), so updates of those
-        arrays are seen only by a new runner: call ``model.invalidate()`` after changing
-        weights. With ``config.weight_dtype == "float16"`` the matrices are float16, widened to
-        float32 in registers; the result is bit-identical to the float32 model on the widened
-        weights.
+        that a verification block streams once); updates of those arrays are seen only by a
+        new runner: call ``model.invalidate()`` after changing weights. With
+        ``config.weight_dtype == "float16"`` the matrices are float16, widened to float32 in
+        registers; the result is bit-identical to the float32 model on the widened weights.
     """
 
     cdef fs_dims dims

@@ -467,19 +467,24 @@ class DFlashModel:
             First position (default ``cache.length``). A smaller value rolls the cache back to
             ``start`` first (crop); a larger one is an error (a gap in the context).
         """
-        self.check_cache(cache)
-        c = self.config
         features = np.asarray(features)
         if features.ndim != 2 or features.shape[1] != self.dim:
             raise ValueError(f"features must have shape (n, {self.dim}), got {features.shape}")
-        start = cache.length if start is None else check_index(start, "start", 0, cache.length)
         n = features.shape[0]
-        if start + n + c.block_size > cache.capacity:
-            raise ValueError(f"context of {start + n} positions plus a block of {c.block_size} "
-                             f"exceeds the cache capacity {cache.capacity}")
-        cache.crop(start)
+        self._rewind_for(cache, n, start)
         if n:
             self._stack.write_context_kv(np.ascontiguousarray(features, dtype=self.dtype), cache)
+
+    def _rewind_for(self, cache: KVCache, n: int, start: int | None) -> None:
+        """Check that ``n`` context positions fit at ``start`` (default ``cache.length``) with
+        room for a block, then crop ``cache`` to ``start``."""
+        self.check_cache(cache)
+        start = cache.length if start is None else check_index(start, "start", 0, cache.length)
+        block = self.config.block_size
+        if start + n + block > cache.capacity:
+            raise ValueError(f"context of {start + n} positions plus a block of {block} "
+                             f"exceeds the cache capacity {cache.capacity}")
+        cache.crop(start)
 
     def append_hidden(self, cache: KVCache, hidden: Mapping[int, np.ndarray],
                       start: int | None = None) -> None:
@@ -501,19 +506,13 @@ class DFlashModel:
         if runner is None:
             self.append_context(cache, self.context_features(hidden), start)
             return
-        taps = np.ascontiguousarray(self.tap(hidden), dtype=self.dtype)
-        self.check_cache(cache)
-        c = self.config
-        start = cache.length if start is None else check_index(start, "start", 0, cache.length)
+        taps = self.tap(hidden)  # (n, taps * dim), C-contiguous, the model dtype
         n = taps.shape[0]
-        if start + n + c.block_size > cache.capacity:
-            raise ValueError(f"context of {start + n} positions plus a block of {c.block_size} "
-                             f"exceeds the cache capacity {cache.capacity}")
         with cache.claim():
-            cache.crop(start)
+            self._rewind_for(cache, n, start)
             if n:
                 runner.context_kv_taps(taps, self._fc_weights(), self.hidden_norm, cache.k,
-                                       cache.v, start)
+                                       cache.v, cache.length)
                 cache.advance(n)
 
     def _fc_weights(self) -> np.ndarray:

@@ -76,40 +76,22 @@ $PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$OUT/dflash.n
     --final-eval-rows 64 --gen-batch 64 --eval-every 500 --lr 1.5e-3 --warmup 30 \
     --mismatch-frac 0.3 --miss-frac 0.5 --minutes 27 --episodes-cache "$WORK/episodes_phase4.npz" \
     2>&1 | tee "$WORK/dflash_phase4.log"
-# 5. DFlash phase 5: 1,536 fresh episodes (phase 4 had overfitted its 256), 12 min.
-$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase4.npz" \
-    --out "$WORK/dflash_phase5.npz" --seed 5 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
-    --seq 256 --batch 8 --anchors 16 --episodes 1536 --val-episodes 32 --eval-rows 32 \
-    --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 8e-4 --warmup 20 \
-    --mismatch-frac 0.3 --miss-frac 0.5 --minutes 12 --episodes-cache "$WORK/episodes_phase5.npz" \
-    2>&1 | tee "$WORK/dflash_phase5.log"
-# 6. DFlash phase 6: 2,560 more fresh episodes, 14 min (run with 2 threads on an idle machine).
-$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase5.npz" \
-    --out "$WORK/dflash_phase6.npz" --seed 6 --threads 2 --layers 2 --block-size 8 --tap-layers 1 3 \
-    --seq 256 --batch 8 --anchors 16 --episodes 2560 --val-episodes 32 --eval-rows 32 \
-    --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 6e-4 --warmup 20 \
-    --mismatch-frac 0.3 --miss-frac 0.5 --minutes 14 --episodes-cache "$WORK/episodes_phase6.npz" \
-    2>&1 | tee "$WORK/dflash_phase6.log"
-# 7. DFlash phase 7: 4,096 more fresh episodes, 35 min, one thread (the other core busy).
-$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase6.npz" \
-    --out "$WORK/dflash_phase7.npz" --seed 7 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
-    --seq 256 --batch 8 --anchors 16 --episodes 4096 --val-episodes 32 --eval-rows 32 \
-    --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 5e-4 --warmup 20 \
-    --mismatch-frac 0.3 --miss-frac 0.5 --minutes 35 --episodes-cache "$WORK/episodes_phase7.npz" \
-    2>&1 | tee "$WORK/dflash_phase7.log"
-# 8. DFlash phase 8: 4,096 more fresh episodes, 33 min, one thread.
-$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase7.npz" \
-    --out "$WORK/dflash_phase8.npz" --seed 8 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
-    --seq 256 --batch 8 --anchors 16 --episodes 4096 --val-episodes 32 --eval-rows 32 \
-    --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 4e-4 --warmup 20 \
-    --mismatch-frac 0.3 --miss-frac 0.5 --minutes 33 --episodes-cache "$WORK/episodes_phase8.npz" \
-    2>&1 | tee "$WORK/dflash_phase8.log"
-# 9. DFlash phase 9: 4,096 more fresh episodes, 30 min, one thread.
-$PY -m fastspec.training dflash --target "$OUT/target.npz" --init "$WORK/dflash_phase8.npz" \
-    --out "$WORK/dflash_phase9.npz" --seed 9 --threads 1 --layers 2 --block-size 8 --tap-layers 1 3 \
-    --seq 256 --batch 8 --anchors 16 --episodes 4096 --val-episodes 32 --eval-rows 32 \
-    --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr 3e-4 --warmup 20 \
-    --mismatch-frac 0.3 --miss-frac 0.5 --minutes 30 --episodes-cache "$WORK/episodes_phase9.npz" \
-    2>&1 | tee "$WORK/dflash_phase9.log"
+# 5-9. DFlash on fresh greedy episodes (phase 4 had overfitted its 256), each phase from the
+#      previous one. Arguments: phase, episodes, threads, peak lr, minutes (seed = phase).
+dflash_fresh() {
+    local phase=$1 episodes=$2 threads=$3 lr=$4 minutes=$5
+    $PY -m fastspec.training dflash --target "$OUT/target.npz" \
+        --init "$WORK/dflash_phase$((phase - 1)).npz" --out "$WORK/dflash_phase$phase.npz" \
+        --seed "$phase" --threads "$threads" --layers 2 --block-size 8 --tap-layers 1 3 \
+        --seq 256 --batch 8 --anchors 16 --episodes "$episodes" --val-episodes 32 --eval-rows 32 \
+        --final-eval-rows 64 --gen-batch 64 --eval-every 100000 --lr "$lr" --warmup 20 \
+        --mismatch-frac 0.3 --miss-frac 0.5 --minutes "$minutes" \
+        --episodes-cache "$WORK/episodes_phase$phase.npz" 2>&1 | tee "$WORK/dflash_phase$phase.log"
+}
+dflash_fresh 5 1536 1 8e-4 12
+dflash_fresh 6 2560 2 6e-4 14   # 2 threads on an idle machine
+dflash_fresh 7 4096 1 5e-4 35   # 7-9: one thread, the other core busy with other work
+dflash_fresh 8 4096 1 4e-4 33
+dflash_fresh 9 4096 1 3e-4 30
 cp "$WORK/draft_phase3.npz" "$OUT/draft.npz"
 cp "$WORK/dflash_phase9.npz" "$OUT/dflash.npz"

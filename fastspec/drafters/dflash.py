@@ -156,7 +156,10 @@ class DFlashDrafter:
             if self.sample_block and not sampling.greedy:
                 q = kernels.probs(np.ascontiguousarray(logits), sampling.temperature,
                                   sampling.top_k, sampling.top_p)
-                return Proposal(_inverse_cdf_rows(q, rng.random(g)), q)
+                u = rng.random(g)
+                tokens = np.array([kernels.sample(q[j], float(u[j])) for j in range(g)],
+                                  dtype=np.int64)
+                return Proposal(tokens, q)
             return Proposal(np.argmax(logits, axis=1).astype(np.int64), None)
         return Proposal(self._denoise(block, g), None)
 
@@ -241,21 +244,6 @@ def _rotate(keys: np.ndarray, shift: int, theta: float) -> np.ndarray:
     cos, sin = np.cos(angle).astype(keys.dtype), np.sin(angle).astype(keys.dtype)
     x1, x2 = keys[..., :D // 2], keys[..., D // 2:]
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-
-
-def _inverse_cdf_rows(q: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """One inverse-CDF draw per row of ``q`` (g, V) with the uniforms ``u`` (g,).
-
-    Row ``j`` gets ``kernels.sample(q[j], u[j])``: the first index whose float64 cumulative
-    weight exceeds ``u[j]`` times the row total (the last positive weight if rounding leaves
-    none), in one vectorised pass instead of g kernel calls.
-    """
-    c = np.cumsum(q, axis=1, dtype=np.float64)
-    hit = c > u[:, None] * c[:, -1:]
-    tokens = hit.argmax(axis=1)
-    for j in np.flatnonzero(~hit.any(axis=1)):
-        tokens[j] = np.flatnonzero(q[j] > 0)[-1]
-    return tokens.astype(np.int64)
 
 
 def _rows(hidden, layer, n):
