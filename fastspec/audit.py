@@ -43,7 +43,8 @@ import numpy as np
 import fastspec
 from fastspec import _reference, kernels
 from fastspec.decoding import _plan, _run, generate, speculative_generate
-from fastspec.drafters.base import Proposal, SamplingParams
+from fastspec.drafters.base import Proposal
+from fastspec.sampling import SamplingParams
 from fastspec.drafters.draft_model import DraftModelDrafter
 from fastspec.drafters.ngram import NgramDrafter
 from fastspec.model import ModelConfig, Transformer
@@ -279,7 +280,7 @@ class _MemoModel:
     def new_cache(self, capacity=None) -> _MemoCache:
         return _MemoCache(self.config.max_seq_len if capacity is None else capacity)
 
-    def _check_cache(self, cache) -> None:
+    def check_cache(self, cache) -> None:
         if not isinstance(cache, _MemoCache):
             raise TypeError("the memoised audit model needs its own cache")
 
@@ -293,6 +294,9 @@ class _MemoModel:
                 self._memo.setdefault(key[:j], (out.logits[j - 1].copy(), hidden[j - 1].copy()))
             entry = self._memo[key]
         return entry
+
+    def step(self, ids, cache, *, hidden_layers=(), out=None):
+        return self.forward(ids, cache, hidden_layers, out)
 
     def forward(self, ids, cache=None, hidden_layers=(), out=None):
         result = self._forward(ids, cache, hidden_layers)

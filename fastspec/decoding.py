@@ -23,7 +23,8 @@ import numpy as np
 from fastspec import kernels
 from fastspec._checks import check_index, check_sampling_params
 from fastspec.cache import KVCache
-from fastspec.drafters.base import Drafter, Proposal, SamplingParams
+from fastspec.drafters.base import Drafter, Proposal, Target
+from fastspec.sampling import SamplingParams, next_token
 from fastspec.verify import verify_block
 
 __all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate",
@@ -161,7 +162,7 @@ def _check_common(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, 
 def _check_cache_arg(model, cache, needed):
     if cache is None:
         return model.new_cache(needed)
-    model._check_cache(cache)
+    model.check_cache(cache)
     if cache.capacity < needed:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {needed} "
                          "positions this generation needs")
@@ -170,14 +171,6 @@ def _check_cache_arg(model, cache, needed):
 
 def _score_cells(config, n, past):
     return config.n_layers * config.n_heads * n * (past + n)
-
-
-def _next_token(logits_row2d, sampling: SamplingParams, rng) -> int:
-    """Pick the token after a (1, V) logits row: argmax, or one inverse-CDF draw from p."""
-    if sampling.temperature == 0.0:
-        return int(logits_row2d[0].argmax())
-    p = kernels.probs(logits_row2d, sampling.temperature, sampling.top_k, sampling.top_p)
-    return int(kernels.sample(p[0], rng.random()))
 
 
 # --- vanilla ---------------------------------------------------------------------------------
@@ -196,7 +189,7 @@ def _holds_cache(fn):
 
 
 @_holds_cache
-def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+def generate(model: Target, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id: int | None = None,
              use_cache: bool = True, *, cache: KVCache | None = None) -> GenerationResult:
     """Decode autoregressively from ``model``, one target call per new token.
@@ -235,7 +228,7 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, t
     seq[:n] = prompt
     if use_cache:
         cache.reset()
-        logits = model.forward(prompt, cache).logits
+        logits = model.step(prompt, cache).logits
         stats.target_score_cells += _score_cells(cfg, n, 0)
         stats.target_positions += n
     else:
@@ -247,14 +240,14 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, t
     step_logits = np.empty((1, cfg.vocab_size), dtype=np.dtype(cfg.dtype))  # reused output
     emitted = 0
     while True:
-        token = _next_token(logits[-1:], sampling, rng)
+        token = next_token(logits[-1:], sampling, rng)
         seq[n] = token
         n += 1
         emitted += 1
         if emitted == max_new or token == eos:
             break
         if use_cache:
-            logits = model.forward(seq[n - 1:n], cache, out=step_logits).logits
+            logits = model.step(seq[n - 1:n], cache, out=step_logits).logits
         else:
             logits = model.forward(seq[:n]).logits
     # Counters of the emitted - 1 decode steps (steps after the last token are never run).
@@ -298,7 +291,7 @@ def _drafter_counters(drafter) -> tuple[int, int, int] | None:
 
 
 @_holds_cache
-def speculative_generate(target, drafter: Drafter, prompt_ids, max_new_tokens: int,
+def speculative_generate(target: Target, drafter: Drafter, prompt_ids, max_new_tokens: int,
                          gamma: int | str = 4, temperature: float = 0.0, top_k: int = 0,
                          top_p: float = 1.0, seed: int = 0, eos_token_id: int | None = None,
                          trace: bool = False, *, cache: KVCache | None = None,
@@ -419,7 +412,7 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
     start_time = time.perf_counter()
     cache.reset()
     if n_prompt > 1:
-        out = target.forward(prompt[:-1], cache, hidden_layers)
+        out = target.step(prompt[:-1], cache, hidden_layers=hidden_layers)
         stats.target_calls += 1
         stats.target_positions += n_prompt - 1
         stats.target_score_cells += _score_cells(cfg, n_prompt - 1, 0)
@@ -444,16 +437,16 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
             tokens, q, g_used = empty_tokens, None, 0
         block[0] = seq[n - 1]
         block[1:g_used + 1] = tokens
-        out = target.forward(block[:g_used + 1], cache, hidden_layers,
-                             out=block_logits[:g_used + 1])
+        out = target.step(block[:g_used + 1], cache, hidden_layers=hidden_layers,
+                          out=block_logits[:g_used + 1])
         stats.target_calls += 1
         stats.target_positions += g_used + 1
         stats.target_score_cells += _score_cells(cfg, g_used + 1, n - 1)
-        n_acc, next_token = verify_block(tokens, out.logits, q, sampling, rng, uniforms,
+        n_acc, after = verify_block(tokens, out.logits, q, sampling, rng, uniforms,
                                          verify_rejection)
         cache.crop(n + n_acc)
         seq[n:n + n_acc] = tokens[:n_acc]
-        seq[n + n_acc] = next_token
+        seq[n + n_acc] = after
         round_start = n
         n += n_acc + 1
         emitted += n_acc + 1
@@ -475,7 +468,7 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
         if trace:
             stats.trace.append(dict(
                 prefix_length=round_start, gamma=g, proposed=g_used, accepted=n_acc,
-                next_token=int(next_token), bonus=bool(g_used and n_acc == g_used),
+                next_token=int(after), bonus=bool(g_used and n_acc == g_used),
                 tokens=seq[round_start:n].tolist(), target_cache_length=cache.length))
         if stopped:
             break

@@ -29,12 +29,10 @@ from fastspec._npz import read_npz
 from fastspec.cache import KVCache
 from fastspec.model import (_MATRICES, LayerWeights, ModelConfig, Transformer, apply_rope, rms_norm,
                             rope_tables, silu)
+from fastspec.tokenizer import ByteTokenizer
 
-__all__ = ["DFlashConfig", "DFlashModel", "BYTE_MASK_TOKEN_ID", "MAX_BLOCK_SIZE"]
+__all__ = ["DFlashConfig", "DFlashModel", "MAX_BLOCK_SIZE"]
 
-#: MASK id of the byte tokenizer (vocab 260: bytes, BOS, EOS, MASK, PAD).
-BYTE_MASK_TOKEN_ID = 258
-_BYTE_VOCAB_SIZE = 260
 #: Largest supported block (the paper uses 8 to 16).
 MAX_BLOCK_SIZE = 16
 
@@ -154,8 +152,8 @@ class DFlashConfig:
             raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
         if self.mask_token_id is not None:
             mask = self.mask_token_id
-        elif target.vocab_size == _BYTE_VOCAB_SIZE:
-            mask = BYTE_MASK_TOKEN_ID
+        elif target.vocab_size == ByteTokenizer.vocab_size:  # the embedded models' vocabulary
+            mask = ByteTokenizer.mask_id
         else:
             mask = target.vocab_size - 1
         if mask >= target.vocab_size:
@@ -240,6 +238,9 @@ class DFlashModel:
         self.norm = cast(norm)
         self._check_shapes()
         self.max_positions = target.config.max_seq_len + c.block_size
+        #: Context positions the drafter was trained to read (None: unbounded); the default
+        #: sliding window of :class:`~fastspec.DFlashDrafter`. Not stored in the file.
+        self.context_window: int | None = None
         # The draft layers as a Transformer that shares the target's embedding and head (no
         # copies: same dtype, contiguous) and the drafter's own layer/norm arrays. Its fused
         # Cython runner (or NumPy twin) does the block forward and the K/V injection.
@@ -247,7 +248,6 @@ class DFlashModel:
                                   self.norm)
         self.rope_cos, self.rope_sin = self._stack.rope_cos, self._stack.rope_sin
         self._out = np.empty((c.block_size, target.config.vocab_size), dtype=dt)
-        self._fc_packed = None
 
     def _stack_config(self) -> ModelConfig:
         c, t = self.config, self.target.config
@@ -390,7 +390,6 @@ class DFlashModel:
         """Forget the drafter's fused runners; call after updating its weights or the target's
         embedding or head in place (float32 runners hold packed copies of the matrices)."""
         self._stack.invalidate()
-        self._fc_packed = None
 
     def __repr__(self) -> str:
         c = self.config
@@ -502,27 +501,13 @@ class DFlashModel:
         start : int, optional
             As in :meth:`append_context`.
         """
-        runner = self._stack._fused()
-        if runner is None:
-            self.append_context(cache, self.context_features(hidden), start)
-            return
-        taps = self.tap(hidden)  # (n, taps * dim), C-contiguous, the model dtype
-        n = taps.shape[0]
+        taps = self.tap(hidden)  # (n, taps * dim), the model dtype
+        self.check_cache(cache)
         with cache.claim():
-            self._rewind_for(cache, n, start)
-            if n:
-                runner.context_kv_taps(taps, self._fc_weights(), self.hidden_norm, cache.k,
-                                       cache.v, cache.length)
-                cache.advance(n)
-
-    def _fc_weights(self) -> np.ndarray:
-        """``fc`` in the fused runner's linear layout (packed once; see :meth:`invalidate`)."""
-        packed = self._fc_packed
-        if packed is None:
-            from fastspec import _model  # present: a fused runner exists
-
-            packed = self._fc_packed = _model.linear_weights(self.fc)
-        return packed
+            self._rewind_for(cache, taps.shape[0], start)
+            if taps.shape[0]:
+                self._stack.write_context_taps(np.ascontiguousarray(taps), self.fc,
+                                               self.hidden_norm, cache)
 
     # --- block forward --------------------------------------------------------------------
 
@@ -557,29 +542,15 @@ class DFlashModel:
             Row ``j`` scores the token at position ``P + 1 + j``. For a full block this is a
             view of a buffer that the next block forward overwrites (no per-round allocation).
         """
-        self.check_cache(cache)
         ids = self.check_block(block_tokens)
         P, n = cache.length, ids.shape[0]
         if P + n > cache.capacity:
             raise ValueError(f"context of {P} positions plus a block of {n} exceeds the cache "
                              f"capacity {cache.capacity}")
-        return self._block_logits(cache, ids)
-
-    def _block_logits(self, cache: KVCache, ids: np.ndarray) -> np.ndarray:
-        """:meth:`forward_block` without the argument checks (the drafter's hot path)."""
-        P, n = cache.length, ids.shape[0]
-        # Non-causal forward of the block at P .., then roll the length back: the block's K/V
-        # stay in the buffer past the committed length as scratch, never as context.
+        # Non-causal forward of the block at P ..; the block's K/V stay in the buffer past
+        # the committed length as scratch, never as context.
         out = self._out if n == self.config.block_size else None
-        runner = self._stack._fused()
-        if runner is not None:
-            # Straight to the fused runner (it never touches the length): saves the ~20 us of
-            # Python dispatch of Transformer.forward, ~6% of a tiny-Llama block.
-            logits, _ = runner.forward(ids, cache.k, cache.v, P, False, (), out)
-            return logits[1:]
-        logits = self._stack.forward(ids, cache, causal=False, out=out).logits
-        cache.crop(P)
-        return logits[1:]
+        return self._stack.step(ids, cache, causal=False, out=out, advance=False).logits[1:]
 
     def draft_block(self, cache: KVCache, bonus_token: int) -> np.ndarray:
         """Return the logits (block_size - 1, vocab_size) of ``[bonus, MASK, ...]`` at ``cache.length``.

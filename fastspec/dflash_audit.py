@@ -30,7 +30,8 @@ import numpy as np
 from fastspec import audit as _audit  # audit imports this module lazily, in run_audit
 from fastspec import kernels
 from fastspec.dflash import DFlashConfig, DFlashModel
-from fastspec.drafters.base import Proposal, SamplingParams
+from fastspec.drafters.base import Proposal
+from fastspec.sampling import SamplingParams
 from fastspec.drafters.dflash import DFlashDrafter, denoise_schedule
 from fastspec.model import ModelConfig, Transformer
 

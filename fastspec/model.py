@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import threading
@@ -239,21 +238,6 @@ def _linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray
     return y if bias is None else y + bias
 
 
-def _claims_cache(method):
-    """Hold the ``cache`` argument for the calling thread during the call (KVCache.claim):
-    another thread writing the same cache at the same time gets a RuntimeError."""
-    @functools.wraps(method)
-    def wrapper(self, first, cache=None, *args, **kwargs):
-        if type(cache) is not KVCache:  # None (temporary cache) or refused by the method
-            return method(self, first, cache, *args, **kwargs)
-        claimed = cache._claim()
-        try:
-            return method(self, first, cache, *args, **kwargs)
-        finally:
-            cache._unclaim(claimed)
-    return wrapper
-
-
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
@@ -295,6 +279,7 @@ class Transformer:
         else:
             self.rope_cos = self.rope_sin = None
         self._runners = threading.local()
+        self._packed_fc = None  # (fc, packed fc) of write_context_taps' compiled path
         self._wide = None  # float16 matrices widened for the NumPy path (see _numpy_weights)
 
     # --- construction -------------------------------------------------------------------
@@ -387,18 +372,75 @@ class Transformer:
             raise ValueError(f"{name} must be in [0, {self.config.vocab_size}), got {int(bad)}")
         return np.ascontiguousarray(arr)
 
-    @_claims_cache
+    def step(self, ids, cache: KVCache, *, hidden_layers: Iterable[int] = (),
+             causal: bool = True, out: np.ndarray | None = None,
+             advance: bool = True) -> ForwardOutput:
+        """Run new positions through the model on ``cache``: the fast entry of every loop.
+
+        The one place that checks a forward's arguments: the compiled runner checks them
+        without the GIL-free part ever seeing a bad value, the NumPy path in
+        :meth:`_check_step`. Drafters, audits and decoding loops call this method; nothing
+        outside the model touches its runner.
+
+        Parameters
+        ----------
+        ids : sequence of int, length n
+            Token ids of the new positions ``cache.length .. cache.length + n - 1``.
+        cache : KVCache
+            Holds the committed positions; claimed for the calling thread during the call
+            (:meth:`KVCache.claim`).
+        hidden_layers : iterable of int
+            Layers whose outputs to return (``-1`` is the last layer).
+        causal : bool, default True
+            False lets every new position attend to all new positions (and the cache).
+        out : ndarray of shape (n, vocab_size), optional
+            Caller-owned, C-contiguous logits buffer of the model dtype, reused across steps.
+        advance : bool, default True
+            False writes the new positions' keys/values past the committed length as scratch
+            and leaves ``cache.length`` unchanged (the DFlash block forward).
+
+        Returns
+        -------
+        ForwardOutput
+            ``logits`` of shape (n, vocab_size) (``out`` when given); ``hidden[l]`` of shape
+            (n, dim).
+        """
+        if type(cache) is not KVCache:
+            self.check_cache(cache)
+        claimed = cache._claim()
+        try:
+            runner = self._fused()
+            start = cache.length
+            if runner is not None:
+                logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal,
+                                                hidden_layers, out)
+            else:
+                ids = self.check_ids(ids)
+                layers = self._check_step(cache, start, ids.shape[0], hidden_layers)
+                out = self._check_out(out, ids.shape[0])
+                x = self._numpy_weights()[0][ids]
+                if self.config.positional == "learned":
+                    x = x + self.pos_embed[start:start + ids.shape[0]]
+                logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
+            if advance:
+                cache.advance(logits.shape[0])
+        finally:
+            cache._unclaim(claimed)
+        return ForwardOutput(logits, hidden)
+
     def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
                 causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
         """Run new positions through the model, appending them to ``cache``.
+
+        :meth:`step` with an optional cache: without one, ``ids`` are a whole sequence
+        starting at position 0 and a temporary cache is used.
 
         Parameters
         ----------
         ids : sequence of int, length n
             Token ids of the new positions ``cache.length .. cache.length + n - 1``.
         cache : KVCache, optional
-            Extended in place by ``n`` positions. Without it the ids are a whole sequence
-            starting at position 0 and a temporary cache is used.
+            Extended in place by ``n`` positions.
         hidden_layers : iterable of int
             Layers whose outputs to return (``-1`` is the last layer).
         causal : bool, default True
@@ -417,47 +459,27 @@ class Transformer:
         -----
         With the Cython backend active (``fastspec.backend() == "cython"``) and the
         extension ``fastspec._model`` built, the whole step runs in one fused ``nogil`` call;
-        otherwise the NumPy twin below runs. Both give the same result within rounding. The
-        fused runner reuses scratch buffers: do not run one model from several threads at once.
+        otherwise the NumPy twin runs. Both give the same result within rounding. A model may
+        run on several threads at once, each on its own cache (one runner per thread).
         """
-        runner = self._fused()
         if cache is None:
             cache = self._temp_cache(ids)
-        elif type(cache) is not KVCache:
-            self._check_cache(cache)
-        start = cache.length
-        if runner is not None:
-            logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal, hidden_layers,
-                                            out)
-            cache.advance(logits.shape[0])
-            return ForwardOutput(logits, hidden)
-        ids = self.check_ids(ids)
-        layers = self.check_hidden_layers(hidden_layers)
-        self._check_cache(cache)
-        self._check_room(cache, start, ids.shape[0])
-        out = self._check_out(out, ids.shape[0])
-        x = self._numpy_weights()[0][ids]
-        if self.config.positional == "learned":
-            x = x + self.pos_embed[start:start + ids.shape[0]]
-        logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
-        cache.advance(ids.shape[0])
-        return ForwardOutput(logits, hidden)
+        return self.step(ids, cache, hidden_layers=hidden_layers, causal=causal, out=out)
 
-    @_claims_cache
     def forward_embeddings(self, x: np.ndarray, cache: KVCache, hidden_layers: Iterable[int] = (),
                            causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
         """Run input embeddings through the layer stack WITHOUT advancing the cache.
 
-        The DFlash drafter's block step: ``x`` sits at positions ``cache.length ..
-        cache.length + n - 1``; its keys/values are written there (past the committed length,
-        so the next write or :meth:`write_context_kv` overwrites them) and every position
-        attends to the committed cache plus the block (all of it when ``causal=False``).
+        ``x`` sits at positions ``cache.length .. cache.length + n - 1``; its keys/values are
+        written there (past the committed length, so the next write or
+        :meth:`write_context_kv` overwrites them) and every position attends to the committed
+        cache plus the new rows (all of them when ``causal=False``).
 
         Parameters
         ----------
         x : ndarray of shape (n, dim)
             Input embeddings in the model dtype, used as given (no position embedding is
-            added; RoPE models rotate q/k at the block positions).
+            added; RoPE models rotate q/k at the new positions).
         cache : KVCache
             Its length is left unchanged.
         hidden_layers : iterable of int
@@ -470,23 +492,21 @@ class Transformer:
             ``final_norm(x_out) @ head`` logits of shape (n, vocab_size) and the requested
             hidden states.
         """
-        runner = self._fused()
         if type(cache) is not KVCache:
-            self._check_cache(cache)
-        start = cache.length
-        if runner is not None:
-            logits, hidden = runner.forward_embeddings(x, cache.k, cache.v, start, causal,
-                                                       hidden_layers, out)
-            return ForwardOutput(logits, hidden)
-        x = self._check_rows(x, "x")
-        layers = self.check_hidden_layers(hidden_layers)
-        self._check_cache(cache)
-        self._check_room(cache, start, x.shape[0])
-        out = self._check_out(out, x.shape[0])
-        logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
+            self.check_cache(cache)
+        with cache.claim():
+            runner = self._fused()
+            start = cache.length
+            if runner is not None:
+                logits, hidden = runner.forward_embeddings(x, cache.k, cache.v, start, causal,
+                                                           hidden_layers, out)
+                return ForwardOutput(logits, hidden)
+            x = self._check_rows(x, "x")
+            layers = self._check_step(cache, start, x.shape[0], hidden_layers)
+            out = self._check_out(out, x.shape[0])
+            logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
         return ForwardOutput(logits, hidden)
 
-    @_claims_cache
     def write_context_kv(self, features: np.ndarray, cache: KVCache, layer: int | None = None,
                          advance: bool = True) -> None:
         """Project context features straight into the K/V cache (DFlash KV injection).
@@ -507,25 +527,58 @@ class Transformer:
         """
         features = self._check_rows(features, "features")
         n = features.shape[0]
-        self._check_cache(cache)
-        start = cache.length
-        self._check_room(cache, start, n)
         L = self.config.n_layers
         if layer is None:
             lo, hi = 0, L
         else:
             lo = check_index(layer, "layer", -L, L - 1) % L
             hi = lo + 1
+        self.check_cache(cache)
+        with cache.claim():
+            start = cache.length
+            self._check_room(cache, start, n)
+            runner = self._fused()
+            if runner is not None:
+                runner.context_kv(features, cache.k, cache.v, start, lo, hi)
+            else:
+                cos, sin = self._rope_rows(start, n)
+                layers = self._numpy_weights()[2]
+                for i in range(lo, hi):
+                    self._store_kv(features, layers[i], cache.k[i], cache.v[i], start, cos, sin)
+            if advance:
+                cache.advance(n)
+
+    def write_context_taps(self, taps: np.ndarray, fc: np.ndarray, fc_norm: np.ndarray,
+                           cache: KVCache) -> None:
+        """Fuse tapped hidden states into context features and inject them into every layer.
+
+        ``features = rms_norm(taps @ fc) * fc_norm`` (the model's eps), then
+        :meth:`write_context_kv` of every layer at ``cache.length ..``, advancing the cache.
+        The compiled path does both in one call and packs ``fc`` once (see
+        :meth:`invalidate`); the NumPy path is the composition of the two steps.
+
+        Parameters
+        ----------
+        taps : ndarray of shape (n, n_in)
+            Concatenated target hidden states, model dtype, C-contiguous.
+        fc : ndarray of shape (n_in, dim)
+            Fusion matrix in ``(in, out)`` layout, model dtype.
+        fc_norm : ndarray of shape (dim,)
+            RMSNorm weight of the fused features.
+        cache : KVCache
+        """
         runner = self._fused()
-        if runner is not None:
-            runner.context_kv(features, cache.k, cache.v, start, lo, hi)
-        else:
-            cos, sin = self._rope_rows(start, n)
-            layers = self._numpy_weights()[2]
-            for i in range(lo, hi):
-                self._store_kv(features, layers[i], cache.k[i], cache.v[i], start, cos, sin)
-        if advance:
-            cache.advance(n)
+        if runner is None:
+            features = rms_norm(np.asarray(taps) @ fc, fc_norm, self.config.norm_eps)
+            self.write_context_kv(np.ascontiguousarray(features, dtype=self.config.dtype), cache)
+            return
+        self.check_cache(cache)
+        packed = self._packed_fc
+        if packed is None or packed[0] is not fc:
+            packed = self._packed_fc = (fc, _model_ext.linear_weights(fc))
+        with cache.claim():
+            runner.context_kv_taps(taps, packed[1], fc_norm, cache.k, cache.v, cache.length)
+            cache.advance(taps.shape[0])
 
     def check_hidden_layers(self, hidden_layers: Iterable[int]) -> tuple[int, ...]:
         """Return sorted, de-duplicated layer indices (negative ones count from the end)."""
@@ -555,6 +608,7 @@ class Transformer:
         runners (they keep packed copies) nor by the NumPy path of float16 matrices (it keeps
         widened copies)."""
         self._runners = threading.local()
+        self._packed_fc = None
         self._wide = None
 
     def _numpy_weights(self) -> tuple[np.ndarray, np.ndarray, list[LayerWeights]]:
@@ -600,7 +654,8 @@ class Transformer:
             raise ValueError(f"ids has {n} positions, more than max_seq_len {self.config.max_seq_len}")
         return self.new_cache(max(int(n), 1))
 
-    def _check_cache(self, cache: KVCache) -> None:
+    def check_cache(self, cache: KVCache) -> None:
+        """Raise TypeError/ValueError unless ``cache`` is a KVCache of this model's shape."""
         c = self.config
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
@@ -609,6 +664,14 @@ class Transformer:
         if want != got:
             raise ValueError(f"cache (layers, kv heads, head_dim, dtype) = {got} does not match "
                              f"the model's {want}")
+
+    def _check_step(self, cache: KVCache, start: int, n: int,
+                    hidden_layers: Iterable[int]) -> tuple[int, ...]:
+        """The NumPy path's checks of a step (the compiled runner makes the same ones)."""
+        layers = self.check_hidden_layers(hidden_layers)
+        self.check_cache(cache)
+        self._check_room(cache, start, n)
+        return layers
 
     def _check_room(self, cache: KVCache, start: int, n: int) -> None:
         if start + n > cache.capacity:

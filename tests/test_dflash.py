@@ -9,7 +9,7 @@ from fastspec.dflash import DFlashConfig, DFlashModel, default_tap_layers
 from fastspec.dflash_audit import (AUDIT_PROMPT, WrongQDenoiseDrafter, _TargetOracle,
                                    exact_speculative_law, exact_target_law, run_distribution_audit,
                                    total_variation, toy_setup)
-from fastspec.drafters.base import SamplingParams
+from fastspec.sampling import SamplingParams
 from fastspec.drafters.dflash import DFlashDrafter, denoise_schedule
 
 PROMPT = [0, 1, 3, 2, 4, 1, 5, 6]
@@ -257,7 +257,7 @@ def test_greedy_equals_vanilla_with_an_oracle_drafter():
                 logits[j, full[P + 1 + j]] = 10.0
         return logits
 
-    model._block_logits = oracle_block
+    model.forward_block = oracle_block
     res = fs.speculative_generate(target, drafter, PROMPT, 30, gamma=5, trace=True)
     assert res.tokens == expected
     assert all(r["accepted"] == r["proposed"] for r in res.stats.trace)
