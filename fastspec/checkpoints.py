@@ -22,6 +22,7 @@ from typing import Iterable
 import numpy as np
 
 from fastspec.model import ModelConfig, Transformer
+from fastspec.schema import hf_layer_keys, layer_attrs
 
 __all__ = ["load_hf", "save_hf", "read_safetensors", "write_safetensors", "hf_config"]
 
@@ -263,16 +264,9 @@ def _needed(c: ModelConfig) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not c.tie_embeddings:
         names.append("lm_head.weight")
+    attrs = layer_attrs(swiglu=True, rmsnorm=True, qk_norm=c.qk_norm, qkv_bias=c.qkv_bias)
     for i in range(c.n_layers):
-        p = f"model.layers.{i}."
-        names += [p + s + ".weight" for s in (
-            "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-            "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-            "mlp.down_proj")]
-        if c.qk_norm:
-            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        if c.qkv_bias:
-            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        names += hf_layer_keys(f"model.layers.{i}.", attrs)
     return names
 
 

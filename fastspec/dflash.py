@@ -27,21 +27,15 @@ import numpy as np
 from fastspec._checks import check_index
 from fastspec._npz import read_npz
 from fastspec.cache import KVCache
-from fastspec.model import (_MATRICES, LayerWeights, ModelConfig, Transformer, apply_rope, rms_norm,
-                            rope_tables, silu)
+from fastspec.model import ModelConfig, Transformer, apply_rope, rms_norm, rope_tables, silu
+from fastspec.schema import (MATRICES, LayerWeights, check_layer, layer_attrs, layer_from_state,
+                             layer_shapes, layer_state, random_layer)
 from fastspec.tokenizer import ByteTokenizer
 
 __all__ = ["DFlashConfig", "DFlashModel", "MAX_BLOCK_SIZE"]
 
 #: Largest supported block (the paper uses 8 to 16).
 MAX_BLOCK_SIZE = 16
-
-_LAYER_KEYS = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
-               "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
-               "w_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-               "mlp_norm": "post_attention_layernorm", "q_norm": "self_attn.q_norm",
-               "k_norm": "self_attn.k_norm"}
-
 
 def default_tap_layers(n_target_layers: int, n_draft_layers: int = 1) -> tuple[int, ...]:
     """Return ``k = min(L, max(2, n_draft_layers))`` target layers spread evenly, ending at L-1.
@@ -191,6 +185,12 @@ class DFlashConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _draft_layer_schema(c: DFlashConfig, dim: int) -> tuple[dict, tuple[str, ...]]:
+    """Shapes and fields of a draft layer (SwiGLU, RMSNorm, optional QK-norm, no biases)."""
+    return (layer_shapes(dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim),
+            layer_attrs(swiglu=True, rmsnorm=True, qk_norm=c.qk_norm, qkv_bias=False))
+
+
 class DFlashModel:
     """A DFlash drafter bound to its target (whose embedding and head it uses, uncopied).
 
@@ -233,7 +233,7 @@ class DFlashModel:
         cast = lambda a, t=dt: None if a is None else np.ascontiguousarray(a, dtype=t)  # noqa: E731
         self.fc = cast(fc)
         self.hidden_norm = cast(hidden_norm)
-        self.layers = [LayerWeights(**{k: cast(v, wdt if k in _MATRICES else dt)
+        self.layers = [LayerWeights(**{k: cast(v, wdt if k in MATRICES else dt)
                                        for k, v in lw.arrays().items()}) for lw in layers]
         self.norm = cast(norm)
         self._check_shapes()
@@ -266,7 +266,6 @@ class DFlashModel:
 
     def _check_shapes(self) -> None:
         c, d = self.config, self.target.config.dim
-        H, Hkv, D, F = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim
         n_in = len(c.tap_layers) * d
         for name, a, shape in (("fc", self.fc, (n_in, d)), ("hidden_norm", self.hidden_norm, (d,)),
                                ("norm", self.norm, (d,))):
@@ -276,24 +275,9 @@ class DFlashModel:
                                  f"{len(c.tap_layers)} taps), got {got}")
         if len(self.layers) != c.n_layers:
             raise ValueError(f"expected {c.n_layers} draft layers, got {len(self.layers)}")
-        shapes = {"wq": (d, H * D), "wk": (d, Hkv * D), "wv": (d, Hkv * D), "wo": (H * D, d),
-                  "w_gate": (d, F), "w_up": (d, F), "w_down": (F, d), "attn_norm": (d,),
-                  "mlp_norm": (d,), "q_norm": (D,), "k_norm": (D,)}
+        shapes, attrs = _draft_layer_schema(c, d)
         for i, lw in enumerate(self.layers):
-            extra = sorted(set(lw.arrays()) - set(shapes))
-            if extra:
-                raise ValueError(f"draft layer {i}: unexpected weights {extra} (DFlash layers "
-                                 "have no biases)")
-            for name, shape in shapes.items():
-                a = getattr(lw, name)
-                needed = c.qk_norm if name in ("q_norm", "k_norm") else True
-                if a is None:
-                    if needed:
-                        raise ValueError(f"draft layer {i}: missing weight {name}")
-                elif a.shape != shape:
-                    raise ValueError(f"draft layer {i}: {name} must have shape {shape}, got {a.shape}")
-                elif not needed:
-                    raise ValueError(f"draft layer {i}: {name} given but qk_norm is False")
+            check_layer(lw, f"draft layer {i}", shapes, attrs)
 
     @classmethod
     def random(cls, config: DFlashConfig, target: Transformer, seed: int = 0) -> "DFlashModel":
@@ -303,20 +287,10 @@ class DFlashModel:
         c = config.resolve(target.config)
         rng = np.random.default_rng(seed)
         d = target.config.dim
-        H, Hkv, D, F = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim
-        w = lambda a, b: rng.normal(0.0, 1.0 / math.sqrt(a), (a, b))  # noqa: E731
-        fc = w(len(c.tap_layers) * d, d)
+        fc = rng.normal(0.0, 1.0 / math.sqrt(len(c.tap_layers) * d), (len(c.tap_layers) * d, d))
         hidden_norm = 1.0 + 0.1 * rng.normal(size=d)
-        layers = []
-        for _ in range(c.n_layers):
-            lw = LayerWeights(wq=w(d, H * D), wk=w(d, Hkv * D), wv=w(d, Hkv * D), wo=w(H * D, d),
-                              w_up=w(d, F), w_down=w(F, d), w_gate=w(d, F),
-                              attn_norm=1.0 + 0.1 * rng.normal(size=d),
-                              mlp_norm=1.0 + 0.1 * rng.normal(size=d))
-            if c.qk_norm:
-                lw.q_norm = 1.0 + 0.1 * rng.normal(size=D)
-                lw.k_norm = 1.0 + 0.1 * rng.normal(size=D)
-            layers.append(lw)
+        shapes, attrs = _draft_layer_schema(c, d)
+        layers = [random_layer(rng, shapes, attrs) for _ in range(c.n_layers)]
         norm = 1.0 + 0.1 * rng.normal(size=d)
         return cls(c, target, fc, hidden_norm, layers, norm)
 
@@ -326,8 +300,7 @@ class DFlashModel:
         """Return the drafter's own weights under the names and layout of docs/FORMATS.md."""
         sd = {"fc.weight": self.fc.T, "hidden_norm.weight": self.hidden_norm}
         for i, lw in enumerate(self.layers):
-            for attr, a in lw.arrays().items():
-                sd[f"layers.{i}.{_LAYER_KEYS[attr]}.weight"] = a.T if a.ndim == 2 else a
+            sd.update(layer_state(lw, f"layers.{i}."))
         sd["norm.weight"] = self.norm
         return {k: np.ascontiguousarray(v) for k, v in sd.items()}
 
@@ -347,16 +320,8 @@ class DFlashModel:
             raise ValueError(f"fc.weight has shape {fc_t.shape}, but the target (dim "
                              f"{target.config.dim}) with {len(c.tap_layers)} taps needs "
                              f"{(target.config.dim, n_in)}: the drafter was made for another target")
-        layers = []
-        for i in range(c.n_layers):
-            p = f"layers.{i}."
-            kw = {}
-            for attr, name in _LAYER_KEYS.items():
-                if attr in ("q_norm", "k_norm") and not c.qk_norm:
-                    continue
-                a = get(p + name + ".weight")
-                kw[attr] = a.T if a.ndim == 2 else a
-            layers.append(LayerWeights(**kw))
+        attrs = _draft_layer_schema(c, target.config.dim)[1]
+        layers = [layer_from_state(get, f"layers.{i}.", attrs) for i in range(c.n_layers)]
         return cls(c, target, fc_t.T, get("hidden_norm.weight"), layers, get("norm.weight"))
 
     def save(self, path: str | Path) -> None:

@@ -14,6 +14,8 @@ import numpy as np
 from fastspec import kernels
 from fastspec._checks import check_index
 from fastspec.cache import KVCache
+from fastspec.schema import (MATRICES, LayerWeights, check_layer, layer_attrs, layer_from_state,
+                             layer_shapes, layer_state, random_layer)
 
 try:  # the fused forward; without it every model runs on the NumPy path
     from fastspec import _model as _model_ext
@@ -26,7 +28,7 @@ _NORMS = ("rmsnorm", "layernorm")
 _POSITIONALS = ("rope", "learned")
 _ACTIVATIONS = ("swiglu", "tanh", "gelu")
 #: LayerWeights fields stored in ``ModelConfig.weight_dtype`` (with ``embed`` and ``head``).
-_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+_MATRICES = MATRICES
 
 
 @dataclass(frozen=True)
@@ -153,36 +155,6 @@ class ModelConfig:
 
 
 @dataclass
-class LayerWeights:
-    """Weights of one decoder layer, linear maps in ``(in, out)`` layout (``x @ W``).
-
-    Shapes: ``wq (dim, H*D)``, ``wk, wv (dim, Hkv*D)``, ``wo (H*D, dim)``, ``w_up (dim, F)``,
-    ``w_gate (dim, F)`` (SwiGLU only), ``w_down (F, dim)``, norms ``(dim,)`` (RMSNorm only),
-    ``q_norm, k_norm (D,)`` (QK-norm only), ``q_bias (H*D,)``, ``k_bias, v_bias (Hkv*D,)``
-    (``qkv_bias`` only: Qwen2). Absent weights are None.
-    """
-
-    wq: np.ndarray
-    wk: np.ndarray
-    wv: np.ndarray
-    wo: np.ndarray
-    w_up: np.ndarray
-    w_down: np.ndarray
-    w_gate: np.ndarray | None = None
-    attn_norm: np.ndarray | None = None
-    mlp_norm: np.ndarray | None = None
-    q_norm: np.ndarray | None = None
-    k_norm: np.ndarray | None = None
-    q_bias: np.ndarray | None = None
-    k_bias: np.ndarray | None = None
-    v_bias: np.ndarray | None = None
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) is not None}
-
-
-@dataclass
 class ForwardOutput:
     """Result of :meth:`Transformer.forward`.
 
@@ -238,6 +210,13 @@ def _linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray
     return y if bias is None else y + bias
 
 
+def _layer_schema(c: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[str, ...]]:
+    """Shapes and present fields of a layer of ``c`` (see :mod:`fastspec.schema`)."""
+    return (layer_shapes(c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim),
+            layer_attrs(swiglu=c.activation == "swiglu", rmsnorm=c.norm == "rmsnorm",
+                        qk_norm=c.qk_norm, qkv_bias=c.qkv_bias))
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
@@ -289,28 +268,12 @@ class Transformer:
         """Return a model with random weights drawn from ``numpy.random.default_rng(seed)``."""
         rng = np.random.default_rng(seed)
         c = config
-        H, Hkv, D, F, d = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.dim
+        d = c.dim
         toy = c.norm == "layernorm"
-        w = lambda a, b: rng.normal(0.0, 1.0 / math.sqrt(a), (a, b))  # noqa: E731
         embed = rng.normal(0.0, 0.3 if toy else 1.0, (c.vocab_size, d))
         pos = rng.normal(0.0, 0.1, (c.max_seq_len, d)) if c.positional == "learned" else None
-        layers = []
-        for _ in range(c.n_layers):
-            lw = LayerWeights(wq=w(d, H * D), wk=w(d, Hkv * D), wv=w(d, Hkv * D), wo=w(H * D, d),
-                              w_up=w(d, F), w_down=w(F, d))
-            if c.activation == "swiglu":
-                lw.w_gate = w(d, F)
-            if c.norm == "rmsnorm":
-                lw.attn_norm = 1.0 + 0.1 * rng.normal(size=d)
-                lw.mlp_norm = 1.0 + 0.1 * rng.normal(size=d)
-            if c.qk_norm:
-                lw.q_norm = 1.0 + 0.1 * rng.normal(size=D)
-                lw.k_norm = 1.0 + 0.1 * rng.normal(size=D)
-            if c.qkv_bias:
-                lw.q_bias = 0.1 * rng.normal(size=H * D)
-                lw.k_bias = 0.1 * rng.normal(size=Hkv * D)
-                lw.v_bias = 0.1 * rng.normal(size=Hkv * D)
-            layers.append(lw)
+        shapes, attrs = _layer_schema(c)
+        layers = [random_layer(rng, shapes, attrs) for _ in range(c.n_layers)]
         final = 1.0 + 0.1 * rng.normal(size=d) if c.norm == "rmsnorm" else None
         if c.tie_embeddings:
             embed = embed / math.sqrt(d)  # keeps the tied head's logits O(1)
@@ -321,28 +284,16 @@ class Transformer:
 
     def _check_shapes(self) -> None:
         c = self.config
-        H, Hkv, D, F, d = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.dim
+        d = c.dim
         expect = {"embed": (c.vocab_size, d), "head": (d, c.vocab_size)}
         for name, shape in expect.items():
             if getattr(self, name).shape != shape:
                 raise ValueError(f"{name} must have shape {shape}, got {getattr(self, name).shape}")
         if len(self.layers) != c.n_layers:
             raise ValueError(f"expected {c.n_layers} layers, got {len(self.layers)}")
-        layer_shapes = {"wq": (d, H * D), "wk": (d, Hkv * D), "wv": (d, Hkv * D), "wo": (H * D, d),
-                        "w_up": (d, F), "w_down": (F, d), "w_gate": (d, F), "attn_norm": (d,),
-                        "mlp_norm": (d,), "q_norm": (D,), "k_norm": (D,), "q_bias": (H * D,),
-                        "k_bias": (Hkv * D,), "v_bias": (Hkv * D,)}
-        needed = {"w_gate": c.activation == "swiglu", "attn_norm": c.norm == "rmsnorm",
-                  "mlp_norm": c.norm == "rmsnorm", "q_norm": c.qk_norm, "k_norm": c.qk_norm,
-                  "q_bias": c.qkv_bias, "k_bias": c.qkv_bias, "v_bias": c.qkv_bias}
+        shapes, attrs = _layer_schema(c)
         for i, lw in enumerate(self.layers):
-            for name, shape in layer_shapes.items():
-                a = getattr(lw, name)
-                if a is None:
-                    if needed.get(name, True):
-                        raise ValueError(f"layer {i}: missing weight {name}")
-                elif a.shape != shape:
-                    raise ValueError(f"layer {i}: {name} must have shape {shape}, got {a.shape}")
+            check_layer(lw, f"layer {i}", shapes, attrs)
         if c.norm == "rmsnorm" and (self.final_norm is None or self.final_norm.shape != (d,)):
             raise ValueError(f"final_norm must have shape ({d},)")
         if c.positional == "learned" and (self.pos_embed is None
@@ -770,16 +721,8 @@ class Transformer:
         sd = {"model.embed_tokens.weight": self.embed}
         if self.pos_embed is not None:
             sd["model.embed_positions.weight"] = self.pos_embed
-        names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
-                 "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
-                 "w_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-                 "mlp_norm": "post_attention_layernorm", "q_norm": "self_attn.q_norm",
-                 "k_norm": "self_attn.k_norm", "q_bias": "self_attn.q_proj",
-                 "k_bias": "self_attn.k_proj", "v_bias": "self_attn.v_proj"}
         for i, lw in enumerate(self.layers):
-            for attr, a in lw.arrays().items():
-                kind = "bias" if attr.endswith("_bias") else "weight"
-                sd[f"model.layers.{i}.{names[attr]}.{kind}"] = a.T if a.ndim == 2 else a
+            sd.update(layer_state(lw, f"model.layers.{i}."))
         if self.final_norm is not None:
             sd["model.norm.weight"] = self.final_norm
         if not c.tie_embeddings:
@@ -795,25 +738,8 @@ class Transformer:
             return np.asarray(sd[key])
 
         c = config
-        names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
-                 "wo": "self_attn.o_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
-        layers = []
-        for i in range(c.n_layers):
-            p = f"model.layers.{i}."
-            lw = LayerWeights(**{a: get(p + n + ".weight").T for a, n in names.items()})
-            if c.activation == "swiglu":
-                lw.w_gate = get(p + "mlp.gate_proj.weight").T
-            if c.norm == "rmsnorm":
-                lw.attn_norm = get(p + "input_layernorm.weight")
-                lw.mlp_norm = get(p + "post_attention_layernorm.weight")
-            if c.qk_norm:
-                lw.q_norm = get(p + "self_attn.q_norm.weight")
-                lw.k_norm = get(p + "self_attn.k_norm.weight")
-            if c.qkv_bias:
-                lw.q_bias = get(p + "self_attn.q_proj.bias")
-                lw.k_bias = get(p + "self_attn.k_proj.bias")
-                lw.v_bias = get(p + "self_attn.v_proj.bias")
-            layers.append(lw)
+        attrs = _layer_schema(c)[1]
+        layers = [layer_from_state(get, f"model.layers.{i}.", attrs) for i in range(c.n_layers)]
         embed = get("model.embed_tokens.weight")
         head = embed.T if c.tie_embeddings else get("lm_head.weight").T
         final = get("model.norm.weight") if c.norm == "rmsnorm" else None
