@@ -29,6 +29,7 @@ Law = dict[tuple[int, ...], float]
 
 @contextmanager
 def _numpy_backend() -> Iterator[None]:
+    """Run the block on the NumPy backend. The switch is process-wide: the audit is serial."""
     previous = kernels.backend()
     kernels.set_backend("numpy")
     try:
