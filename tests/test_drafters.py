@@ -6,12 +6,9 @@ from hypothesis import given, settings, strategies as st
 import fastspec as fs
 from fastspec.sampling import SamplingParams
 
-PREFIX = [0, 1, 3, 2, 4, 1, 5, 6]
+from _helpers import PREFIX, toy
+
 GREEDY = SamplingParams()
-
-
-def toy(seed, layers, **kw):
-    return fs.Transformer.random(fs.ModelConfig.toy(n_layers=layers, dtype="float64", **kw), seed)
 
 
 def arr(x):
