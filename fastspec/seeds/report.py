@@ -22,8 +22,8 @@ import numpy as np
 
 import fastspec as fs
 
-__all__ = ["SeedInputError", "check_out_dir", "write_report", "load_seed_file", "environment",
-           "time_samples", "jsonable"]
+__all__ = ["SeedInputError", "check_out_dir", "write_report", "load_seed_file", "seed_path",
+           "environment", "time_samples", "jsonable"]
 
 
 class SeedInputError(ValueError):
@@ -123,6 +123,13 @@ def _check_names(module: types.ModuleType, names: Sequence[str], label: str) -> 
         raise SeedInputError(f"--seed-file {module.__file__!r} is not seed {label}: it does not "
                              f"define {', '.join(absent)}")
     return module
+
+
+def seed_path(seed_file) -> str | None:
+    """The path of a seed document given as a path or as the module loaded from it."""
+    if seed_file is None:
+        return None
+    return str(getattr(seed_file, "__file__", seed_file))
 
 
 def environment() -> dict:

@@ -349,7 +349,7 @@ def run(seed_file=None, *, runs: int = RUNS, mc_runs: int = 1000,
         If ``seed_file`` is not the seed 000 document (checked before any work).
     """
     from fastspec.seeds import seed000_audit
-    from fastspec.seeds.report import environment, load_seed_file
+    from fastspec.seeds.report import environment, load_seed_file, seed_path
     from fastspec.seeds.seed000_timing import seed_code_timing, timing_table
 
     module = None if seed_file is None else load_seed_file(seed_file, SEED_MARKERS,
@@ -375,7 +375,7 @@ def run(seed_file=None, *, runs: int = RUNS, mc_runs: int = 1000,
                        timing["seed_code"]["max_logit_difference"] <= 1e-12))
     report = dict(environment=environment(),
                   config=dict(vars(config), prompt=list(PROMPT), new_tokens=NEW_TOKENS,
-                              runs=runs, seed_file=None if seed_file is None else str(seed_file)),
+                              runs=runs, seed_file=seed_path(seed_file)),
                   audit=audit, timing=timing,
                   checks=[dict(name=n, passed=bool(ok)) for n, ok in checks],
                   passed=all(ok for _, ok in checks))

@@ -30,7 +30,7 @@ import numpy as np
 
 import fastspec as fs
 from fastspec import audit, kernels
-from fastspec.seeds.report import environment, load_seed_file, time_samples
+from fastspec.seeds.report import environment, load_seed_file, seed_path, time_samples
 
 __all__ = ["run", "distribution_check", "PREFIX", "NEW_TOKENS", "PAIRS", "SEED_MARKERS"]
 
@@ -379,7 +379,7 @@ def run(seed_file=None, *, draws: int = MC_DRAWS, kernel_draws: int = KERNEL_DRA
         config=dict(prefix=PREFIX, new_tokens=new_tokens, vocab=cfg.vocab_size, dim=cfg.dim,
                     heads=cfg.n_heads, target_layers=2, draft_layers=1, trained=False,
                     model="fs.Transformer.random(fs.ModelConfig.toy(n_layers=L, dtype='float64'), seed)",
-                    timing_repeats=repeats, seed_file=None if seed_file is None else str(seed_file)),
+                    timing_repeats=repeats, seed_file=seed_path(seed_file)),
         kv=kv, **decoding, distribution_check=dist, timing=timing, workload=workload)
     if seed_module is not None:
         report["workload_seed"] = seed_workload
