@@ -26,7 +26,7 @@ def _module(name: str):
 
 
 def load_seed(name: str, path):
-    """Load the seed document ``path`` of seed ``name`` as a module (SeedInputError if it is not)."""
+    """Load seed ``name``'s document ``path`` as a module (SeedInputError if it is not it)."""
     module = _module(name)
     return load_seed_file(path, module.SEED_MARKERS, module.SEED_NAMES, name)
 

@@ -134,9 +134,14 @@ def seed_path(seed_file) -> str | None:
 
 def environment() -> dict:
     """Versions, platform and the kernel backend of this run."""
+    # Small NumPy matrix products go through a threaded BLAS: on a busy machine its threads
+    # contend, and timings swing by 10x unless OPENBLAS_NUM_THREADS=1. Record the setting.
+    threads = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return dict(python=platform.python_version(), numpy=np.__version__,
                 platform=platform.platform(), dtype="float64", device="CPU",
-                fastspec=fs.__version__, backend=fs.backend())
+                fastspec=fs.__version__, backend=fs.backend(), cpu_count=os.cpu_count(),
+                load_average_1min=load, blas_thread_env=threads)
 
 
 def time_samples(fn: Callable[[], object], repeats: int, warmup: int = 1) -> dict:

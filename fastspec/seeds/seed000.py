@@ -26,7 +26,8 @@ The acceptance rule is selectable (``rule``):
 - ``"independent"``: the other correction, a one-step draft whose positions are drawn
   independently from the all-MASK forward, verified with those per-position ``q``: lossless.
 
-The exact audit of the rules is :mod:`fastspec.seeds.seed000_audit`. Weights are drawn with the
+The exact audit of the rules is :mod:`fastspec.seeds.seed000_audit`, the timing table
+:mod:`fastspec.seeds.seed000_timing`. Weights are drawn with the
 seed's recipe (``numpy.random.RandomState(42)`` for the target, ``789`` for the drafter, same
 shapes, scales and order), so with ``--seed-file`` the seed's own code computes the same
 logits and is timed beside this one.
@@ -361,7 +362,8 @@ def run(seed_file=None, *, runs: int = RUNS, mc_runs: int = 1000,
     timing["seed_code"] = (None if module is None
                            else seed_code_timing(module, config, runs, NEW_TOKENS))
     checks = [("seed rule is lossy (exact TV > 1e-3)", audit["seed_rule_tv"] > LOSSY),
-              ("corrected one-hot rule is exact (TV < 1e-12)", audit["corrected_rule_tv"] < EXACT_TOL),
+              ("corrected one-hot rule is exact (TV < 1e-12)",
+               audit["corrected_rule_tv"] < EXACT_TOL),
               ("independent one-step draft is exact (TV < 1e-12)",
                audit["independent_draft_tv"] < EXACT_TOL)]
     for rule, m in audit["sharpened"]["monte_carlo"].items():
@@ -394,14 +396,16 @@ def summary(report: dict) -> str:
     sh = a["sharpened"]
     lines.append(f"  same, LM heads x{sh['config']['logit_scale']:g} (peaked laws): seed rule "
                  f"{sh['seed_rule_tv']:.4g}, corrected {sh['corrected_rule_tv']:.2g}")
-    lines.append(f"  {t['runs']} runs x {t['new_tokens']} tokens: vanilla {t['vanilla']['mean_s'] * 1e3:.2f} ms")
+    lines.append(f"  {t['runs']} runs x {t['new_tokens']} tokens: vanilla "
+                 f"{t['vanilla']['mean_s'] * 1e3:.2f} ms")
     for name in ("dflash", "dflash_corrected", "dflash_independent"):
         r = t[name]
-        lines.append(f"  {name:<17} {r['mean_s'] * 1e3:.2f} ms, measured {r['measured_speedup']:.2f}x, "
-                     f"theoretical {r['theoretical_speedup']:.2f}x, acceptance {r['acceptance_rate']:.2f}")
+        lines.append(f"  {name:<18} {r['mean_s'] * 1e3:.2f} ms, measured "
+                     f"{r['measured_speedup']:.2f}x, theoretical {r['theoretical_speedup']:.2f}x, "
+                     f"acceptance {r['acceptance_rate']:.2f}")
     s = t.get("seed_code")
     if s:
         lines.append(f"  seed's own code: vanilla {s['vanilla']['mean_s'] * 1e3:.2f} ms, DFlash "
-                     f"{s['dflash']['mean_s'] * 1e3:.2f} ms, measured {s['measured_speedup']:.2f}x, "
-                     f"theoretical {s['theoretical_speedup']:.2f}x")
+                     f"{s['dflash']['mean_s'] * 1e3:.2f} ms, measured "
+                     f"{s['measured_speedup']:.2f}x, theoretical {s['theoretical_speedup']:.2f}x")
     return "\n".join(lines)

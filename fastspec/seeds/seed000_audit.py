@@ -141,7 +141,8 @@ class _Enumerator:
             residual /= residual.sum(axis=1, keepdims=True)
             rest = m - i - 1
             table = self._table(rest)                                  # (V, V ** rest)
-            idx = ((prefix[:, None] * V + np.arange(V)) * V ** rest)[:, :, None] + np.arange(V ** rest)
+            head = (prefix[:, None] * V + np.arange(V)) * V ** rest      # (N, V): prefix, y
+            idx = head[:, :, None] + np.arange(V ** rest)
             mass = (alive * (1.0 - accept))[:, None, None] * residual[:, :, None] * table[None]
             out += np.bincount(idx.ravel(), mass.ravel(), minlength=V ** m)
             alive = alive * accept
@@ -161,7 +162,7 @@ def _as_law(dense: np.ndarray, V: int, n: int) -> dict:
 
 def exact_speculative_law(config: Seed000Config = AUDIT_CONFIG, rule: str = "seed",
                           prompt=PROMPT, n_new: int = N_NEW) -> dict:
-    """Return ``{continuation: probability}`` of ``n_new`` tokens of the seed's loop with ``rule``."""
+    """Return ``{continuation: probability}`` of ``n_new`` tokens of the seed's loop, ``rule``."""
     target = MLPTarget(config)
     enum = _Enumerator(target, WMixDrafter(config, target), rule)
     return _as_law(enum.law(int(prompt[-1]), n_new), config.vocab_size, n_new)
@@ -171,7 +172,8 @@ def exact_target_law(config: Seed000Config = AUDIT_CONFIG, prompt=PROMPT,
                      n_new: int = N_NEW) -> dict:
     """Return the target's own law of ``n_new`` tokens (fastspec's exact-law oracle)."""
     # The oracle only calls target.forward(ids, hidden_layers=()).logits, which MLPTarget has.
-    return dflash_audit.exact_target_law(MLPTarget(config), list(prompt), n_new,  # type: ignore[arg-type]
+    target = MLPTarget(config)
+    return dflash_audit.exact_target_law(target, list(prompt), n_new,  # type: ignore[arg-type]
                                          fs.SamplingParams(1.0))
 
 

@@ -26,7 +26,8 @@ def _mean_run(fn, runs: int) -> dict:
     fn(0)
     rows = [fn(seed) for seed in range(runs)]
     seconds = [r[0] for r in rows]
-    out = dict(runs_s=seconds, mean_s=float(np.mean(seconds)))
+    out = dict(runs_s=seconds, mean_s=float(np.mean(seconds)),
+               median_s=float(np.median(seconds)))
     for key in rows[0][1]:
         out[f"mean_{key}"] = float(np.mean([r[1][key] for r in rows]))
     return out
@@ -58,9 +59,9 @@ def timing_table(config: Seed000Config = Seed000Config(), runs: int = RUNS,
                                      theoretical_speedup=new_tokens / s.target_calls)
         return one
 
-    table: dict[str, Any] = dict(prompt=list(PROMPT), new_tokens=new_tokens, runs=runs, vocab=config.vocab_size,
-                 block_size=config.block_size,
-                 vanilla=_mean_run(vanilla, runs))
+    table: dict[str, Any] = dict(prompt=list(PROMPT), new_tokens=new_tokens, runs=runs,
+                                 vocab=config.vocab_size, block_size=config.block_size,
+                                 vanilla=_mean_run(vanilla, runs))
     for name, rule in (("dflash", "seed"), ("dflash_corrected", "one_hot"),
                        ("dflash_independent", "independent")):
         row = _mean_run(dflash(rule), runs)

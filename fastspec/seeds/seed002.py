@@ -130,7 +130,8 @@ def _speculative(target, draft, count, gamma, temperature, seed):
           and checked.max_error <= TOL and worst["draft"] <= TOL and worst["target"] <= TOL
           and lags <= {0, 1})
     audit_figures = dict(block_logit_checks=checked.checks, max_block_logit_error=checked.max_error,
-                         max_draft_cache_error=worst["draft"], final_target_cache_error=worst["target"],
+                         max_draft_cache_error=worst["draft"],
+                         final_target_cache_error=worst["target"],
                          draft_lags=sorted(lags), passed=ok)
     return res.tokens, stats, trace, audit_figures
 
@@ -256,7 +257,8 @@ def _kernel_mismatches(p, q, u, candidates, actual, wrong, n) -> int:
 
 
 def _distribution_checks(d: dict) -> list:
-    return [("distribution: analytic mass conservation (4 pairs)", d["analytic_max_error"] <= 1e-15),
+    return [("distribution: analytic mass conservation (4 pairs)",
+             d["analytic_max_error"] <= 1e-15),
             ("distribution: kernel never leaves p's support", d["kernel_support_violations"] == 0),
             ("distribution: vectorised draws == kernels", d["kernel_agreement"]["mismatches"] == 0),
             ("distribution: correct rule TV < 0.01", d["tv"] < 0.01),
@@ -378,7 +380,8 @@ def run(seed_file=None, *, draws: int = MC_DRAWS, kernel_draws: int = KERNEL_DRA
         environment=environment(),
         config=dict(prefix=PREFIX, new_tokens=new_tokens, vocab=cfg.vocab_size, dim=cfg.dim,
                     heads=cfg.n_heads, target_layers=2, draft_layers=1, trained=False,
-                    model="fs.Transformer.random(fs.ModelConfig.toy(n_layers=L, dtype='float64'), seed)",
+                    model="fs.Transformer.random(fs.ModelConfig.toy(n_layers=L, "
+                          "dtype='float64'), seed)",
                     timing_repeats=repeats, seed_file=seed_path(seed_file)),
         kv=kv, **decoding, distribution_check=dist, timing=timing, workload=workload)
     if seed_module is not None:
