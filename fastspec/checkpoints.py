@@ -1,6 +1,6 @@
 """Hugging Face checkpoints: Llama/Qwen2/Qwen3 folders (config.json + safetensors) in and out.
 
-:func:`load_hf` reads ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``
+:func:`read_hf` reads ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``
 folders (one ``model.safetensors`` or shards listed in ``model.safetensors.index.json``),
 converting bf16/f16/f32 weights to the model dtype. :func:`save_hf` writes the same layout so
 that ``transformers`` loads a fastspec model.
@@ -17,14 +17,17 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
-from fastspec.model import ModelConfig, Transformer
+from fastspec.config import ModelConfig
 from fastspec.schema import hf_layer_keys, layer_attrs
 
-__all__ = ["load_hf", "save_hf", "read_safetensors", "write_safetensors", "hf_config"]
+if TYPE_CHECKING:  # the model builds itself from read_hf; no import cycle at run time
+    from fastspec.model import Transformer
+
+__all__ = ["read_hf", "save_hf", "read_safetensors", "write_safetensors", "hf_config"]
 
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
 MAX_HEADER_BYTES = 100 * 2**20
@@ -270,9 +273,11 @@ def _needed(c: ModelConfig) -> list[str]:
     return names
 
 
-def load_hf(folder: str | os.PathLike, dtype: str | None = None,
-            weight_dtype: str | None = None) -> Transformer:
-    """Load a Llama/Qwen2/Qwen3 Hugging Face checkpoint folder as a :class:`Transformer`.
+def read_hf(folder: str | os.PathLike, dtype: str | None = None,
+            weight_dtype: str | None = None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Read a Llama/Qwen2/Qwen3 Hugging Face checkpoint folder: its config and weights.
+
+    :meth:`fastspec.Transformer.load` builds the model from them.
 
     Parameters
     ----------
@@ -283,6 +288,12 @@ def load_hf(folder: str | os.PathLike, dtype: str | None = None,
         Model dtype (default float32); bf16/f16 weights are converted.
     weight_dtype : {"float16", "float32", "float64"}, optional
         Storage dtype of the matrices (:class:`~fastspec.ModelConfig`); default ``dtype``.
+
+    Returns
+    -------
+    config : ModelConfig
+    state_dict : dict[str, ndarray]
+        The needed tensors under their Hugging Face names.
 
     Raises
     ------
@@ -312,7 +323,7 @@ def load_hf(folder: str | os.PathLike, dtype: str | None = None,
     sd: dict[str, np.ndarray] = {}
     for path, names in by_file.items():
         sd.update(read_safetensors(path, names, dtype=config.dtype))  # float16: one rounding
-    return Transformer.from_state_dict(config, sd)
+    return config, sd
 
 
 def save_hf(model: Transformer, folder: str | os.PathLike) -> None:

@@ -27,7 +27,9 @@ import numpy as np
 from fastspec._checks import check_index
 from fastspec._npz import read_npz
 from fastspec.cache import KVCache
-from fastspec.model import ModelConfig, Transformer, apply_rope, rms_norm, rope_tables, silu
+from fastspec.config import ModelConfig
+from fastspec.functional import apply_rope, rms_norm, rope_tables, silu
+from fastspec.model import Transformer
 from fastspec.schema import (MATRICES, LayerWeights, check_layer, layer_attrs, layer_from_state,
                              layer_shapes, layer_state, random_layer)
 from fastspec.tokenizer import ByteTokenizer

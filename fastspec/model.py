@@ -1,7 +1,6 @@
-"""ModelConfig and Transformer: causal decoders (toy and Llama/Qwen-style) over a KV cache."""
+"""Transformer: causal decoders (toy and Llama/Qwen-style) over a KV cache."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import threading
@@ -14,6 +13,10 @@ import numpy as np
 from fastspec import kernels
 from fastspec._checks import check_index
 from fastspec.cache import KVCache
+from fastspec.checkpoints import read_hf, save_hf
+from fastspec.config import ModelConfig
+from fastspec.functional import (apply_rope, gelu_tanh, layer_norm, linear, rms_norm, rope_tables,
+                                 silu)
 from fastspec.schema import (MATRICES, LayerWeights, check_layer, layer_attrs, layer_from_state,
                              layer_shapes, layer_state, random_layer)
 
@@ -24,135 +27,8 @@ except ImportError:  # pragma: no cover - exercised by source checkouts without 
 
 __all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
 
-_NORMS = ("rmsnorm", "layernorm")
-_POSITIONALS = ("rope", "learned")
-_ACTIVATIONS = ("swiglu", "tanh", "gelu")
 #: LayerWeights fields stored in ``ModelConfig.weight_dtype`` (with ``embed`` and ``head``).
 _MATRICES = MATRICES
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape and family of a causal transformer.
-
-    The toy family (:meth:`toy`) is pre-norm LayerNorm without affine parameters, learned
-    absolute positions, a tanh FFN and an untied head. The Llama family (defaults) is RMSNorm,
-    rotary positions, SwiGLU, grouped-query attention, optional QK-norm (``qk_norm``, Qwen3)
-    and optional q/k/v projection biases (``qkv_bias``, Qwen2; stored as
-    ``model.layers.L.self_attn.{q,k,v}_proj.bias``).
-
-    ``dtype`` is the compute dtype (activations, KV cache, logits). ``weight_dtype`` is the
-    storage dtype of the large matrices (``embed``, ``head`` and the seven projections of each
-    layer): None (default) means ``dtype``; ``"float16"`` (only with ``dtype="float32"``) keeps
-    them in float16, which halves the bytes a decode step streams. Float16 weights are widened
-    to float32 exactly, in registers, and the result is bit-identical to a float32 model whose
-    weights are those float16 values. Norms, biases, rope tables and ``pos_embed`` stay in
-    ``dtype``. A ``weight_dtype`` equal to ``dtype`` is stored as None.
-    """
-
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int | None = None
-    ffn_dim: int | None = None
-    max_seq_len: int = 2048
-    norm: str = "rmsnorm"
-    positional: str = "rope"
-    activation: str = "swiglu"
-    tie_embeddings: bool = True
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dtype: str = "float32"
-    head_dim: int | None = None
-    qk_norm: bool = False
-    qkv_bias: bool = False
-    weight_dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
-            check_index(getattr(self, name), name, 1, 2**31 - 1)
-        if self.n_kv_heads is None:
-            object.__setattr__(self, "n_kv_heads", self.n_heads)
-        if self.head_dim is None:
-            if self.dim % self.n_heads:
-                raise ValueError(f"dim {self.dim} must be divisible by n_heads {self.n_heads} "
-                                 "(or give head_dim)")
-            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
-        if self.ffn_dim is None:
-            object.__setattr__(self, "ffn_dim", 4 * self.dim)
-        check_index(self.n_kv_heads, "n_kv_heads", 1, self.n_heads)
-        check_index(self.head_dim, "head_dim", 1, 2**20)
-        check_index(self.ffn_dim, "ffn_dim", 1, 2**31 - 1)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} must be a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.norm not in _NORMS:
-            raise ValueError(f"norm must be one of {_NORMS}, got {self.norm!r}")
-        if self.positional not in _POSITIONALS:
-            raise ValueError(f"positional must be one of {_POSITIONALS}, got {self.positional!r}")
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
-        if self.positional == "rope" and self.head_dim % 2:
-            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        if self.weight_dtype not in (None, "float16", "float32", "float64"):
-            raise ValueError("weight_dtype must be None, 'float16', 'float32' or 'float64', got "
-                             f"{self.weight_dtype!r}")
-        if self.weight_dtype == self.dtype:
-            object.__setattr__(self, "weight_dtype", None)
-        elif self.weight_dtype == "float16" and self.dtype != "float32":
-            raise ValueError(f"weight_dtype 'float16' needs dtype 'float32', got {self.dtype!r}")
-        elif self.weight_dtype is not None and self.weight_dtype != "float16":
-            raise ValueError(f"weight_dtype {self.weight_dtype!r} does not match dtype "
-                             f"{self.dtype!r} (only float16 weights with float32 compute)")
-        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
-            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
-        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
-            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
-
-    @classmethod
-    def toy(cls, vocab_size: int = 8, dim: int = 16, n_heads: int = 2, n_layers: int = 2,
-            max_seq_len: int = 256, dtype: str = "float32") -> "ModelConfig":
-        """Return the seed experiment's decoder: LayerNorm, learned positions, tanh FFN (dim -> 2 dim)."""
-        return cls(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
-                   n_kv_heads=n_heads, ffn_dim=2 * dim, max_seq_len=max_seq_len,
-                   norm="layernorm", positional="learned", activation="tanh",
-                   tie_embeddings=False, dtype=dtype)
-
-    @classmethod
-    def tiny_llama(cls, dtype: str = "float32", **overrides) -> "ModelConfig":
-        """Return the benchmark model's config: vocab 260, dim 256, 4 layers, 8 heads, ffn 704."""
-        fields = dict(vocab_size=260, dim=256, n_layers=4, n_heads=8, n_kv_heads=8,
-                      ffn_dim=704, max_seq_len=4096 + 64, dtype=dtype)
-        fields.update(overrides)
-        return cls(**fields)
-
-    @property
-    def matrix_dtype(self) -> str:
-        """Storage dtype of the large matrices: ``weight_dtype``, or ``dtype`` when None."""
-        return self.weight_dtype or self.dtype
-
-    def to_dict(self) -> dict:
-        """Return the config as a JSON-serialisable dict (``weight_dtype`` only when set)."""
-        d = dataclasses.asdict(self)
-        if d["weight_dtype"] is None:  # files of default models stay readable by older versions
-            del d["weight_dtype"]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        """Build a config from :meth:`to_dict` output; unknown keys raise ValueError."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig keys: {unknown}")
-        return cls(**d)
-
-    def replace(self, **changes) -> "ModelConfig":
-        """Return a copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
-
 
 @dataclass
 class ForwardOutput:
@@ -169,56 +45,11 @@ class ForwardOutput:
     hidden: dict[int, np.ndarray] = field(default_factory=dict)
 
 
-# --- NumPy building blocks (the reference math, shared with the DFlash drafter) -------------
-
-def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
-    """Return ``x / sqrt(mean(x**2, -1) + eps) * weight`` (float64 statistics)."""
-    ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
-    y = (x / np.sqrt(ms + eps)).astype(x.dtype, copy=False)
-    return y if weight is None else y * weight
-
-
-def layer_norm(x: np.ndarray, eps: float) -> np.ndarray:
-    """Return ``(x - mean) / sqrt(var + eps)`` over the last axis, no affine parameters."""
-    x64 = x.astype(np.float64)
-    mu = x64.mean(axis=-1, keepdims=True)
-    var = np.mean(np.square(x64 - mu), axis=-1, keepdims=True)
-    return ((x64 - mu) / np.sqrt(var + eps)).astype(x.dtype, copy=False)
-
-
-def rope_tables(max_positions: int, head_dim: int, theta: float, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``cos, sin`` of shape (max_positions, head_dim // 2) for rotate-half RoPE."""
-    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
-
-
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate ``x`` of shape (n, heads, D) by per-position ``cos, sin`` of shape (n, D/2)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def _linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    y = x @ w
-    return y if bias is None else y + bias
-
-
 def _layer_schema(c: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[str, ...]]:
     """Shapes and present fields of a layer of ``c`` (see :mod:`fastspec.schema`)."""
     return (layer_shapes(c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim),
             layer_attrs(swiglu=c.activation == "swiglu", rmsnorm=c.norm == "rmsnorm",
                         qk_norm=c.qk_norm, qkv_bias=c.qkv_bias))
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
 
 
 class Transformer:
@@ -677,8 +508,8 @@ class Transformer:
         """Project ``h`` (n, dim) to keys/values (k-norm, RoPE) and write them at ``start ..``."""
         c = self.config
         n = h.shape[0]
-        k = _linear(h, lw.wk, lw.k_bias).reshape(n, c.n_kv_heads, c.head_dim)
-        v = _linear(h, lw.wv, lw.v_bias).reshape(n, c.n_kv_heads, c.head_dim)
+        k = linear(h, lw.wk, lw.k_bias).reshape(n, c.n_kv_heads, c.head_dim)
+        v = linear(h, lw.wv, lw.v_bias).reshape(n, c.n_kv_heads, c.head_dim)
         if c.qk_norm:
             k = rms_norm(k, lw.k_norm, c.norm_eps)
         if cos is not None:
@@ -696,7 +527,7 @@ class Transformer:
         c = self.config
         n = x.shape[0]
         h = self.norm(x, lw.attn_norm)
-        q = _linear(h, lw.wq, lw.q_bias).reshape(n, c.n_heads, c.head_dim)
+        q = linear(h, lw.wq, lw.q_bias).reshape(n, c.n_heads, c.head_dim)
         if c.qk_norm:
             q = rms_norm(q, lw.q_norm, c.norm_eps)
         if cos is not None:
@@ -752,7 +583,6 @@ class Transformer:
         if path.suffix == ".npz":
             np.savez(path, config=np.array(json.dumps(self.config.to_dict())), **self.state_dict())
         else:
-            from fastspec.checkpoints import save_hf
             save_hf(self, path)
 
     @classmethod
@@ -771,8 +601,7 @@ class Transformer:
         """
         path = Path(path)
         if path.is_dir():
-            from fastspec.checkpoints import load_hf
-            return load_hf(path, dtype=dtype, weight_dtype=weight_dtype)
+            return cls.from_state_dict(*read_hf(path, dtype=dtype, weight_dtype=weight_dtype))
         from fastspec._npz import read_npz  # bounded: validates every header before reading
         cfg, sd = read_npz(path, "model")
         if dtype is not None:
