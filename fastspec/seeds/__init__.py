@@ -1,6 +1,6 @@
 """The founding experiments of fastspec, reproduced on its core (``fastspec seeds``).
 
-- ``000``: :mod:`fastspec.seeds.seed000`, the NumPy DFlash toy (W_mix drafter, MLP target,
+- ``000``: :mod:`fastspec.seeds.run000` over :mod:`fastspec.seeds.seed000`, the NumPy DFlash toy (W_mix drafter, MLP target,
   stochastic two-step denoising) with the exact audit of its acceptance rule.
 - ``002``: :mod:`fastspec.seeds.seed002`, the KV-cache and speculative-decoding audit.
 
@@ -16,7 +16,7 @@ from fastspec.seeds.report import SeedInputError, load_seed_file
 __all__ = ["SEED_NAMES", "SeedInputError", "load_seed", "run_seed", "summary"]
 
 #: Seed name -> module that reproduces it.
-SEED_NAMES = {"000": "fastspec.seeds.seed000", "002": "fastspec.seeds.seed002"}
+SEED_NAMES = {"000": "fastspec.seeds.run000", "002": "fastspec.seeds.seed002"}
 
 
 def _module(name: str):
