@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec import benchmark
+from fastspec.tools import benchmark
 
 
 @pytest.fixture(scope="module")

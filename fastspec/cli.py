@@ -82,7 +82,7 @@ def _add_demo(sub) -> None:
 
 
 def _run_demo(args) -> int:
-    from fastspec.demo import demo_main
+    from fastspec.tools.demo import demo_main
 
     return demo_main(args)
 
@@ -101,12 +101,13 @@ def _add_eval(sub) -> None:
     p.add_argument("--markdown", metavar="PATH", help="also write a markdown summary here")
     p.add_argument("--gamma", type=_gamma, default=None, metavar="G",
                    help="draft tokens per round for every drafter, an int or 'adaptive' "
-                        "(default: each drafter's tuned default, fastspec.demo.DEFAULT_GAMMA)")
+                        "(default: each drafter's tuned default, "
+                        "fastspec.tools.demo.DEFAULT_GAMMA)")
     p.set_defaults(run=_run_eval)
 
 
 def _run_eval(args) -> int:
-    from fastspec.demo import eval_main
+    from fastspec.tools.demo import eval_main
 
     return eval_main(args)
 
@@ -127,7 +128,7 @@ def _add_bench(sub) -> None:
 
 
 def _run_bench(args) -> int:
-    from fastspec.benchmark import bench_main
+    from fastspec.tools.benchmark import bench_main
 
     return bench_main(args)
 

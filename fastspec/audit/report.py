@@ -10,7 +10,7 @@ from typing import Callable
 
 import numpy as np
 
-from fastspec._environment import environment
+from fastspec.tools.environment import environment
 from fastspec.audit.registry import (ALPHA, CHECKS, DRAFTERS, GAMMAS, NEW_TOKENS, PREFIX, SEEDS,
                                      AuditContext)
 

@@ -2,7 +2,7 @@
 
 Every figure is measured in the run that reports it; ratios compare cases timed in the same
 process one after the other. Results are written as JSON; with the ``[plot]`` extra, PNG plots
-are drawn from that JSON by :mod:`fastspec.plots`.
+are drawn from that JSON by :mod:`fastspec.tools.plots`.
 """
 from __future__ import annotations
 
@@ -434,7 +434,7 @@ def peers(target, draft, new_tokens: int = 256, prompt_len: int = 64, threads: i
 
 def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> dict:
     """Run the suite and return the JSON-ready report."""
-    from fastspec._environment import environment
+    from fastspec.tools.environment import environment
 
     contexts = (64, 256, 1024, 2048, 4096) if full else (64, 512, 2048)
     gammas = (1, 2, 4, 8, 16) if full else (1, 4, 8)
@@ -507,7 +507,7 @@ def bench_main(args) -> int:
         print(f"wrote {args.markdown}", file=sys.stderr)
     if args.plot_dir:
         try:
-            from fastspec.plots import plot_report
+            from fastspec.tools.plots import plot_report
         except ImportError as exc:
             print(f"plots skipped (install fastspec[plot]): {exc}", file=sys.stderr)
         else:

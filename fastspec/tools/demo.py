@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 
 import fastspec as fs
-from fastspec._environment import environment
+from fastspec.tools.environment import environment
 from fastspec._progress import Progress
 
 __all__ = ["METHODS", "MethodResult", "run_methods", "demo_main", "eval_main", "is_looping"]
