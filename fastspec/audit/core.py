@@ -36,25 +36,39 @@ __all__ = ["check_cache_block_equivalence", "check_causal_invariance",
 
 # --- checks: forward pass ------------------------------------------------------------------
 
+#: Chunk sizes of the cache/block equivalence check (29 positions, as in seed 002).
+CHUNKS = (3, 1, 7, 2, 16)
+
+
+def chunked_forward(model, ids: np.ndarray, chunks=CHUNKS):
+    """Run ``ids`` once whole and once in ``chunks`` on fresh caches.
+
+    Returns
+    -------
+    full_logits, full_cache, chunked_logits, chunked_cache
+    """
+    full_cache = model.new_cache()
+    full = model.forward(ids, full_cache).logits
+    cache, parts, start = model.new_cache(), [], 0
+    for size in chunks:
+        parts.append(model.forward(ids[start:start + size], cache).logits)
+        start += size
+    return full, full_cache, np.concatenate(parts), cache
+
+
 @register_check("cache_block_equivalence", group="model")
 def check_cache_block_equivalence(ctx: AuditContext) -> dict:
     """Chunked cached forward == one full forward (logits and cache), toy float64."""
     model = ctx.model(69, 2)
     ids = np.array((PREFIX * 4)[:29], dtype=np.int64)
-    full_cache = model.new_cache()
-    full = model.forward(ids, full_cache).logits
-    cache, parts, start = model.new_cache(), [], 0
-    for size in (3, 1, 7, 2, 16):
-        parts.append(model.forward(ids[start:start + size], cache).logits)
-        start += size
-    chunked = np.concatenate(parts)
+    full, full_cache, chunked, cache = chunked_forward(model, ids)
     logit_err = float(np.max(np.abs(full - chunked)))
     cache_err = max(float(np.max(np.abs(full_cache.k[..., :29, :] - cache.k[..., :29, :]))),
                     float(np.max(np.abs(full_cache.v[..., :29, :] - cache.v[..., :29, :]))))
     cfg = model.config
     cached_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * 29 * cfg.head_dim * 8
     return dict(passed=logit_err <= 1e-10 and cache_err <= 1e-10 and cache.length == 29,
-                max_logit_error=logit_err, max_cache_error=cache_err, chunks=[3, 1, 7, 2, 16],
+                max_logit_error=logit_err, max_cache_error=cache_err, chunks=list(CHUNKS),
                 cached_length=cache.length, cached_bytes=cached_bytes, tolerance=1e-10)
 
 

@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import time
 import traceback
 from typing import Callable
 
-import numpy as np
-
-from fastspec.tools.environment import environment
+from fastspec._json import jsonable
 from fastspec.audit.registry import (ALPHA, CHECKS, DRAFTERS, GAMMAS, NEW_TOKENS, PREFIX, SEEDS,
                                      AuditContext)
+from fastspec.tools.environment import environment
 
 __all__ = ["run_audit", "format_report", "write_report", "OPTIONAL_CHECK_MODULES"]
 
@@ -34,23 +32,6 @@ def _load_optional_checks() -> tuple[list[str], dict[str, str]]:
         else:
             loaded.append(name)
     return loaded, errors
-
-
-def _jsonable(x):
-    if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items() if not str(k).startswith("_")}
-    if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, (np.bool_,)):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return x if math.isfinite(x) else str(x)
-    return x
 
 
 def run_audit(quick: bool = False, samples: int | None = None, names=None,
@@ -111,7 +92,7 @@ def run_audit(quick: bool = False, samples: int | None = None, names=None,
                               dtype="float64", toy_target_layers=2, toy_draft_layers=1,
                               drafters=list(DRAFTERS), alpha=ALPHA, extra_modules=loaded),
                   checks=results, seconds=time.perf_counter() - t_all)
-    return _jsonable(report)
+    return jsonable(report, drop_private=True)
 
 
 def format_report(report: dict) -> str:

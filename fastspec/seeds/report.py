@@ -7,7 +7,6 @@ step at the end, so a failed or interrupted run never leaves a partial report.
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import statistics
@@ -21,6 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 import fastspec as fs
+from fastspec._json import jsonable
 
 __all__ = ["SeedInputError", "check_out_dir", "write_report", "load_seed_file", "seed_path",
            "environment", "time_samples", "jsonable"]
@@ -154,21 +154,3 @@ def time_samples(fn: Callable[[], object], repeats: int, warmup: int = 1) -> dic
         fn()
         samples.append((time.perf_counter() - begin) * 1000.0)
     return dict(ms=samples, median_ms=float(statistics.median(samples)))
-
-
-def jsonable(x):
-    """Return ``x`` with NumPy scalars/arrays as Python values and non-finite floats as text."""
-    if isinstance(x, dict):
-        return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [jsonable(v) for v in x]
-    if isinstance(x, np.ndarray):
-        return jsonable(x.tolist())
-    if isinstance(x, np.bool_):
-        return bool(x)
-    if isinstance(x, np.integer):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return x if math.isfinite(x) else str(x)
-    return x

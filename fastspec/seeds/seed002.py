@@ -30,6 +30,7 @@ import numpy as np
 
 import fastspec as fs
 from fastspec import audit, kernels
+from fastspec.audit.core import CHUNKS, chunked_forward
 from fastspec.seeds.report import environment, load_seed_file, seed_path, time_samples
 
 __all__ = ["run", "distribution_check", "PREFIX", "NEW_TOKENS", "PAIRS", "SEED_MARKERS"]
@@ -139,13 +140,8 @@ def _speculative(target, draft, count, gamma, temperature, seed):
 def _kv_check() -> tuple[dict, list]:
     t = _toy(69, 2)
     ids = np.array((PREFIX * 4)[:29], dtype=np.int64)
-    full_cache = t.new_cache()
-    full = t.forward(ids, full_cache).logits
-    cache, parts, start = t.new_cache(), [], 0
-    for size in (3, 1, 7, 2, 16):
-        parts.append(t.forward(ids[start:start + size], cache).logits)
-        start += size
-    err = float(np.max(np.abs(full - np.concatenate(parts))))
+    full, _, chunked, cache = chunked_forward(t, ids)
+    err = float(np.max(np.abs(full - chunked)))
     cache_err = _cache_error(t, ids, cache)
     # Measured from the buffers: the views of the valid positions of every layer's K and V.
     views = [a for l in range(cache.n_layers) for a in (cache.keys(l), cache.values(l))]
@@ -156,7 +152,7 @@ def _kv_check() -> tuple[dict, list]:
     kv = dict(max_logit_error=err, shape=list(cache.keys(0).shape), bytes=cache_bytes,
               cached_length=cache.length, causal_invariance=change <= 1e-12,
               max_cache_error=cache_err, max_earlier_logit_change=change,
-              allocated_bytes=cache.nbytes, capacity=cache.capacity, chunks=[3, 1, 7, 2, 16])
+              allocated_bytes=cache.nbytes, capacity=cache.capacity, chunks=list(CHUNKS))
     checks = [("kv: chunked forward == full forward", err <= TOL),
               ("kv: cache == recompute", cache_err <= TOL),
               ("kv: measured bytes == 2*2*2*29*8*8", cache_bytes == 2 * 2 * 2 * 29 * 8 * 8),
