@@ -91,11 +91,11 @@ class KVCache:
         """Return the valid values of ``layer``, shape (n_kv_heads, length, head_dim) (a view)."""
         return self.v[layer, :, :self._length]
 
-    def _claim(self) -> bool:
+    def acquire(self) -> bool:
         """Take the cache for the calling thread without blocking.
 
         Returns False when this thread already holds it (nested calls), True when taken here
-        (pass the result to :meth:`_unclaim`). Raises RuntimeError if another thread holds it:
+        (pass the result to :meth:`release`). Raises RuntimeError if another thread holds it:
         concurrent writers would interleave positions silently.
         """
         if self._guard.acquire(False):
@@ -105,7 +105,8 @@ class KVCache:
             return False
         raise RuntimeError(_IN_USE)
 
-    def _unclaim(self, claimed: bool) -> None:
+    def release(self, claimed: bool) -> None:
+        """Give the cache back after :meth:`acquire` (``claimed`` is what it returned)."""
         if claimed:
             self._lock_owner = None
             self._guard.release()
@@ -137,8 +138,8 @@ class _Claim:
         self.claimed = False
 
     def __enter__(self) -> KVCache:
-        self.claimed = self.cache._claim()
+        self.claimed = self.cache.acquire()
         return self.cache
 
     def __exit__(self, *exc) -> None:
-        self.cache._unclaim(self.claimed)
+        self.cache.release(self.claimed)

@@ -26,7 +26,8 @@ from fastspec.stats import DecodeStats, GenerationResult
 from fastspec.verify import verify_block
 
 __all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate",
-           "ADAPTIVE_GAMMA_START", "ADAPTIVE_GAMMA_MAX"]
+           "plan_speculative", "run_plan", "SpeculativePlan", "ADAPTIVE_GAMMA_START",
+           "ADAPTIVE_GAMMA_MAX"]
 
 #: ``gamma="adaptive"`` starts here and stays within ``[1, ADAPTIVE_GAMMA_MAX]``.
 ADAPTIVE_GAMMA_START = 4
@@ -225,15 +226,15 @@ def speculative_generate(target: Target, drafter: Drafter, prompt_ids, max_new_t
     -------
     GenerationResult
     """
-    plan = _plan(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k, top_p,
-                 seed, eos_token_id, cache)
-    return _run(plan, np.random.default_rng(seed), trace, callback)
+    plan = plan_speculative(target, drafter, prompt_ids, max_new_tokens, gamma, temperature,
+                            top_k, top_p, seed, eos_token_id, cache)
+    return run_plan(plan, np.random.default_rng(seed), trace, callback)
 
 
-class _Plan:
+class SpeculativePlan:
     """Validated arguments and reusable scratch of speculative runs (one target + drafter).
 
-    Building it does every check; :func:`_run` then only decodes. The audit builds one plan
+    Building it does every check; :func:`run_plan` then only decodes. The audit builds one plan
     and runs it with many seeds.
     """
 
@@ -256,8 +257,8 @@ class _Plan:
         self.block_logits = np.empty((g_cap + 1, cfg.vocab_size), dtype=np.dtype(cfg.dtype))
 
 
-def _plan(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k, top_p, seed,
-          eos_token_id, cache) -> _Plan:
+def plan_speculative(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k,
+                     top_p, seed, eos_token_id, cache) -> SpeculativePlan:
     """Validate the arguments of :func:`speculative_generate`; touch no cache."""
     prompt, max_new, sampling, eos = _check_common(target, prompt_ids, max_new_tokens,
                                                    temperature, top_k, top_p, seed, eos_token_id)
@@ -276,11 +277,11 @@ def _plan(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k
     g_cap = ADAPTIVE_GAMMA_MAX if gamma_fixed is None else gamma_fixed
     if max_gamma is not None:
         g_cap = min(g_cap, max_gamma)
-    return _Plan(target, drafter, prompt, max_new, sampling, eos, gamma_fixed, hidden_layers,
-                 g_cap, cache)
+    return SpeculativePlan(target, drafter, prompt, max_new, sampling, eos, gamma_fixed,
+                           hidden_layers, g_cap, cache)
 
 
-def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=None,
+def run_plan(plan: SpeculativePlan, rng: np.random.Generator, trace: bool = False, callback=None,
          verify_rejection=None) -> GenerationResult:
     """Decode once according to ``plan``; the loop behind :func:`speculative_generate`.
 

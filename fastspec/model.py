@@ -189,7 +189,7 @@ class Transformer:
         """
         if type(cache) is not KVCache:
             self.check_cache(cache)
-        claimed = cache._claim()
+        claimed = cache.acquire()
         try:
             runner = self._fused()
             start = cache.length
@@ -207,7 +207,7 @@ class Transformer:
             if advance:
                 cache.advance(logits.shape[0])
         finally:
-            cache._unclaim(claimed)
+            cache.release(claimed)
         return ForwardOutput(logits, hidden)
 
     def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),

@@ -20,7 +20,7 @@ from fastspec import kernels
 from fastspec.audit.oracle import exact_continuation_probs
 from fastspec.audit.registry import ALPHA, DRAFTERS, PREFIX
 from fastspec.audit.stats import chi_square_test
-from fastspec.decoding import _plan, _run
+from fastspec.decoding import plan_speculative, run_plan
 from fastspec.drafters.base import Proposal
 from fastspec.sampling import SamplingParams
 from fastspec.drafters.draft_model import DraftModelDrafter
@@ -204,11 +204,11 @@ def distribution_audit(drafter, sampling: SamplingParams, samples: int, *, seed:
     t0 = time.perf_counter()
     rounds = drafted = accepted = 0
     # One validated plan, many seeded runs: the loop is the public one minus re-validation.
-    plan = _plan(target, drafter, prompt, DIST_NEW_TOKENS, gamma, sampling.temperature,
+    plan = plan_speculative(target, drafter, prompt, DIST_NEW_TOKENS, gamma, sampling.temperature,
                  sampling.top_k, sampling.top_p, 0, None, cache)
     default_rng = np.random.default_rng
     for i in range(samples):
-        res = _run(plan, default_rng(base_seed + i), False, None, verifier)
+        res = run_plan(plan, default_rng(base_seed + i), False, None, verifier)
         x = res.tokens
         counts[(x[0] * vocab + x[1]) * vocab + x[2]] += 1
         rounds += res.stats.rounds
