@@ -1,0 +1,143 @@
+"""Exact law of one round of tree verification, by recursion over the tree (the audit's oracle).
+
+The rule of :func:`fastspec.tree.verify_tree_rejection` is re-derived here in closed form:
+at a node the children are tested in order, child ``x`` accepted with probability
+``min(1, p_res(x) / q(x))``, the residual updated after each rejection; the mass left after
+the last child goes to the residual's tokens. Completing each round's output with the target's
+own law to a fixed length gives a law over sequences that must equal the target's joint law
+(total variation 0 up to rounding). The negative control (``normalise=False``: the
+un-normalised residual is reused for the next sibling's test) must not.
+
+Target and draft are functions of the prefix, so every law is exact (no sampling).
+"""
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["tree_round_law", "extended_law", "target_joint_law", "tree_law_tv"]
+
+Dist = Callable[[tuple], np.ndarray]
+
+
+def _children(parents):
+    kids = [[] for _ in range(len(parents) + 1)]
+    for i, par in enumerate(parents):
+        kids[par + 1].append(i)
+    return kids
+
+
+def _round_law_fixed(p_of: Dist, prefix: tuple, tokens, kids, q_rows, normalise, out, mass):
+    """Add the law of one round with fixed tree tokens (q_rows[i]: node i's q or None)."""
+    def at(row, pre, w):
+        residual = np.asarray(p_of(pre), dtype=np.float64)
+        original = residual
+        left = w
+        for c in kids[row]:
+            x = tokens[c]
+            qx = 1.0 if q_rows[c] is None else q_rows[c][x]
+            a = min(1.0, residual[x] / qx)
+            if a > 0:
+                at(c + 1, pre + (x,), left * a)
+            left *= 1.0 - a
+            if q_rows[c] is None:
+                residual = residual.copy()
+                residual[x] = 0.0
+            else:
+                residual = np.maximum(residual - q_rows[c], 0.0)
+            total = residual.sum()
+            if not total > 0:
+                residual = original
+            elif normalise:
+                residual = residual / total
+        if left > 0:
+            final = residual / residual.sum()
+            for y in np.flatnonzero(final > 0):
+                out[pre[len(prefix):] + (int(y),)] += left * final[y]
+    at(0, prefix, mass)
+
+
+def tree_round_law(p_of: Dist, prefix: tuple, tokens, parents, q_of: Callable | None = None,
+                   normalise: bool = True) -> dict[tuple, float]:
+    """Law of the tokens a round emits (accepted path + next token).
+
+    Parameters
+    ----------
+    p_of : callable, prefix tuple -> ndarray (V,)
+        The target's next-token law.
+    prefix : tuple of int
+        The committed sequence (its last token is the root).
+    tokens : sequence of int
+        Node tokens for deterministic proposals (ignored for nodes drafted from ``q_of``).
+    parents : sequence of int
+    q_of : callable (prefix tuple, sibling index) -> ndarray (V,), optional
+        When given, every node is drawn independently from ``q_of(parent prefix, k)`` (``k``:
+        its rank among its siblings) and the law averages over those draws.
+    normalise : bool
+        False: the negative control.
+    """
+    parents = list(parents)
+    kids = _children(parents)
+    out: dict[tuple, float] = defaultdict(float)
+    if q_of is None:
+        _round_law_fixed(p_of, prefix, list(tokens), kids, [None] * len(parents), normalise, out,
+                         1.0)
+        return dict(out)
+    rank = {c: k for row in kids for k, c in enumerate(row)}
+    vocab = len(p_of(prefix))
+    for drawn in itertools.product(range(vocab), repeat=len(parents)):
+        weight, q_rows = 1.0, []
+        for i, par in enumerate(parents):
+            pre = prefix + tuple(drawn[j] for j in _path(parents, par))
+            q = np.asarray(q_of(pre, rank[i]), dtype=np.float64)
+            weight *= q[drawn[i]]
+            q_rows.append(q)
+        if weight > 0:
+            _round_law_fixed(p_of, prefix, list(drawn), kids, q_rows, normalise, out, weight)
+    return dict(out)
+
+
+def _path(parents, node):
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = parents[node]
+    return path[::-1]
+
+
+def extended_law(p_of: Dist, prefix: tuple, law: dict[tuple, float], length: int):
+    """Complete every outcome of ``law`` to ``length`` tokens with the target's own law."""
+    out: dict[tuple, float] = defaultdict(float)
+    for seq, w in law.items():
+        for tail, v in target_joint_law(p_of, prefix + seq, length - len(seq)).items():
+            out[seq + tail] += w * v
+    return dict(out)
+
+
+def target_joint_law(p_of: Dist, prefix: tuple, length: int) -> dict[tuple, float]:
+    """The target's law of the next ``length`` tokens after ``prefix``."""
+    if length <= 0:
+        return {(): 1.0}
+    out = {}
+    p = np.asarray(p_of(prefix), dtype=np.float64)
+    for y in np.flatnonzero(p > 0):
+        for tail, v in target_joint_law(p_of, prefix + (int(y),), length - 1).items():
+            out[(int(y),) + tail] = p[y] * v
+    return out
+
+
+def tree_law_tv(p_of: Dist, prefix: tuple, tokens, parents, q_of=None,
+                normalise: bool = True) -> float:
+    """Total variation between a round completed by the target and the target's own law."""
+    depth = 0
+    for node in range(len(parents)):
+        depth = max(depth, len(_path(list(parents), node)))
+    length = depth + 1
+    law = extended_law(p_of, prefix, tree_round_law(p_of, prefix, tokens, parents, q_of,
+                                                    normalise), length)
+    ref = target_joint_law(p_of, prefix, length)
+    keys = set(law) | set(ref)
+    return 0.5 * sum(abs(law.get(k, 0.0) - ref.get(k, 0.0)) for k in keys)

@@ -1,0 +1,266 @@
+"""Tree proposals and their lossless verification (greedy and recursive rejection sampling).
+
+A drafter may propose a tree instead of a chain: ``tokens[i]`` with parent ``parents[i]``,
+where ``-1`` is the root (the last committed token) and every parent comes before its child
+(topological order). The target scores all nodes in one forward (each node sees the committed
+context and its own ancestors; :meth:`fastspec.Transformer.step` with ``tree_parents``), and
+verification walks down from the root:
+
+- greedy: follow the child whose token is the target's argmax, as long as one exists;
+- sampling: at each node, test its children in order, child ``x`` with probability
+  ``min(1, p_res(x) / q(x))`` (``q`` one-hot for deterministic siblings, so ``p_res(x)``),
+  where ``p_res`` starts as the target's ``p`` at the node and, after each rejected sibling,
+  becomes ``normalise(max(p_res - q_sibling, 0))`` (one-hot: ``p_res`` with that token
+  zeroed). If every child is rejected the next token is drawn from the final ``p_res``;
+  after an accepted leaf the bonus is drawn from the leaf's ``p``. This keeps the target law
+  exactly when each sibling is deterministic or drawn independently from its own ``q``
+  (the audit in ``tests/test_tree_law.py`` enumerates it).
+
+A chain is the tree with ``parents[i] = i - 1``. Block layout used by the loop: row 0 of the
+target's logits is the root, row ``i + 1`` is node ``i``.
+
+Like the kernels, the verifiers take their randomness as input: ``uniforms`` of shape
+``(N + 1,)``, ``uniforms[i]`` for the test of node ``i`` (each node is tested at most once) and
+``uniforms[N]`` for the final draw. The arithmetic is NumPy (no compiled twin yet).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastspec._checks import check_uniforms
+from fastspec.drafters.base import Proposal
+
+__all__ = ["MAX_TREE_NODES", "TreeProposal", "check_parents", "tree_depths", "ancestor_mask",
+           "block_parents", "verify_tree_greedy", "verify_tree_rejection", "chain_parents"]
+
+#: Largest tree (nodes, root excluded) the loop and the tree attention accept.
+MAX_TREE_NODES = 256
+
+
+def chain_parents(n: int) -> np.ndarray:
+    """Return the parents ``[-1, 0, 1, ..., n - 2]`` of a chain of ``n`` nodes."""
+    return np.arange(-1, n - 1, dtype=np.int64)
+
+
+def check_parents(parents, n: int | None = None, max_nodes: int = MAX_TREE_NODES,
+                  room: int | None = None, name: str = "parents") -> np.ndarray:
+    """Validate a parent array; return the depth of every node (children of the root: 1).
+
+    Parameters
+    ----------
+    parents : ndarray of shape (N,), integer
+        ``parents[i]`` in ``[-1, i)``: -1 for a child of the root, else an earlier node.
+    n : int, optional
+        Required length (the number of tokens).
+    max_nodes : int
+        Largest accepted ``N``.
+    room : int, optional
+        Largest accepted depth (the positions left in the cache / the generation).
+
+    Returns
+    -------
+    depths : ndarray of shape (N,), int64
+
+    Raises
+    ------
+    ValueError
+        Naming the first offending node, before any work is done.
+    """
+    if not isinstance(parents, np.ndarray) or parents.ndim != 1 or parents.dtype.kind not in "iu":
+        raise ValueError(f"{name} must be a 1-D integer ndarray, got {type(parents).__name__} "
+                         f"{getattr(parents, 'shape', '')}")
+    size = parents.shape[0]
+    if n is not None and size != n:
+        raise ValueError(f"{name} must have one entry per token ({n}), got {size}")
+    if size > max_nodes:
+        raise ValueError(f"tree has {size} nodes, more than the maximum {max_nodes}")
+    par = parents.astype(np.int64, copy=False)
+    bad = np.flatnonzero((par < -1) | (par >= np.arange(size)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{name}[{i}] = {int(par[i])} must be in [-1, {i}): a parent comes "
+                         "before its child (topological order) and inside the tree")
+    depths = tree_depths(par)
+    if room is not None and size and int(depths.max()) > room:
+        raise ValueError(f"tree depth {int(depths.max())} exceeds the room left ({room} "
+                         "positions)")
+    return depths
+
+
+def tree_depths(parents: np.ndarray) -> np.ndarray:
+    """Return the depth of each node of a valid parent array (children of the root: 1)."""
+    depths = np.empty(parents.shape[0], dtype=np.int64)
+    for i, par in enumerate(parents.tolist()):
+        depths[i] = 1 if par < 0 else depths[par] + 1
+    return depths
+
+
+def ancestor_mask(parents: np.ndarray) -> np.ndarray:
+    """Return ``mask`` (N, N) bool: ``mask[i, j]`` when node ``j`` is ``i`` or an ancestor."""
+    size = parents.shape[0]
+    mask = np.zeros((size, size), dtype=bool)
+    for i, par in enumerate(parents.tolist()):
+        if par >= 0:
+            mask[i] = mask[par]
+        mask[i, i] = True
+    return mask
+
+
+def block_parents(parents: np.ndarray) -> np.ndarray:
+    """Parents of the target block ``[root, *nodes]`` (N + 1,): the root's is -1, node
+    ``i`` (row ``i + 1``) hangs under row ``parents[i] + 1``."""
+    out = np.empty(parents.shape[0] + 1, dtype=np.int64)
+    out[0] = -1
+    out[1:] = parents
+    out[1:] += 1
+    return out
+
+
+def _children(parents: np.ndarray) -> list[list[int]]:
+    """``kids[r]``: the nodes under block row ``r`` (row 0 the root), in order."""
+    kids: list[list[int]] = [[] for _ in range(parents.shape[0] + 1)]
+    for i, par in enumerate(parents.tolist()):
+        kids[par + 1].append(i)
+    return kids
+
+
+@dataclass
+class TreeProposal(Proposal):
+    """A drafter's tree: ``tokens[i]`` under ``parents[i]`` (-1: the root), topological order.
+
+    Attributes
+    ----------
+    tokens : ndarray of shape (N,), int64
+    q : ndarray of shape (N, V) or None
+        The distribution node ``i`` was drawn from (siblings drawn independently given their
+        parent), or None for deterministic nodes (one-hot rule).
+    parents : ndarray of shape (N,), int64
+    """
+
+    parents: np.ndarray = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokens, np.ndarray) or self.tokens.ndim != 1:
+            raise ValueError("tokens must be a 1-D ndarray")
+        self.depths = check_parents(self.parents, self.tokens.shape[0])
+
+    @property
+    def depth(self) -> int:
+        """Length of the longest root-to-node path (0 for an empty tree)."""
+        return int(self.depths.max()) if self.depths.size else 0
+
+    def is_chain(self) -> bool:
+        """True when ``parents`` is ``[-1, 0, 1, ...]``."""
+        return bool(np.array_equal(self.parents, chain_parents(self.tokens.shape[0])))
+
+
+def _check_tree_args(tokens, parents, rows, name):
+    if not isinstance(tokens, np.ndarray) or tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+        raise ValueError("tokens must be a 1-D integer ndarray")
+    size = tokens.shape[0]
+    check_parents(parents, size)
+    if not isinstance(rows, np.ndarray) or rows.ndim != 2 or rows.shape[0] != size + 1:
+        raise ValueError(f"{name} must have shape ({size + 1}, V), got "
+                         f"{getattr(rows, 'shape', type(rows).__name__)}")
+    if size and (tokens.min() < 0 or tokens.max() >= rows.shape[1]):
+        raise ValueError(f"tokens must be in [0, {rows.shape[1]})")
+    return size
+
+
+def verify_tree_greedy(tokens: np.ndarray, parents: np.ndarray,
+                       target_logits: np.ndarray) -> tuple[np.ndarray, int]:
+    """Accept the longest root-to-node path whose tokens are the target's argmax.
+
+    Parameters
+    ----------
+    tokens, parents : ndarray of shape (N,), integer
+    target_logits : ndarray of shape (N + 1, V)
+        Row 0 scores the position after the root, row ``i + 1`` the position after node ``i``.
+
+    Returns
+    -------
+    path : ndarray of shape (n_accepted,), int64
+        Accepted node indices, root side first.
+    next_token : int
+        The target's argmax after the last accepted node (correction or bonus).
+    """
+    _check_tree_args(tokens, parents, target_logits, "target_logits")
+    kids = _children(parents)
+    best = np.argmax(target_logits, axis=1)
+    path: list[int] = []
+    row = 0
+    while True:
+        want = int(best[row])
+        nxt = next((c for c in kids[row] if int(tokens[c]) == want), None)
+        if nxt is None:
+            return np.array(path, dtype=np.int64), want
+        path.append(nxt)
+        row = nxt + 1
+
+
+def _inverse_cdf(weights: np.ndarray, u: float) -> int:
+    cumulative = np.cumsum(weights)
+    hits = np.flatnonzero(cumulative > u * cumulative[-1])
+    if hits.size:
+        return int(hits[0])
+    return int(np.flatnonzero(weights > 0)[-1])
+
+
+def verify_tree_rejection(tokens: np.ndarray, parents: np.ndarray, p: np.ndarray,
+                          q: np.ndarray | None, uniforms: np.ndarray,
+                          normalise: bool = True) -> tuple[np.ndarray, int]:
+    """Recursive rejection sampling down a tree; keeps the target distribution exactly.
+
+    Parameters
+    ----------
+    tokens, parents : ndarray of shape (N,), integer
+    p : ndarray of shape (N + 1, V)
+        Target probabilities; row 0 after the root, row ``i + 1`` after node ``i``.
+    q : ndarray of shape (N, V) or None
+        Distribution node ``i`` was drawn from; None: deterministic nodes (one-hot rule).
+    uniforms : ndarray of shape (N + 1,), float64 in [0, 1)
+        ``uniforms[i]`` tests node ``i``; ``uniforms[N]`` draws the final token.
+    normalise : bool, default True
+        False reuses the un-normalised residual: a wrong rule, kept only as the audit's
+        negative control.
+
+    Returns
+    -------
+    path : ndarray of shape (n_accepted,), int64
+    next_token : int
+        Drawn from the residual after all children of the last accepted node were rejected,
+        else the bonus from that leaf's ``p``.
+    """
+    size = _check_tree_args(tokens, parents, p, "p")
+    if q is not None and (not isinstance(q, np.ndarray) or q.shape != (size, p.shape[1])):
+        raise ValueError(f"q must have shape {(size, p.shape[1])}, got "
+                         f"{getattr(q, 'shape', type(q).__name__)}")
+    check_uniforms(uniforms, size + 1)
+    kids = _children(parents)
+    path: list[int] = []
+    row = 0
+    while True:
+        residual = p[row].astype(np.float64)
+        accepted = None
+        for c in kids[row]:
+            x = int(tokens[c])
+            qx = 1.0 if q is None else float(q[c, x])
+            if uniforms[c] * qx < residual[x]:
+                accepted = c
+                break
+            if q is None:
+                residual = residual.copy()
+                residual[x] = 0.0
+            else:
+                residual = np.maximum(residual - q[c].astype(np.float64), 0.0)
+            total = residual.sum()
+            if not total > 0:  # only through rounding: the rejection had probability ~0
+                residual = p[row].astype(np.float64)
+            elif normalise:
+                residual = residual / total
+        if accepted is None:
+            return np.array(path, dtype=np.int64), _inverse_cdf(residual, float(uniforms[size]))
+        path.append(accepted)
+        row = accepted + 1

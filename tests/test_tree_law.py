@@ -1,0 +1,117 @@
+"""Tree verification keeps the target law: exact recursion over the tree, then Monte Carlo of
+the real verifier against it; the un-normalised residual (negative control) is caught by both."""
+import numpy as np
+import pytest
+
+from fastspec.audit import chi_square_test
+from fastspec.audit.tree import tree_law_tv, tree_round_law
+from fastspec.tree import verify_tree_rejection
+
+V = 4
+
+
+def _dist(seed, prefix, vocab=V, peak=2.0):
+    rng = np.random.default_rng([seed, len(prefix), *prefix])
+    p = rng.dirichlet(np.full(vocab, 0.7)) ** peak
+    return p / p.sum()
+
+
+def target(prefix):
+    return _dist(1, prefix)
+
+
+def draft(prefix, k):
+    return _dist(2 + k, prefix)
+
+
+PREFIX = (3, 1)
+# root with three children (second has a child with two children), a leaf chain
+TREES = [
+    ([0, 1, 2, 1, 3, 0], [-1, -1, -1, 1, 1, 3]),
+    ([2, 0, 0, 1], [-1, 0, 1, 2]),             # a chain
+    ([1, 1, 3], [-1, -1, -1]),                 # duplicate sibling tokens
+    ([], []),                                  # empty tree: one target step
+]
+
+
+@pytest.mark.parametrize("tokens,parents", TREES)
+def test_deterministic_tree_keeps_target_law(tokens, parents):
+    assert tree_law_tv(target, PREFIX, tokens, parents) < 1e-12
+
+
+def test_sampled_siblings_keep_target_law():
+    parents = [-1, -1, 0, 0, 1]
+    assert tree_law_tv(target, PREFIX, None, parents, q_of=draft) < 1e-12
+
+
+def test_unnormalised_residual_is_caught_exactly():
+    tokens, parents = TREES[0]
+    assert tree_law_tv(target, PREFIX, tokens, parents, normalise=False) > 1e-3
+    assert tree_law_tv(target, PREFIX, None, [-1, -1, 0], q_of=draft, normalise=False) > 1e-3
+
+
+def _block_p(tokens, parents):
+    rows = [target(PREFIX)]
+    for i in range(len(tokens)):
+        path, node = [], i
+        while node >= 0:
+            path.append(tokens[node])
+            node = parents[node]
+        rows.append(target(PREFIX + tuple(path[::-1])))
+    return np.array(rows)
+
+
+def _monte_carlo(tokens, parents, draws, normalise):
+    tok, par = np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64)
+    p = _block_p(tokens, parents)
+    rng = np.random.default_rng(0)
+    counts = {}
+    for _ in range(draws):
+        path, nxt = verify_tree_rejection(tok, par, p, None, rng.random(len(tokens) + 1),
+                                          normalise=normalise)
+        key = tuple(tok[path].tolist()) + (nxt,)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _chi_square_p(counts, law):
+    keys = sorted(law)
+    assert set(counts) <= set(keys)
+    observed = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    result = chi_square_test(observed, np.array([law[k] for k in keys]))
+    assert result["impossible_count"] == 0
+    return result["p_value"]
+
+
+@pytest.mark.parametrize("normalise", [True, False])
+def test_verifier_matches_exact_law_monte_carlo(normalise):
+    tokens, parents = TREES[0]
+    law = tree_round_law(target, PREFIX, tokens, parents)
+    pvalue = _chi_square_p(_monte_carlo(tokens, parents, 6000, normalise), law)
+    if normalise:
+        assert pvalue > 1e-3
+    else:
+        assert pvalue < 1e-6
+
+
+def test_sampled_siblings_monte_carlo():
+    """Sampled nodes verified with their q reproduce the oracle's law (drafts drawn here)."""
+    parents = [-1, -1, 0]
+    law = tree_round_law(target, PREFIX, None, parents, q_of=draft)
+    rng = np.random.default_rng(1)
+    par = np.array(parents, dtype=np.int64)
+    counts = {}
+    for _ in range(6000):
+        tok = np.empty(3, dtype=np.int64)
+        q = np.empty((3, V))
+        for i, (parent, k) in enumerate([(-1, 0), (-1, 1), (0, 0)]):
+            pre = PREFIX if parent < 0 else PREFIX + (int(tok[parent]),)
+            q[i] = draft(pre, k)
+            tok[i] = rng.choice(V, p=q[i])
+        p = np.array([target(PREFIX), target(PREFIX + (int(tok[0]),)),
+                      target(PREFIX + (int(tok[1]),)),
+                      target(PREFIX + (int(tok[0]), int(tok[2])))])
+        path, nxt = verify_tree_rejection(tok, par, p, q, rng.random(4))
+        key = tuple(tok[path].tolist()) + (nxt,)
+        counts[key] = counts.get(key, 0) + 1
+    assert _chi_square_p(counts, law) > 1e-3
