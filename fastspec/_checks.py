@@ -74,6 +74,35 @@ def check_attention_args(q, k_cache, v_cache, length, out):
     return n, n_heads, head_dim, n_kv_heads
 
 
+def check_tree_mask(tree_mask, n):
+    """Validate a tree attention mask: (n, n) bool with a True diagonal."""
+    if not isinstance(tree_mask, np.ndarray) or tree_mask.dtype != np.bool_:
+        raise TypeError(f"tree_mask must be a bool ndarray, got "
+                        f"{getattr(tree_mask, 'dtype', type(tree_mask).__name__)}")
+    if tree_mask.shape != (n, n):
+        raise ValueError(f"tree_mask must have shape ({n}, {n}), got {tree_mask.shape}")
+    if not np.diagonal(tree_mask).all():
+        raise ValueError("tree_mask must have a True diagonal (every node sees itself)")
+
+
+def check_compact_kv_args(k, v, start, rows):
+    """Validate :func:`compact_kv` arguments; return the number of rows moved."""
+    check_float_array(k, "k", 4, writable=True)
+    check_float_array(v, "v", 4, k.dtype, writable=True)
+    if v.shape != k.shape:
+        raise ValueError(f"v must have the shape of k {k.shape}, got {v.shape}")
+    capacity = k.shape[2]
+    check_index(start, "start", 0, capacity)
+    if not isinstance(rows, np.ndarray) or rows.ndim != 1 or rows.dtype != np.int64:
+        raise ValueError("rows must be a 1-D int64 ndarray")
+    m = rows.shape[0]
+    if m and (rows[-1] >= capacity
+              or (rows < start + np.arange(m)).any() or (np.diff(rows) <= 0).any()):
+        raise ValueError(f"rows must increase strictly, with rows[j] >= start + j ({start} + j) "
+                         f"and below the capacity {capacity}, got {rows.tolist()}")
+    return m
+
+
 def check_cache_write_args(cache, new, start):
     """Validate :func:`cache_write` arguments; return the number of new positions."""
     check_float_array(cache, "cache", 3, writable=True)

@@ -12,18 +12,22 @@ from fastspec._checks import (
     check_float_array,
     check_attention_args,
     check_cache_write_args,
+    check_compact_kv_args,
     check_logits,
     check_probability_rows,
     check_sampling_params,
     check_tokens,
+    check_tree_mask,
     check_uniforms,
 )
 
 __all__ = [
     "attention",
     "cache_write",
+    "compact_kv",
     "probs",
     "sample",
+    "tree_attention",
     "verify_greedy",
     "verify_rejection",
 ]
@@ -71,6 +75,65 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
         return np.ascontiguousarray(result)
     out[...] = result
     return out
+
+
+def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
+    """Attention of ``n`` tree nodes: each sees the cached context and its own ancestors.
+
+    Parameters
+    ----------
+    q : ndarray of shape (n, n_heads, head_dim)
+        Queries of the nodes stored at cache positions ``length - n .. length - 1``.
+    k_cache, v_cache : ndarray of shape (n_kv_heads, capacity, head_dim)
+        As for :func:`attention`; keys ``[0, length - n)`` are the committed context.
+    length : int
+        Number of valid keys, ``n <= length <= capacity``.
+    tree_mask : ndarray of shape (n, n), bool
+        ``tree_mask[i, j]``: node ``i`` sees node ``j`` (its ancestors and itself;
+        :func:`fastspec.tree.ancestor_mask`). The diagonal must be True.
+    out : ndarray of shape (n, n_heads, head_dim), optional
+
+    Returns
+    -------
+    out : ndarray of shape (n, n_heads, head_dim)
+    """
+    n, n_heads, head_dim, n_kv_heads = check_attention_args(q, k_cache, v_cache, length, out)
+    check_tree_mask(tree_mask, n)
+    group = n_heads // n_kv_heads
+    keys = np.repeat(k_cache[:, :length].astype(np.float64), group, axis=0)
+    values = np.repeat(v_cache[:, :length].astype(np.float64), group, axis=0)
+    scores = np.einsum("nhd,hld->hnl", q.astype(np.float64), keys) / np.sqrt(head_dim)
+    visible = np.ones((n, length), dtype=bool)
+    visible[:, length - n:] = tree_mask
+    scores = np.where(visible[None], scores, -np.inf)
+    scores -= scores.max(axis=-1, keepdims=True)
+    weights = np.exp(scores)
+    weights /= weights.sum(axis=-1, keepdims=True)
+    result = np.einsum("hnl,hld->nhd", weights, values).astype(q.dtype, copy=False)
+    if out is None:
+        return np.ascontiguousarray(result)
+    out[...] = result
+    return out
+
+
+def compact_kv(k, v, start, rows):
+    """Move the cache rows ``rows`` to positions ``start ..`` (the accepted tree path), in place.
+
+    Parameters
+    ----------
+    k, v : ndarray of shape (n_layers, n_kv_heads, capacity, head_dim)
+        Writable, C-contiguous key and value buffers (a :class:`fastspec.KVCache`'s ``k``, ``v``).
+    start : int
+        First destination position.
+    rows : ndarray of shape (m,), int64
+        Strictly increasing source positions with ``rows[j] >= start + j`` and
+        ``rows[-1] < capacity``; position ``start + j`` receives row ``rows[j]``.
+    """
+    m = check_compact_kv_args(k, v, start, rows)
+    if m:
+        # Fancy indexing copies the sources first, so overlapping moves are safe.
+        k[:, :, start:start + m] = k[:, :, rows]
+        v[:, :, start:start + m] = v[:, :, rows]
 
 
 def cache_write(cache, new, start):

@@ -156,7 +156,7 @@ class Transformer:
 
     def step(self, ids, cache: KVCache, *, hidden_layers: Iterable[int] = (),
              causal: bool = True, out: np.ndarray | None = None,
-             advance: bool = True) -> ForwardOutput:
+             advance: bool = True, tree_parents: np.ndarray | None = None) -> ForwardOutput:
         """Run new positions through the model on ``cache``: the fast entry of every loop.
 
         The one place that checks a forward's arguments: the compiled runner checks them
@@ -180,6 +180,12 @@ class Transformer:
         advance : bool, default True
             False writes the new positions' keys/values past the committed length as scratch
             and leaves ``cache.length`` unchanged (the DFlash block forward).
+        tree_parents : ndarray of shape (n,), int, optional
+            The new positions form a tree (:mod:`fastspec.tree`): ``tree_parents[i]`` in
+            ``[-1, i)``, -1 hanging under the last cached position. Position ``i`` sees the
+            cache and its own ancestors only, at sequence position ``cache.length + depth_i - 1``
+            (rows are still written at ``cache.length + i``). Runs the NumPy path on either
+            backend unless the tree is a chain (the compiled runner has no tree mask yet).
 
         Returns
         -------
@@ -189,9 +195,12 @@ class Transformer:
         """
         if type(cache) is not KVCache:
             self.check_cache(cache)
+        positions = tree_mask = None
+        if tree_parents is not None:
+            positions, tree_mask = self._tree_layout(ids, cache, tree_parents, causal)
         claimed = cache.acquire()
         try:
-            runner = self._fused()
+            runner = self._fused() if tree_mask is None else None
             start = cache.length
             if runner is not None:
                 logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal,
@@ -201,9 +210,12 @@ class Transformer:
                 layers = self._check_step(cache, start, ids.shape[0], hidden_layers)
                 out = self._check_out(out, ids.shape[0])
                 x = self._numpy_weights()[0][ids]
+                if positions is None:
+                    positions = slice(start, start + ids.shape[0])
                 if self.config.positional == "learned":
-                    x = x + self.pos_embed[start:start + ids.shape[0]]
-                logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
+                    x = x + self.pos_embed[positions]
+                logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out,
+                                                    positions, tree_mask)
             if advance:
                 cache.advance(logits.shape[0])
         finally:
@@ -476,6 +488,19 @@ class Transformer:
             raise ValueError(f"out must be a writable C-contiguous {dt} array of shape ({n}, {V})")
         return out
 
+    def _tree_layout(self, ids, cache: KVCache, tree_parents, causal: bool):
+        """Check a tree step; return ``(positions, ancestor mask)``, or ``(None, None)`` for a
+        chain (the plain causal step computes it)."""
+        from fastspec.tree import MAX_TREE_NODES, ancestor_mask, check_parents
+        if not causal:
+            raise ValueError("tree_parents needs causal=True")
+        n = len(ids) if hasattr(ids, "__len__") else np.asarray(ids).size
+        room = self.config.max_seq_len - cache.length
+        depths = check_parents(tree_parents, n, MAX_TREE_NODES + 1, room, "tree_parents")
+        if np.array_equal(depths, np.arange(1, n + 1)):
+            return None, None
+        return cache.length + depths - 1, ancestor_mask(tree_parents)
+
     def _rope_rows(self, start: int, n: int):
         if self.rope_cos is None:
             return None, None
@@ -483,13 +508,18 @@ class Transformer:
 
     # --- the NumPy twin of the fused runner ----------------------------------------------
 
-    def _layers_numpy(self, x, cache, start, causal, hidden_layers, out):
+    def _layers_numpy(self, x, cache, start, causal, hidden_layers, out, positions=None,
+                      tree_mask=None):
         n = x.shape[0]
-        cos, sin = self._rope_rows(start, n)
+        if tree_mask is None or self.rope_cos is None:
+            cos, sin = self._rope_rows(start, n)
+        else:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         _, head, layers = self._numpy_weights()
         hidden = {}
         for i, lw in enumerate(layers):
-            x = self.layer_forward(x, lw, cache.k[i], cache.v[i], start, cos, sin, causal)
+            x = self.layer_forward(x, lw, cache.k[i], cache.v[i], start, cos, sin, causal,
+                                   tree_mask)
             if i in hidden_layers:
                 hidden[i] = x.copy()
         logits = self.norm(x, self.final_norm) @ head
@@ -517,7 +547,8 @@ class Transformer:
         kernels.cache_write(k_cache, np.ascontiguousarray(k), start)
         kernels.cache_write(v_cache, np.ascontiguousarray(v), start)
 
-    def layer_forward(self, x, lw: LayerWeights, k_cache, v_cache, start, cos, sin, causal=True):
+    def layer_forward(self, x, lw: LayerWeights, k_cache, v_cache, start, cos, sin, causal=True,
+                      tree_mask=None):
         """One decoder layer on ``x`` (n, dim) at positions ``start ..``; returns the new x.
 
         Writes the new keys/values into ``k_cache``/``v_cache`` (n_kv_heads, C, head_dim) at
@@ -533,7 +564,11 @@ class Transformer:
         if cos is not None:
             q = apply_rope(q, cos, sin)
         self._store_kv(h, lw, k_cache, v_cache, start, cos, sin)
-        a = kernels.attention(np.ascontiguousarray(q), k_cache, v_cache, start + n, causal)
+        if tree_mask is None:
+            a = kernels.attention(np.ascontiguousarray(q), k_cache, v_cache, start + n, causal)
+        else:  # each tree node sees the cache and its ancestors (tree_mask, n x n)
+            a = kernels.tree_attention(np.ascontiguousarray(q), k_cache, v_cache, start + n,
+                                       tree_mask)
         x = x + a.reshape(n, -1) @ lw.wo
         h = self.norm(x, lw.mlp_norm)
         if c.activation == "swiglu":
