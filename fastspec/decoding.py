@@ -18,12 +18,14 @@ from typing import Callable
 
 import numpy as np
 
+from fastspec import kernels
 from fastspec._checks import check_index, check_sampling_params
 from fastspec.cache import KVCache
 from fastspec.drafters.base import Drafter, Proposal, Target
 from fastspec.sampling import SamplingParams, next_token
 from fastspec.stats import DecodeStats, GenerationResult
-from fastspec.verify import verify_block
+from fastspec.tree import MAX_TREE_NODES, block_parents, check_parents
+from fastspec.verify import verify_block, verify_tree
 
 __all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate",
            "plan_speculative", "run_plan", "SpeculativePlan", "ADAPTIVE_GAMMA_START",
@@ -273,7 +275,11 @@ def plan_speculative(target, drafter, prompt_ids, max_new_tokens, gamma, tempera
     max_gamma = drafter.max_gamma
     if max_gamma is not None:
         max_gamma = check_index(max_gamma, "drafter.max_gamma", 1, 2**31 - 1)
-    cache = _check_cache_arg(target, cache, prompt.shape[0] + max_new)
+    needed = prompt.shape[0] + max_new
+    if cache is None:  # room for the widest tree the drafter announces (else trees are cut)
+        tree_room = getattr(drafter, "max_tree_nodes", None) or 0
+        needed = max(needed, min(needed + tree_room, target.config.max_seq_len))
+    cache = _check_cache_arg(target, cache, needed)
     g_cap = ADAPTIVE_GAMMA_MAX if gamma_fixed is None else gamma_fixed
     if max_gamma is not None:
         g_cap = min(g_cap, max_gamma)
@@ -282,11 +288,11 @@ def plan_speculative(target, drafter, prompt_ids, max_new_tokens, gamma, tempera
 
 
 def run_plan(plan: SpeculativePlan, rng: np.random.Generator, trace: bool = False, callback=None,
-         verify_rejection=None) -> GenerationResult:
+             verify_rejection=None, verify_tree_rejection=None) -> GenerationResult:
     """Decode once according to ``plan``; the loop behind :func:`speculative_generate`.
 
-    ``verify_rejection`` replaces the verifier (the audit's negative control passes a broken
-    one); None means :func:`fastspec.kernels.verify_rejection`.
+    ``verify_rejection`` (chains) and ``verify_tree_rejection`` (trees) replace the verifiers
+    (the audit's negative controls pass broken ones); None means the real ones.
     """
     target, drafter, cache = plan.target, plan.drafter, plan.cache
     prompt, max_new, sampling, eos = plan.prompt, plan.max_new, plan.sampling, plan.eos
@@ -322,33 +328,46 @@ def run_plan(plan: SpeculativePlan, rng: np.random.Generator, trace: bool = Fals
     while emitted < max_new:
         # Reserve one position for the correction/bonus token: g may be 0 in the last round.
         g = min(gamma_now, max_new - emitted - 1)
+        parents = None
         if g > 0:
             proposal = drafter.propose(seq[:n], g, sampling, rng)
             propose_calls += 1
-            tokens, q = _check_proposal(proposal, g, vocab)
+            tokens, q, parents = _check_proposal(proposal, g, vocab, cache.capacity - n)
             g_used = tokens.shape[0]
         else:
             tokens, q, g_used = empty_tokens, None, 0
-        block[0] = seq[n - 1]
-        block[1:g_used + 1] = tokens
-        out = target.step(block[:g_used + 1], cache, hidden_layers=hidden_layers,
-                          out=block_logits[:g_used + 1])
+        if parents is None:
+            block[0] = seq[n - 1]
+            block[1:g_used + 1] = tokens
+            out = target.step(block[:g_used + 1], cache, hidden_layers=hidden_layers,
+                              out=block_logits[:g_used + 1])
+            n_acc, after = verify_block(tokens, out.logits, q, sampling, rng, uniforms,
+                                        verify_rejection)
+            path = None
+        else:
+            # One forward over [root, *nodes], each node seeing its ancestors; then the
+            # accepted path's K/V rows (n + node) move to n .. and the rest is cropped.
+            out = target.step(np.concatenate((seq[n - 1:n], tokens)), cache,
+                              hidden_layers=hidden_layers, tree_parents=block_parents(parents))
+            path, after = verify_tree(tokens, parents, out.logits, q, sampling, rng,
+                                      verify_tree_rejection)
+            n_acc = path.shape[0]
+            kernels.compact_kv(cache.k, cache.v, n, path + n)
         stats.target_calls += 1
         stats.target_positions += g_used + 1
         stats.target_score_cells += _score_cells(cfg, g_used + 1, n - 1)
-        n_acc, after = verify_block(tokens, out.logits, q, sampling, rng, uniforms,
-                                         verify_rejection)
         cache.crop(n + n_acc)
-        seq[n:n + n_acc] = tokens[:n_acc]
+        seq[n:n + n_acc] = tokens[:n_acc] if path is None else tokens[path]
         seq[n + n_acc] = after
         round_start = n
         n += n_acc + 1
         emitted += n_acc + 1
+        depth = g_used if parents is None else int(check_parents(parents).max())
         stats.rounds += 1
         stats.drafted += g_used
         stats.accepted += n_acc
         if g_used:
-            stats.proposed_at[:g_used] += 1
+            stats.proposed_at[:depth] += 1
             stats.accepted_at[:n_acc] += 1
         stopped = False
         if eos is not None:
@@ -362,20 +381,24 @@ def run_plan(plan: SpeculativePlan, rng: np.random.Generator, trace: bool = Fals
         if trace:
             stats.trace.append(dict(
                 prefix_length=round_start, gamma=g, proposed=g_used, accepted=n_acc,
-                next_token=int(after), bonus=bool(g_used and n_acc == g_used),
+                next_token=int(after), bonus=bool(g_used and n_acc == depth),
+                tree_nodes=None if parents is None else g_used,
                 tokens=seq[round_start:n].tolist(), target_cache_length=cache.length))
         if stopped:
             break
         committed_hidden = out.hidden
-        if hidden_layers:
+        if hidden_layers and path is None:
             committed_hidden = {layer: h[:n_acc + 1] for layer, h in out.hidden.items()}
+        elif hidden_layers:  # the root and the accepted path's rows
+            rows = np.concatenate(([0], path + 1))
+            committed_hidden = {layer: h[rows] for layer, h in out.hidden.items()}
         drafter.commit(seq[:n], n_acc, committed_hidden)
         if callback is not None:
             callback(seq[:n], n)
         if gamma_fixed is None and g_used:
-            if n_acc == g_used and g_used == g:
+            if n_acc == depth and depth == g:
                 gamma_now = min(gamma_now + 2, g_cap)
-            elif n_acc < g_used:
+            elif n_acc < depth:
                 gamma_now = max(gamma_now - 1, 1)
 
     stats.elapsed_s = time.perf_counter() - start_time
@@ -390,8 +413,15 @@ def run_plan(plan: SpeculativePlan, rng: np.random.Generator, trace: bool = Fals
     return GenerationResult(seq[n_prompt:n].tolist(), stats)
 
 
-def _check_proposal(proposal, g: int, vocab: int) -> tuple[np.ndarray, np.ndarray | None]:
-    """Validate a drafter's proposal; return ``(tokens int64 (g',), q or None)``."""
+def _check_proposal(proposal, g: int, vocab: int, room: int
+                    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Validate a drafter's proposal; return ``(tokens int64 (g',), q or None, parents)``.
+
+    ``parents`` is None for a chain (also a tree shaped like one). A tree deeper than
+    ``g`` or wider than :data:`fastspec.tree.MAX_TREE_NODES` is an error; one with more nodes
+    than the ``room`` left in the cache keeps its first ``room`` nodes (a topological prefix
+    is a tree).
+    """
     if not isinstance(proposal, Proposal):
         raise TypeError(f"drafter.propose must return a Proposal, got {type(proposal).__name__}")
     tokens = proposal.tokens
@@ -399,17 +429,32 @@ def _check_proposal(proposal, g: int, vocab: int) -> tuple[np.ndarray, np.ndarra
         raise ValueError("drafter proposal tokens must be a 1-D integer ndarray, got "
                          f"{type(tokens).__name__} {getattr(tokens, 'shape', '')}")
     count = tokens.shape[0]
-    if count > g:
+    parents = getattr(proposal, "parents", None)
+    if parents is not None:
+        depths = check_parents(parents, count, MAX_TREE_NODES, None, "drafter proposal parents")
+        if count and int(depths.max()) > g:
+            raise ValueError(f"drafter proposed a tree of depth {int(depths.max())}, more than "
+                             f"gamma = {g}")
+        if np.array_equal(depths, np.arange(1, count + 1)):
+            parents = None
+        elif count > room:
+            count = room
+            tokens, parents = tokens[:count], parents[:count]
+        if parents is not None:
+            parents = np.ascontiguousarray(parents, dtype=np.int64)
+    if parents is None and count > g:
         raise ValueError(f"drafter proposed {count} tokens, more than gamma = {g}")
     if count and (tokens.min() < 0 or tokens.max() >= vocab):
         raise ValueError(f"drafter proposed token ids outside [0, {vocab}): {tokens.tolist()}")
     if tokens.dtype != np.int64 or not tokens.flags.c_contiguous:
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
     q = proposal.q
+    if q is not None and parents is not None and count < proposal.tokens.shape[0]:
+        q = q[:count]  # the tree was cut to the room left
     if q is not None:
         if not isinstance(q, np.ndarray) or q.shape != (count, vocab):
             raise ValueError(f"drafter proposal q must have shape {(count, vocab)}, got "
                              f"{getattr(q, 'shape', type(q).__name__)}")
         if not q.flags.c_contiguous:
             q = np.ascontiguousarray(q)
-    return tokens, q
+    return tokens, q, parents

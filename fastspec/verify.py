@@ -12,8 +12,9 @@ import numpy as np
 
 from fastspec import kernels
 from fastspec.sampling import SamplingParams
+from fastspec.tree import verify_tree_greedy, verify_tree_rejection
 
-__all__ = ["verify_block"]
+__all__ = ["verify_block", "verify_tree"]
 
 
 def verify_block(draft_tokens: np.ndarray, target_logits: np.ndarray, q: np.ndarray | None,
@@ -61,3 +62,39 @@ def verify_block(draft_tokens: np.ndarray, target_logits: np.ndarray, q: np.ndar
     verifier = kernels.verify_rejection if verify_rejection is None else verify_rejection
     n_acc, nxt = verifier(draft_tokens, p, q, u)
     return int(n_acc), int(nxt)
+
+
+def verify_tree(tokens: np.ndarray, parents: np.ndarray, target_logits: np.ndarray,
+                q: np.ndarray | None, sampling: SamplingParams, rng: np.random.Generator,
+                verify: Callable | None = None) -> tuple[np.ndarray, int]:
+    """Verify a drafted tree of ``N`` nodes against the target's ``N + 1`` logits rows.
+
+    Parameters
+    ----------
+    tokens, parents : ndarray of shape (N,), int64
+        See :mod:`fastspec.tree`.
+    target_logits : ndarray of shape (N + 1, V)
+        Row 0 after the root (the last committed token), row ``i + 1`` after node ``i``.
+    q : ndarray of shape (N, V) or None
+        As in :func:`verify_block`, per node.
+    sampling : SamplingParams
+        ``temperature == 0``: :func:`fastspec.tree.verify_tree_greedy`; otherwise
+        :func:`fastspec.tree.verify_tree_rejection` on ``probs(target_logits)`` with ``N + 1``
+        uniforms from ``rng``.
+    rng : numpy.random.Generator
+    verify : callable, optional
+        Replacement for :func:`fastspec.tree.verify_tree_rejection` (negative controls).
+
+    Returns
+    -------
+    path : ndarray of shape (n_accepted,), int64
+        The accepted nodes, root side first.
+    next_token : int
+    """
+    if sampling.temperature == 0.0:
+        return verify_tree_greedy(tokens, parents, target_logits)
+    p = kernels.probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    u = rng.random(tokens.shape[0] + 1)
+    verifier = verify_tree_rejection if verify is None else verify
+    path, nxt = verifier(tokens, parents, p, q, u)
+    return path, int(nxt)

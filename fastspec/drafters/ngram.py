@@ -6,6 +6,7 @@ import numpy as np
 from fastspec._checks import check_index
 from fastspec.drafters.base import Proposal
 from fastspec.sampling import SamplingParams
+from fastspec.tree import MAX_TREE_NODES, TreeProposal
 
 __all__ = ["NgramDrafter"]
 
@@ -30,25 +31,41 @@ class NgramDrafter:
     min_ngram : int, default 1
     max_proposal : int, optional
         Cap on proposed tokens per round (default: gamma).
+    tree : bool, default False
+        Offer up to ``max_branches`` continuations (the most recent matches of the longest
+        suffix first, then of shorter ones) as a tree of shared prefixes
+        (:class:`fastspec.tree.TreeProposal`) when the context has several; a chain when
+        they agree.
+    max_branches : int, default 4
+        Continuations per tree.
+    max_tree_nodes : int, default 64
+        Node budget of a tree (later continuations are cut to fit).
     """
 
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1,
-                 max_proposal: int | None = None) -> None:
+                 max_proposal: int | None = None, tree: bool = False, max_branches: int = 4,
+                 max_tree_nodes: int = 64) -> None:
         self.max_ngram = check_index(max_ngram, "max_ngram", 1, 64)
         self.min_ngram = check_index(min_ngram, "min_ngram", 1, self.max_ngram)
         self.max_proposal = (None if max_proposal is None
                              else check_index(max_proposal, "max_proposal", 1, 2**31 - 1))
         self.max_gamma = self.max_proposal
+        self.tree = bool(tree)
+        self.max_branches = check_index(max_branches, "max_branches", 1, MAX_TREE_NODES)
+        self.max_tree_nodes = (check_index(max_tree_nodes, "max_tree_nodes", 1, MAX_TREE_NODES)
+                               if self.tree else None)
         self._tokens: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}
+        self._ends: dict[tuple[int, ...], list[int]] = {}  # tree mode: every occurrence
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
 
     def reset(self, prompt: np.ndarray, hidden=None) -> None:
         """Forget the previous sequence and index the prompt."""
         self._tokens = []
         self._index = {}
+        self._ends = {}
         self._indexed = 0
         self._sync(prompt)
 
@@ -56,7 +73,7 @@ class NgramDrafter:
         toks = self._tokens
         n = seq.shape[0]
         if n < len(toks):  # rewound without a reset: rebuild
-            self._tokens, self._index, self._indexed = [], {}, 0
+            self._tokens, self._index, self._ends, self._indexed = [], {}, {}, 0
             toks = self._tokens
         if n > len(toks):
             toks.extend(seq[len(toks):n].tolist())
@@ -64,9 +81,13 @@ class NgramDrafter:
         # its own occurrence, and a match needs at least one following token.
         index = self._index
         lo, hi = self.min_ngram, self.max_ngram
+        ends = self._ends if self.tree else None
         for end in range(self._indexed, n - 1):
             for size in range(lo, min(hi, end + 1) + 1):
-                index[tuple(toks[end - size + 1:end + 1])] = end
+                key = tuple(toks[end - size + 1:end + 1])
+                index[key] = end
+                if ends is not None:
+                    ends.setdefault(key, []).append(end)
         self._indexed = max(self._indexed, n - 1)
 
     def lookup(self, seq: np.ndarray, gamma: int) -> np.ndarray:
@@ -80,17 +101,60 @@ class NgramDrafter:
         for size in range(min(self.max_ngram, n), self.min_ngram - 1, -1):
             end = index.get(tuple(toks[n - size:]))
             if end is not None:
-                out = toks[end + 1:end + 1 + gamma]
-                # A match close to the end implies a period: keep copying the proposal itself.
-                period = n - 1 - end
-                while len(out) < gamma:
-                    out.append(out[len(out) - period])
-                return np.array(out, dtype=np.int64)
+                return np.array(self._continuation(end, gamma), dtype=np.int64)
         return np.zeros(0, dtype=np.int64)
+
+    def _continuation(self, end: int, gamma: int) -> list[int]:
+        toks = self._tokens
+        out = toks[end + 1:end + 1 + gamma]
+        # A match close to the end implies a period: keep copying the proposal itself.
+        period = len(toks) - 1 - end
+        while len(out) < gamma:
+            out.append(out[len(out) - period])
+        return out
+
+    def lookup_tree(self, seq: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(tokens, parents)``: the distinct continuations of the suffix's matches as
+        a tree of shared prefixes (see :mod:`fastspec.tree`), possibly empty."""
+        self._sync(seq)
+        toks = self._tokens
+        n = len(toks)
+        if self.max_proposal is not None:
+            gamma = min(gamma, self.max_proposal)
+        tokens: list[int] = []
+        parents: list[int] = []
+        child: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+        seen: set[int] = set()
+        branches = 0
+        budget = self.max_tree_nodes or MAX_TREE_NODES
+        for size in range(min(self.max_ngram, n), self.min_ngram - 1, -1):
+            ends = self._ends.get(tuple(toks[n - size:]), ())
+            # The most recent matches first; scan a bounded number of them.
+            for end in ends[:-4 * self.max_branches - 1:-1]:
+                if end in seen or branches == self.max_branches or len(tokens) == budget:
+                    continue
+                seen.add(end)
+                node, grew = -1, False
+                for tok in self._continuation(end, gamma):
+                    nxt = child.get((node, tok))
+                    if nxt is None:
+                        if len(tokens) == budget:
+                            break
+                        nxt = child[(node, tok)] = len(tokens)
+                        tokens.append(tok)
+                        parents.append(node)
+                        grew = True
+                    node = nxt
+                branches += grew
+        return np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64)
 
     def propose(self, seq: np.ndarray, gamma: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
-        """Propose up to ``gamma`` tokens copied from the latest match (``q`` is None)."""
+        """Propose up to ``gamma`` tokens copied from the latest match (``q`` is None); in tree
+        mode, the tree of the matches' continuations (depth up to ``gamma``)."""
+        if self.tree:
+            tokens, parents = self.lookup_tree(seq, gamma)
+            return TreeProposal(tokens, None, parents)
         return Proposal(self.lookup(seq, gamma), None)
 
     def commit(self, seq: np.ndarray, n_accepted: int, hidden=None) -> None:
@@ -98,5 +162,7 @@ class NgramDrafter:
         self._sync(seq)
 
     def __repr__(self) -> str:
+        tree = (f", tree=True, max_branches={self.max_branches}, "
+                f"max_tree_nodes={self.max_tree_nodes}") if self.tree else ""
         return (f"NgramDrafter(max_ngram={self.max_ngram}, min_ngram={self.min_ngram}, "
-                f"max_proposal={self.max_proposal})")
+                f"max_proposal={self.max_proposal}{tree})")
