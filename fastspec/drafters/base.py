@@ -6,7 +6,10 @@ Each round:
 
 1. ``proposal = drafter.propose(seq, gamma, sampling, rng)``: up to ``gamma`` tokens that
    would follow ``seq``; ``proposal.q`` is the per-position distribution they were sampled
-   from, or None for deterministic proposals (verified with the one-hot rule).
+   from, or None for deterministic proposals (verified with the one-hot rule). A
+   :class:`fastspec.tree.TreeProposal` adds ``parents``: a tree of depth <= ``gamma`` whose
+   nodes the target scores in one forward (each seeing its ancestors only); the accepted
+   path is kept and the drafter's ``hidden`` rows are the root's and that path's.
 2. The target runs ``[seq[-1], *proposal.tokens]`` (g + 1 positions) in one forward, also
    returning the hidden states of ``drafter.hidden_layers``.
 3. Verification accepts ``n_accepted`` tokens and yields ``next_token`` (correction or bonus).
@@ -93,8 +96,10 @@ class Target(Protocol):
         """Return the sorted, non-negative layer indices of ``hidden_layers``."""
 
     def step(self, ids, cache: KVCache, *, hidden_layers: Iterable[int] = (),
-             out: np.ndarray | None = None) -> ForwardOutput:
-        """Append ``ids`` to ``cache`` and return their logits (and requested hidden states)."""
+             out: np.ndarray | None = None, tree_parents: np.ndarray | None = None
+             ) -> ForwardOutput:
+        """Append ``ids`` to ``cache`` and return their logits (and requested hidden states);
+        with ``tree_parents``, the new positions form a tree (needed for tree proposals only)."""
 
     def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
                 out: np.ndarray | None = None) -> ForwardOutput:
