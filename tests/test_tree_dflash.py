@@ -1,0 +1,95 @@
+"""DFlash trees: best-first growth over the block's distributions, lossless in the loop."""
+import itertools
+
+import numpy as np
+import pytest
+
+import fastspec as fs
+from fastspec.dflash import DFlashConfig, DFlashModel
+from fastspec.drafters.dflash import best_first_tree
+from fastspec.tree import MAX_TREE_NODES, TreeProposal, check_parents
+
+PROMPT = [0, 1, 3, 2, 4, 1, 5, 6]
+
+
+def small_llama(dtype="float64"):
+    return fs.Transformer.random(fs.ModelConfig(
+        vocab_size=40, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_dim=48,
+        max_seq_len=128, dtype=dtype), seed=3)
+
+
+def test_best_first_tree_is_the_budget_best_prefixes():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        g, vocab, budget = 3, 4, int(rng.integers(1, 30))
+        logp = np.log(rng.dirichlet(np.ones(vocab), size=g))
+        tokens, parents = best_first_tree(logp, budget)
+        depths = check_parents(parents)
+        scores = []
+        for i in range(tokens.shape[0]):
+            node, score = i, 0.0
+            while node >= 0:
+                score += logp[depths[node] - 1, tokens[node]]
+                node = parents[node]
+            scores.append(score)
+        every = sorted((sum(logp[j, x[j]] for j in range(d)) for d in range(1, g + 1)
+                        for x in itertools.product(range(vocab), repeat=d)), reverse=True)
+        assert tokens.shape[0] == min(budget, len(every))
+        np.testing.assert_allclose(sorted(scores, reverse=True), every[:len(scores)])
+        # siblings by falling probability
+        for par in set(parents.tolist()):
+            kids = np.flatnonzero(parents == par)
+            lp = logp[depths[kids[0]] - 1, tokens[kids]]
+            assert (np.diff(lp) <= 0).all()
+
+
+@pytest.mark.parametrize("budget", [1, 6, 24])
+def test_dflash_tree_greedy_equals_vanilla(backend, budget):
+    target = small_llama()
+    expected = fs.generate(target, PROMPT, 40).tokens
+    model = DFlashModel.random(DFlashConfig(block_size=8), target, seed=8)
+    for gamma in (1, 4, 7):
+        drafter = fs.DFlashDrafter(model, tree_budget=budget)
+        res = fs.speculative_generate(target, drafter, PROMPT, 40, gamma=gamma, trace=True)
+        assert res.tokens == expected, (gamma, budget)
+        assert res.stats.target_calls == res.stats.rounds + 1
+        if budget > 1 and gamma > 1:
+            assert any(r["tree_nodes"] for r in res.stats.trace)
+
+
+def test_dflash_tree_proposal_shape():
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=8), target, seed=8)
+    drafter = fs.DFlashDrafter(model, tree_budget=10)
+    seq = np.array(PROMPT)
+    out = target.forward(seq[:-1], hidden_layers=drafter.hidden_layers)
+    drafter.reset(seq, out.hidden)
+    prop = drafter.propose(seq, 5, fs.sampling.SamplingParams(), np.random.default_rng(0))
+    assert isinstance(prop, TreeProposal) and len(prop) == 10 and prop.depth <= 5
+    # the argmax chain's first token is the tree's first node
+    drafter2 = fs.DFlashDrafter(model)
+    drafter2.reset(seq, out.hidden)
+    chain = drafter2.propose(seq, 5, fs.sampling.SamplingParams(), None)
+    assert prop.tokens[0] == chain.tokens[0] and prop.parents[0] == -1
+
+
+def test_dflash_tree_sampling_is_seeded_and_runs(backend):
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=8), target, seed=8)
+    runs = [fs.speculative_generate(target, fs.DFlashDrafter(model, tree_budget=12), PROMPT, 30,
+                                    gamma=5, temperature=1.0, seed=4).tokens for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 30
+
+
+def test_dflash_tree_bad_input():
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=8), target, seed=8)
+    for bad in (0, -3, MAX_TREE_NODES + 1):
+        with pytest.raises(ValueError, match="tree_budget must be in"):
+            fs.DFlashDrafter(model, tree_budget=bad)
+    with pytest.raises(TypeError, match="tree_budget must be an integer"):
+        fs.DFlashDrafter(model, tree_budget=2.5)
+    with pytest.raises(ValueError, match="denoise_steps=1"):
+        fs.DFlashDrafter(model, tree_budget=4, denoise_steps=2)
+    with pytest.raises(ValueError, match="sample_block=False"):
+        fs.DFlashDrafter(model, tree_budget=4, sample_block=True)
