@@ -3,6 +3,7 @@ the real verifier against it; the un-normalised residual (negative control) is c
 import numpy as np
 import pytest
 
+from fastspec import audit
 from fastspec.audit import chi_square_test
 from fastspec.audit.tree import tree_law_tv, tree_round_law
 from fastspec.tree import verify_tree_rejection
@@ -115,3 +116,10 @@ def test_sampled_siblings_monte_carlo():
         key = tuple(tok[path].tolist()) + (nxt,)
         counts[key] = counts.get(key, 0) + 1
     assert _chi_square_p(counts, law) > 1e-3
+
+
+def test_registered_tree_audit_passes():
+    report = audit.run_audit(quick=True, names=["tree_exact_law"])
+    result = report["checks"]["tree_exact_law"]
+    assert result["passed"] is True and report["passed"]
+    assert max(result["tv"]) < 1e-12 and min(result["negative_control_tv"]) > 1e-3

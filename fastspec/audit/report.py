@@ -15,7 +15,7 @@ from fastspec.tools.environment import environment
 __all__ = ["run_audit", "format_report", "write_report", "OPTIONAL_CHECK_MODULES"]
 
 #: Modules imported by :func:`run_audit` if present; they register their own checks.
-OPTIONAL_CHECK_MODULES = ("fastspec.audit.dflash",)
+OPTIONAL_CHECK_MODULES = ("fastspec.audit.dflash", "fastspec.audit.tree")
 
 
 def _load_optional_checks() -> tuple[list[str], dict[str, str]]:

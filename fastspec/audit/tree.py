@@ -18,7 +18,10 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["tree_round_law", "extended_law", "target_joint_law", "tree_law_tv"]
+from fastspec.audit.registry import PREFIX, AuditContext, register_check
+
+__all__ = ["tree_round_law", "extended_law", "target_joint_law", "tree_law_tv",
+           "check_tree_exact_law"]
 
 Dist = Callable[[tuple], np.ndarray]
 
@@ -141,3 +144,33 @@ def tree_law_tv(p_of: Dist, prefix: tuple, tokens, parents, q_of=None,
     ref = target_joint_law(p_of, prefix, length)
     keys = set(law) | set(ref)
     return 0.5 * sum(abs(law.get(k, 0.0) - ref.get(k, 0.0)) for k in keys)
+
+
+#: The audit's trees (tokens, parents): three siblings with children, a duplicate sibling.
+AUDIT_TREES = (([3, 4, 6, 4, 4, 4], [-1, -1, -1, 0, 1, 2]),
+               ([0, 1, 1, 2, 5], [-1, -1, -1, 0, 3]))
+
+
+@register_check("tree_exact_law", group="tree")
+def check_tree_exact_law(ctx: AuditContext) -> dict:
+    """Tree verification's exact law equals the target's (toy target, temperature 1, deterministic
+    and sampled siblings); the un-normalised residual is caught."""
+    from fastspec import kernels
+    from fastspec.audit.oracle import ExactOracle
+    from fastspec.sampling import SamplingParams
+    sampling = SamplingParams(1.0, 0, 1.0)
+    target = ExactOracle(ctx.model(69, 2), sampling)
+    draft = ExactOracle(ctx.model(69, 1), sampling)
+
+    def q_of(prefix, k):  # sibling k drafted at temperature 1 + k/2
+        z = np.log(np.maximum(draft.p_next(prefix), 1e-300))
+        return kernels.module("numpy").probs(z, 1.0 + 0.5 * k)
+
+    prefix = tuple(PREFIX[:6])
+    exact = [tree_law_tv(target.p_next, prefix, t, p) for t, p in AUDIT_TREES]
+    exact.append(tree_law_tv(target.p_next, prefix, None, [-1, -1, 0], q_of))
+    broken = [tree_law_tv(target.p_next, prefix, t, p, normalise=False) for t, p in AUDIT_TREES]
+    broken.append(tree_law_tv(target.p_next, prefix, None, [-1, -1, 0], q_of, normalise=False))
+    return dict(passed=bool(max(exact) < 1e-12 and min(broken) > 1e-3),
+                tv=[float(x) for x in exact], negative_control_tv=[float(x) for x in broken],
+                tolerance=1e-12)
