@@ -93,3 +93,32 @@ def test_dflash_tree_bad_input():
         fs.DFlashDrafter(model, tree_budget=4, denoise_steps=2)
     with pytest.raises(ValueError, match="sample_block=False"):
         fs.DFlashDrafter(model, tree_budget=4, sample_block=True)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_tree_rounds_keep_caches_equal_to_recompute(backend, temperature):
+    """After every tree round, the target's cache (compacted path) and the DFlash context
+    (committed hidden rows) equal a recompute of the committed sequence."""
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=6), target, seed=1)
+    drafter = fs.DFlashDrafter(model, tree_budget=12)
+    cache = target.new_cache()
+    errors = []
+
+    def after_round(seq, n):
+        L = n - 1
+        committed = np.array(seq[:L])
+        ref = target.new_cache()
+        out = target.step(committed, ref, hidden_layers=model.config.tap_layers)
+        fresh = model.new_cache()
+        model.append_context(fresh, model.context_features(out.hidden))
+        assert cache.length == L and drafter.cache.length == L
+        errors.append(max(np.abs(ref.k[:, :, :L] - cache.k[:, :, :L]).max(),
+                          np.abs(ref.v[:, :, :L] - cache.v[:, :, :L]).max(),
+                          np.abs(fresh.k[:, :, :L] - drafter.cache.k[:, :, :L]).max(),
+                          np.abs(fresh.v[:, :, :L] - drafter.cache.v[:, :, :L]).max()))
+
+    res = fs.speculative_generate(target, drafter, PROMPT, 30, gamma=5, temperature=temperature,
+                                  seed=4, callback=after_round, cache=cache, trace=True)
+    assert len(errors) >= 5 and max(errors) <= 1e-10
+    assert sum(r["tree_nodes"] is not None for r in res.stats.trace) >= 3
