@@ -1,0 +1,84 @@
+"""Cost of verifying a tree in one target step, in target decode steps (embedded target).
+
+For trees of 8, 16, 32 and 64 nodes (a best-first-shaped tree: a trunk with side branches) at
+context 300, times interleaved in one run (medians of 5 rounds of 10 calls):
+
+- ``tree_N_steps``: tree step (``Transformer.step(tree_parents=...)``) / one decode step;
+- ``chain_N_steps``: a causal chain step of the same ``N + 1`` positions / one decode step.
+
+Trees run the NumPy layer path on either backend (the fused runner has no tree mask yet), so
+on the Cython backend ``tree_N_steps / chain_N_steps`` is the price of that fallback.
+
+Run: ``pytest bench/test_bench_tree.py --benchmark-only -s``.
+"""
+import time
+
+import numpy as np
+import pytest
+
+import fastspec as fs
+from fastspec.tree import block_parents
+
+CONTEXT = 300
+NODES = (8, 16, 32, 64)
+
+pytestmark = pytest.mark.skipif(not fs.pretrained.available(), reason="needs the embedded models")
+
+
+def _median_time(fn, number: int) -> float:
+    times = []
+    for _ in range(number):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def _tree(n: int) -> np.ndarray:
+    """A trunk of n // 2 nodes, each trunk node with one side child (parents, (n,))."""
+    parents = []
+    trunk = -1
+    while len(parents) < n:
+        parents.append(trunk)
+        trunk = len(parents) - 1
+        if len(parents) < n:
+            parents.append(parents[trunk])  # a sibling of the trunk node
+    return np.array(parents, dtype=np.int64)
+
+
+@pytest.mark.parametrize("backend_name", fs.available_backends())
+def test_tree_step_cost(benchmark, backend_name):
+    previous = fs.backend()
+    fs.set_backend(backend_name)
+    try:
+        target = fs.pretrained.load().target
+        cache = target.new_cache(CONTEXT + 80)
+        target.step(np.arange(CONTEXT) % 256, cache)
+
+        def call(ids, parents=None):
+            def run():
+                target.step(ids, cache, tree_parents=parents)
+                cache.crop(CONTEXT)
+            return run
+
+        calls = {"decode": call(np.array([7], dtype=np.int64))}
+        for n in NODES:
+            ids = (np.arange(n + 1) * 7 % 256).astype(np.int64)
+            calls[f"tree_{n}"] = call(ids, block_parents(_tree(n)))
+            calls[f"chain_{n}"] = call(ids)
+        for c in calls.values():
+            c()
+        rounds = {k: [] for k in calls}
+        for _ in range(5):
+            for k, c in calls.items():
+                rounds[k].append(_median_time(c, 10))
+        t = {k: float(np.median(v)) for k, v in rounds.items()}
+        info = {"decode_us": t["decode"] * 1e6}
+        for n in NODES:
+            info[f"tree_{n}_steps"] = t[f"tree_{n}"] / t["decode"]
+            info[f"chain_{n}_steps"] = t[f"chain_{n}"] / t["decode"]
+        benchmark.extra_info.update(info)
+        print(f"\n{backend_name}: " + ", ".join(f"{k}={v:.3g}" for k, v in info.items()))
+        benchmark.pedantic(calls["tree_16"], rounds=3, iterations=3)
+    finally:
+        fs.set_backend(previous)
