@@ -9,7 +9,7 @@ import fastspec as fs
 from fastspec.audit import chi_square_test, exact_continuation_probs
 from fastspec.decoding import plan_speculative, run_plan
 from fastspec.sampling import SamplingParams
-from fastspec.tree import TreeProposal, verify_tree_rejection
+from fastspec.tree import MAX_TREE_NODES, TreeProposal, verify_tree_rejection
 
 from _helpers import toy
 
@@ -157,3 +157,26 @@ def test_bad_tree_proposals():
 
     with pytest.raises(ValueError, match=r"parents\[0\] = 1"):
         fs.speculative_generate(target, Forward(), [1, 2, 3], 8, gamma=3)
+
+    class Wide(_FixedTree):
+        def propose(self, seq, gamma, sampling, rng):
+            n = MAX_TREE_NODES + 1
+            p = TreeProposal(np.zeros(2, dtype=I), None, np.array([-1, -1], dtype=I))
+            p.tokens, p.parents = np.zeros(n, dtype=I), np.full(n, -1, dtype=I)
+            return p
+
+    with pytest.raises(ValueError, match=f"more than the maximum {MAX_TREE_NODES}"):
+        fs.speculative_generate(target, Wide(), [1, 2, 3], 8, gamma=3)
+
+
+def test_tree_is_cut_to_the_room_left_in_a_small_cache(backend):
+    """A caller's cache sized for the generation only: trees are cut to the rows left."""
+    target = toy(71, 2)
+    prompt = [1, 2, 3, 1, 2, 4, 1, 2]
+    expected = fs.generate(target, prompt, 12).tokens
+    cache = target.new_cache(len(prompt) + 12)
+    res = fs.speculative_generate(target, _FixedTree(), prompt, 12, gamma=2, cache=cache,
+                                  trace=True)
+    assert res.tokens == expected
+    nodes = [r["tree_nodes"] for r in res.stats.trace if r["gamma"] == 2]
+    assert nodes[0] == 6 and nodes[-1] < 6  # cut near the end
