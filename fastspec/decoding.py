@@ -389,7 +389,7 @@ def run_plan(plan: SpeculativePlan, rng: np.random.Generator, trace: bool = Fals
         committed_hidden = out.hidden
         if hidden_layers and path is None:
             committed_hidden = {layer: h[:n_acc + 1] for layer, h in out.hidden.items()}
-        elif hidden_layers:  # the root and the accepted path's rows
+        elif hidden_layers and path is not None:  # the root and the accepted path's rows
             rows = np.concatenate(([0], path + 1))
             committed_hidden = {layer: h[rows] for layer, h in out.hidden.items()}
         drafter.commit(seq[:n], n_acc, committed_hidden)
