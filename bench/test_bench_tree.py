@@ -6,8 +6,8 @@ context 300, times interleaved in one run (medians of 5 rounds of 10 calls):
 - ``tree_N_steps``: tree step (``Transformer.step(tree_parents=...)``) / one decode step;
 - ``chain_N_steps``: a causal chain step of the same ``N + 1`` positions / one decode step.
 
-Trees run the NumPy layer path on either backend (the fused runner has no tree mask yet), so
-on the Cython backend ``tree_N_steps / chain_N_steps`` is the price of that fallback.
+Trees run the layer-by-layer path on either backend (the fused runner has no tree mask yet),
+so on the Cython backend ``tree_N_steps / chain_N_steps`` is the price of that fallback.
 
 Run: ``pytest bench/test_bench_tree.py --benchmark-only -s``.
 """

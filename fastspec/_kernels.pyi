@@ -8,7 +8,8 @@ _Float = Union[np.float32, np.float64]
 _FloatArray = npt.NDArray[_Float]
 _IntArray = npt.NDArray[np.integer]
 
-__all__ = ["attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection"]
+__all__ = ["attention", "cache_write", "compact_kv", "probs", "sample", "tree_attention",
+           "verify_greedy", "verify_rejection"]
 
 def attention(
     q: _FloatArray,
@@ -30,3 +31,12 @@ def verify_rejection(
     q: Optional[_FloatArray],
     uniforms: npt.NDArray[np.float64],
 ) -> tuple[int, int]: ...
+def tree_attention(
+    q: _FloatArray,
+    k_cache: _FloatArray,
+    v_cache: _FloatArray,
+    length: int,
+    tree_mask: npt.NDArray[np.bool_],
+    out: Optional[_FloatArray] = ...,
+) -> _FloatArray: ...
+def compact_kv(k: _FloatArray, v: _FloatArray, start: int, rows: npt.NDArray[np.int64]) -> None: ...

@@ -13,7 +13,7 @@ accumulation in both); sample, verify_greedy and verify_rejection return the sam
 for bit (their inverse-CDF sums are sequential in float64, exactly like numpy.cumsum).
 """
 from cython cimport floating
-from libc.math cimport INFINITY
+from libc.math cimport INFINITY, exp, sqrt
 from libc.stdint cimport int32_t, int64_t, uint64_t
 from libc.string cimport memcpy
 
@@ -29,19 +29,23 @@ from fastspec._checks import (
     ROW_SUM_TOL,
     check_attention_args,
     check_cache_write_args,
+    check_compact_kv_args,
     check_float_array,
     check_logits,
     check_probability_rows,
     check_sampling_params,
     check_tokens,
+    check_tree_mask,
     check_uniforms,
 )
 
 __all__ = [
     "attention",
     "cache_write",
+    "compact_kv",
     "probs",
     "sample",
+    "tree_attention",
     "verify_greedy",
     "verify_rejection",
 ]
@@ -691,3 +695,126 @@ def verify_rejection(draft_tokens, p, q, uniforms):
         accepted = _rejection_run[double](tokens, p, q_rows, has_q, uniforms, ends,
                                           &next_token)
     return accepted, next_token
+
+
+
+# ---- tree verification: tree attention, KV compaction ---------------------------------------
+
+cdef void _tree_attention_run(const floating[:, :, ::1] q,        # IN  (n, H, D)
+                              const floating[:, :, ::1] k,        # IN  (H_kv, C, D)
+                              const floating[:, :, ::1] v,        # IN  (H_kv, C, D)
+                              const unsigned char[:, ::1] mask,   # IN  (n, n) ancestors
+                              floating[:, :, ::1] out,            # OUT (n, H, D)
+                              Py_ssize_t length, double *s, double *acc) noexcept:
+    cdef Py_ssize_t n = q.shape[0], H = q.shape[1], D = q.shape[2]
+    cdef Py_ssize_t group = H // k.shape[0], ctx = length - n
+    cdef Py_ssize_t i, h, kh, j, d
+    cdef double scale = 1.0 / sqrt(<double>D), m, total, dot, w
+    with nogil:
+        for i in range(n):
+            for h in range(H):
+                kh = h // group
+                m = -INFINITY
+                for j in range(length):
+                    if j >= ctx and not mask[i, j - ctx]:
+                        s[j] = -INFINITY  # not an ancestor: invisible
+                        continue
+                    dot = 0.0
+                    for d in range(D):
+                        dot = dot + <double>q[i, h, d] * <double>k[kh, j, d]
+                    s[j] = dot * scale
+                    if s[j] > m:
+                        m = s[j]
+                total = 0.0
+                for d in range(D):
+                    acc[d] = 0.0
+                for j in range(length):
+                    if s[j] == -INFINITY:
+                        continue
+                    w = exp(s[j] - m)
+                    total = total + w
+                    for d in range(D):
+                        acc[d] = acc[d] + w * <double>v[kh, j, d]
+                for d in range(D):
+                    out[i, h, d] = <floating>(acc[d] / total)
+
+
+def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
+    """Attention of ``n`` tree nodes: each sees the cached context and its own ancestors.
+
+    Parameters
+    ----------
+    q : ndarray of shape (n, n_heads, head_dim)
+        Queries of the nodes stored at cache positions ``length - n .. length - 1``.
+    k_cache, v_cache : ndarray of shape (n_kv_heads, capacity, head_dim)
+        As for :func:`attention`; keys ``[0, length - n)`` are the committed context.
+    length : int
+        Number of valid keys, ``n <= length <= capacity``.
+    tree_mask : ndarray of shape (n, n), bool
+        ``tree_mask[i, j]``: node ``i`` sees node ``j`` (its ancestors and itself). The
+        diagonal must be True.
+    out : ndarray of shape (n, n_heads, head_dim), optional
+
+    Returns
+    -------
+    out : ndarray of shape (n, n_heads, head_dim)
+    """
+    check_attention_args(q, k_cache, v_cache, length, out)
+    n = q.shape[0]
+    check_tree_mask(tree_mask, n)
+    _check_int_sized(q.shape, "q")
+    _check_int_sized(k_cache.shape, "k_cache")
+    cdef Py_ssize_t n_valid = length
+    if out is None:
+        out = np.empty(q.shape, dtype=q.dtype)
+    if q.shape[1] == 0 or q.shape[2] == 0:
+        out[...] = 0
+        return out
+    mask = np.ascontiguousarray(tree_mask).view(np.uint8)
+    cdef double *s = <double *>_scratch((n_valid + q.shape[2]) * sizeof(double))
+    if q.dtype == np.float32:
+        _tree_attention_run[float](q, k_cache, v_cache, mask, out, n_valid, s, s + n_valid)
+    else:
+        _tree_attention_run[double](q, k_cache, v_cache, mask, out, n_valid, s, s + n_valid)
+    return out
+
+
+cdef void _compact_kv_run(floating[:, :, :, ::1] k,     # OUT (L, H_kv, C, D)
+                          floating[:, :, :, ::1] v,     # OUT (L, H_kv, C, D)
+                          Py_ssize_t start,
+                          const int64_t[::1] rows) noexcept:  # IN (m,) increasing sources
+    cdef Py_ssize_t L = k.shape[0], H = k.shape[1], D = k.shape[3], m = rows.shape[0]
+    cdef Py_ssize_t l, h, j, src
+    with nogil:
+        # Ascending j: the destination start + j is below every source still to read.
+        for l in range(L):
+            for h in range(H):
+                for j in range(m):
+                    src = rows[j]
+                    if src != start + j:
+                        memcpy(&k[l, h, start + j, 0], &k[l, h, src, 0], D * sizeof(floating))
+                        memcpy(&v[l, h, start + j, 0], &v[l, h, src, 0], D * sizeof(floating))
+
+
+def compact_kv(k, v, start, rows):
+    """Move the cache rows ``rows`` to positions ``start ..`` (the accepted tree path), in place.
+
+    Parameters
+    ----------
+    k, v : ndarray of shape (n_layers, n_kv_heads, capacity, head_dim)
+        Writable, C-contiguous key and value buffers.
+    start : int
+        First destination position.
+    rows : ndarray of shape (m,), int64
+        Strictly increasing source positions with ``rows[j] >= start + j`` and
+        ``rows[-1] < capacity``; position ``start + j`` receives row ``rows[j]``.
+    """
+    m = check_compact_kv_args(k, v, start, rows)
+    if m == 0 or k.size == 0:
+        return
+    src = np.ascontiguousarray(rows)
+    cdef Py_ssize_t first = start
+    if k.dtype == np.float32:
+        _compact_kv_run[float](k, v, first, src)
+    else:
+        _compact_kv_run[double](k, v, first, src)

@@ -16,16 +16,11 @@ from fastspec import _reference
 
 __all__ = ["KERNEL_NAMES", "backend", "set_backend", "available_backends", "module",
            "attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
-           "TWIN_KERNEL_NAMES", "tree_attention", "compact_kv"]
+           "tree_attention", "compact_kv"]
 
 #: The kernels every backend provides, with identical signatures.
-KERNEL_NAMES = ("attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection")
-
-#: Kernels of tree verification that only the NumPy twin has so far: every backend runs them
-#: there (vectorised NumPy, no Python loop over rows or keys).
-TWIN_KERNEL_NAMES = ("tree_attention", "compact_kv")
-tree_attention = _reference.tree_attention
-compact_kv = _reference.compact_kv
+KERNEL_NAMES = ("attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
+                "tree_attention", "compact_kv")
 
 _BACKENDS: dict[str, ModuleType] = {"numpy": _reference}
 try:
@@ -94,4 +89,6 @@ probs: Any
 sample: Any
 verify_greedy: Any
 verify_rejection: Any
+tree_attention: Any
+compact_kv: Any
 set_backend(_initial_backend())

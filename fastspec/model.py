@@ -184,8 +184,9 @@ class Transformer:
             The new positions form a tree (:mod:`fastspec.tree`): ``tree_parents[i]`` in
             ``[-1, i)``, -1 hanging under the last cached position. Position ``i`` sees the
             cache and its own ancestors only, at sequence position ``cache.length + depth_i - 1``
-            (rows are still written at ``cache.length + i``). Runs the NumPy path on either
-            backend unless the tree is a chain (the compiled runner has no tree mask yet).
+            (rows are still written at ``cache.length + i``). Runs the layer-by-layer path
+            (:func:`fastspec.kernels.tree_attention`) on either backend unless the tree is a
+            chain: the fused runner has no tree mask yet.
 
         Returns
         -------

@@ -21,7 +21,10 @@ target's logits is the root, row ``i + 1`` is node ``i``.
 
 Like the kernels, the verifiers take their randomness as input: ``uniforms`` of shape
 ``(N + 1,)``, ``uniforms[i]`` for the test of node ``i`` (each node is tested at most once) and
-``uniforms[N]`` for the final draw. The arithmetic is NumPy (no compiled twin yet).
+``uniforms[N]`` for the final draw. The verification arithmetic is NumPy here (a node is
+tested at most once, so a round costs O(N V)); the attention and cache kernels it relies on
+(:func:`fastspec.kernels.tree_attention`, :func:`fastspec.kernels.compact_kv`) have both
+backends.
 """
 from __future__ import annotations
 

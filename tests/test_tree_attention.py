@@ -5,7 +5,7 @@ import pytest
 import fastspec as fs
 from fastspec.tree import ancestor_mask, chain_parents
 
-from _helpers import RTOL, toy
+from _helpers import BACKENDS, RTOL, toy
 
 I = np.int64
 PARENTS = np.array([-1, 0, 0, 1, -1, 4, 2, 3], dtype=I)
@@ -37,7 +37,21 @@ def test_tree_attention_is_causal_attention_of_each_path(backend, dtype):
                                rtol=RTOL[dtype] * 10, atol=RTOL[dtype])
 
 
-def test_tree_attention_bad_mask():
+@pytest.mark.parametrize("length", [8, 13])
+def test_tree_attention_backends_agree(dtype, length):
+    rng = np.random.default_rng(length)
+    n = PARENTS.shape[0]
+    k = rng.normal(size=(2, 16, 8)).astype(dtype)
+    v = rng.normal(size=(2, 16, 8)).astype(dtype)
+    q = rng.normal(size=(n, 4, 8)).astype(dtype)
+    mask = ancestor_mask(PARENTS)
+    outs = [fs.kernels.module(b).tree_attention(q, k, v, length, mask) for b in BACKENDS]
+    for o in outs[1:]:
+        assert o.dtype == dtype
+        np.testing.assert_allclose(o, outs[0], rtol=RTOL[dtype], atol=RTOL[dtype])
+
+
+def test_tree_attention_bad_mask(backend):
     q = np.zeros((2, 2, 4))
     k = np.zeros((2, 6, 4))
     with pytest.raises(TypeError, match="tree_mask must be a bool"):
@@ -48,7 +62,7 @@ def test_tree_attention_bad_mask():
         fs.kernels.tree_attention(q, k, k, 4, np.zeros((2, 2), dtype=bool))
 
 
-def test_compact_kv(dtype):
+def test_compact_kv(backend, dtype):
     rng = np.random.default_rng(1)
     k = rng.normal(size=(2, 3, 12, 4)).astype(dtype)
     v = rng.normal(size=(2, 3, 12, 4)).astype(dtype)
