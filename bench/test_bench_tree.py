@@ -8,6 +8,9 @@ context 300, times interleaved in one run (medians of 5 rounds of 10 calls):
 
 Trees run the layer-by-layer path on either backend (the fused runner has no tree mask yet),
 so on the Cython backend ``tree_N_steps / chain_N_steps`` is the price of that fallback.
+Run it with ``OPENBLAS_NUM_THREADS=1``: in one process with the OpenMP model runner, a
+multi-threaded OpenBLAS made the layer path's matrix products 10-30x slower on the 2-core
+development machine (tree_8 518 decode steps instead of 13).
 
 Run: ``pytest bench/test_bench_tree.py --benchmark-only -s``.
 """
