@@ -11,7 +11,8 @@ from fastspec.drafters import (Drafter, Proposal, SamplingParams, DraftModelDraf
 from fastspec.decoding import DecodeStats, GenerationResult, generate, speculative_generate
 from fastspec.dflash import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
-from fastspec.tokenizer import ByteTokenizer
+from fastspec.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
+from fastspec.checkpoints import load_pretrained
 from fastspec import pretrained
 
 __version__ = "0.1.0"
@@ -21,5 +22,5 @@ __all__ = [
     "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
     "Drafter", "Proposal", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
     "DecodeStats", "GenerationResult", "generate", "speculative_generate",
-    "DFlashConfig", "DFlashModel", "DFlashDrafter", "ByteTokenizer", "pretrained",
+    "DFlashConfig", "DFlashModel", "DFlashDrafter", "ByteTokenizer", "StreamDecoder", "Tokenizer", "load_pretrained", "pretrained",
 ]
