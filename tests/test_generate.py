@@ -164,3 +164,21 @@ def test_draft_model_with_another_vocabulary(capsys, hf_folder, tmp_path):
     drafter = fs.DraftModelDrafter(fs.Transformer.load(tmp_path / "draft.npz"))
     with pytest.raises(ValueError, match="must share the target's tokenizer"):
         fs.speculative_generate(model, drafter, [1, 2], 4)
+
+
+def test_hf_folder_with_dflash_folder(capsys, hf_folder, tmp_path):
+    model, tok = fs.load_pretrained(hf_folder)
+    drafter = fs.DFlashModel.random(fs.DFlashConfig(block_size=4, tap_layers=(0,),
+                                                    mask_token_id=tok.vocab_size - 1), model)
+    drafter.save(tmp_path / "dflash")
+    rc, out, err = _run(capsys, "--model", str(hf_folder), "--prompt", PROMPT, "--drafter",
+                        f"dflash:{tmp_path / 'dflash'}", "--max-new-tokens", "20", "--json")
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["tokens"] == fs.generate(model, tok.encode_prompt(PROMPT), 20).tokens
+    other = fs.Transformer.random(model.config, seed=9)
+    other.save(tmp_path / "other")
+    (tmp_path / "other" / "tokenizer.json").write_bytes((hf_folder / "tokenizer.json").read_bytes())
+    rc, _, err = _run(capsys, "--model", str(tmp_path / "other"), "--prompt", PROMPT,
+                      "--drafter", f"dflash:{tmp_path / 'dflash'}", "--max-new-tokens", "5")
+    assert rc == 2 and "built for another target" in err
