@@ -23,7 +23,8 @@ import numpy as np
 
 from fastspec.model import ModelConfig, Transformer
 
-__all__ = ["load_hf", "save_hf", "load_pretrained", "Pretrained", "read_safetensors", "write_safetensors", "hf_config"]
+__all__ = ["load_hf", "save_hf", "load_pretrained", "Pretrained", "read_safetensors",
+           "write_safetensors", "hf_config"]
 
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
 MAX_HEADER_BYTES = 100 * 2**20

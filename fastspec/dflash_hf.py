@@ -173,7 +173,8 @@ def load_dflash_folder(folder: str | os.PathLike, target: Transformer) -> DFlash
         _check_fingerprint(cfg["fastspec_target"], target, str(folder / "config.json"))
     files = _weight_files(folder)
     expected = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
-        f"layers.{i}.{name}.weight" for i in range(config.n_layers) for name in _LAYER_KEYS.values()}
+        f"layers.{i}.{name}.weight"
+        for i in range(config.n_layers) for name in _LAYER_KEYS.values()}
     extra = sorted(set(files) - expected)
     if extra:
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""
@@ -208,7 +209,7 @@ def save_dflash_folder(model: DFlashModel, folder: str | os.PathLike) -> None:
         raise ValueError(f"the drafter taps the target's last layer ({t.n_layers - 1}) before its "
                          "final norm, z-lab's format after it; save this one to an .npz instead")
     folder = Path(folder)
-    config = {
+    config: dict = {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
         "hidden_size": t.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,

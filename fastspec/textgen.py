@@ -210,8 +210,11 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
 
 def generate_main(args) -> int:
     """Entry point of ``fastspec generate``: text on stdout, the figures on stderr."""
-    out = sys.stdout
-    write = (lambda s: None) if args.json else (lambda s: (out.write(s), out.flush()))
+    def write(text: str) -> None:
+        if not args.json:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
     try:
         report = run_generate(args, write)
     except (GenerateError, FileNotFoundError, ValueError) as exc:

@@ -68,13 +68,15 @@ def test_embedded_drafter_loads_unchanged():
 
 
 @pytest.mark.parametrize("edit, edit_dc, err, match", [
-    (lambda c: c.pop("dflash_config"), None, ValueError, r"config.json: missing field dflash_config"),
+    (lambda c: c.pop("dflash_config"), None, ValueError,
+     r"config.json: missing field dflash_config"),
     (None, lambda d: d.pop("target_layer_ids"), ValueError,
      r"config.json: missing field dflash_config.target_layer_ids"),
     (None, lambda d: d.pop("mask_token_id"), ValueError,
      r"config.json: dflash_config: missing field mask_token_id"),
     (None, lambda d: d.update(target_layer_ids=[0, 3]), ValueError,
-     r"config.json: dflash_config.target_layer_ids = \[0, 3\] must be distinct layer indices in \[0, 3\)"),
+     r"config.json: dflash_config.target_layer_ids = \[0, 3\] must be distinct layer "
+     r"indices in \[0, 3\)"),
     (None, lambda d: d.update(mask_token_id=V), ValueError,
      r"dflash_config.mask_token_id = 64 is outside the target vocabulary"),
     (lambda c: c.update(vocab_size=V + 1), None, ValueError,

@@ -1,4 +1,5 @@
-"""HFTokenizer (tokenizer.json), StreamDecoder, special ids from the JSON configs, load_pretrained."""
+"""HFTokenizer (tokenizer.json), StreamDecoder, special ids from the JSON configs,
+load_pretrained."""
 import json
 
 import numpy as np
@@ -137,5 +138,6 @@ def test_load_pretrained_refuses_tokenizer_larger_than_model(tmp_path):
     V = tok.get_vocab_size(with_added_tokens=True) - 10
     cfg = fs.ModelConfig(vocab_size=V, dim=16, n_layers=1, n_heads=2, ffn_dim=32, max_seq_len=16)
     fs.Transformer.random(cfg).save(tmp_path)
-    with pytest.raises(ValueError, match=rf"tokenizer.json: .* more than the model's vocab_size {V}"):
+    with pytest.raises(ValueError, match=rf"tokenizer.json: .* more than the model's "
+                                         rf"vocab_size {V}"):
         fs.load_pretrained(tmp_path)
