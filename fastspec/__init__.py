@@ -13,6 +13,7 @@ from fastspec.dflash import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
 from fastspec.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
 from fastspec.checkpoints import load_pretrained
+from fastspec.hf_tokenizer import HFTokenizer
 from fastspec import pretrained
 
 __version__ = "0.1.0"
@@ -22,5 +23,6 @@ __all__ = [
     "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
     "Drafter", "Proposal", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
     "DecodeStats", "GenerationResult", "generate", "speculative_generate",
-    "DFlashConfig", "DFlashModel", "DFlashDrafter", "ByteTokenizer", "StreamDecoder", "Tokenizer", "load_pretrained", "pretrained",
+    "DFlashConfig", "DFlashModel", "DFlashDrafter", "ByteTokenizer", "StreamDecoder", "Tokenizer",
+    "HFTokenizer", "load_pretrained", "pretrained",
 ]

@@ -412,7 +412,10 @@ class DFlashModel:
 
             save_dflash_folder(self, path)
             return
-        np.savez(path, config=np.array(json.dumps(self.config.to_dict())), **self.state_dict())
+        from fastspec.dflash_hf import fingerprint_array
+
+        np.savez(path, config=np.array(json.dumps(self.config.to_dict())),
+                 target_fingerprint=fingerprint_array(self.target), **self.state_dict())
 
     @classmethod
     def load(cls, path: str | Path, target: Transformer) -> "DFlashModel":
@@ -433,7 +436,13 @@ class DFlashModel:
 
             return load_dflash_folder(path, target)
         cfg, sd = read_npz(path, "DFlash", required=("fc.weight",))  # bounded, no pickle
-        return cls.from_state_dict(DFlashConfig.from_dict(cfg), target, sd)
+        fingerprint = sd.pop("target_fingerprint", None)
+        model = cls.from_state_dict(DFlashConfig.from_dict(cfg), target, sd)  # shapes first
+        if fingerprint is not None:  # files saved before it have none (the embedded one)
+            from fastspec.dflash_hf import check_fingerprint_array
+
+            check_fingerprint_array(fingerprint, target, str(path))
+        return model
 
     @property
     def n_params(self) -> int:

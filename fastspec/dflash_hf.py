@@ -34,7 +34,8 @@ from fastspec.checkpoints import _rope_theta, _weight_files, read_safetensors, w
 from fastspec.dflash import _LAYER_KEYS, MAX_BLOCK_SIZE, DFlashConfig, DFlashModel
 from fastspec.model import Transformer
 
-__all__ = ["load_dflash_folder", "save_dflash_folder", "target_fingerprint"]
+__all__ = ["load_dflash_folder", "save_dflash_folder", "target_fingerprint", "fingerprint_array",
+           "check_fingerprint_array"]
 
 #: Keys of a DFlash 2 config (candidate selector, dynamic convolutions).
 _DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
@@ -53,6 +54,25 @@ def target_fingerprint(target: Transformer) -> dict:
     proj = np.asarray(target.embed[rows], dtype=np.float64) @ signs / math.sqrt(c.dim)
     return {"vocab_size": c.vocab_size, "hidden_size": c.dim, "num_hidden_layers": c.n_layers,
             "embed_projections": [float(f"{v:.6g}") for v in proj]}
+
+
+def fingerprint_array(target: Transformer) -> np.ndarray:
+    """:func:`target_fingerprint` as a float64 array (the ``.npz`` member
+    ``target_fingerprint``): ``[vocab_size, hidden_size, num_hidden_layers, projections...]``."""
+    fp = target_fingerprint(target)
+    return np.array([fp["vocab_size"], fp["hidden_size"], fp["num_hidden_layers"],
+                     *fp["embed_projections"]], dtype=np.float64)
+
+
+def check_fingerprint_array(saved: np.ndarray, target: Transformer, where: str) -> None:
+    """Check a :func:`fingerprint_array` read from ``where`` against ``target``."""
+    a = np.asarray(saved, dtype=np.float64).reshape(-1)
+    if a.shape[0] != 3 + _FINGERPRINT_ROWS:
+        raise ValueError(f"{where}: target_fingerprint must hold {3 + _FINGERPRINT_ROWS} values, "
+                         f"got {a.shape[0]}")
+    _check_fingerprint({"vocab_size": int(a[0]), "hidden_size": int(a[1]),
+                        "num_hidden_layers": int(a[2]), "embed_projections": a[3:].tolist()},
+                       target, where)
 
 
 def _check_fingerprint(saved, target: Transformer, where: str) -> None:

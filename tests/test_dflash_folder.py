@@ -139,3 +139,15 @@ def test_formats_it_cannot_express_are_refused(tmp_path):
                                                   mask_token_id=V - 1), _target())
     with pytest.raises(ValueError, match="before its final norm"):
         model.save(tmp_path / "b")
+
+
+def test_npz_drafter_for_another_target_is_refused(saved, tmp_path):
+    target, model, _ = saved
+    model.save(tmp_path / "d.npz")
+    with pytest.raises(ValueError, match=r"d.npz: fastspec_target.embed_projections .* another "
+                                         r"target"):
+        fs.DFlashModel.load(tmp_path / "d.npz", _target(seed=1))
+    other = fs.Transformer.random(target.config.replace(n_layers=4), seed=0)
+    with pytest.raises(ValueError, match=r"fastspec_target.num_hidden_layers = 3, but the target "
+                                         r"has 4"):
+        fs.DFlashModel.load(tmp_path / "d.npz", other)
