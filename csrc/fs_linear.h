@@ -200,73 +200,68 @@ FS_DEFINE_TILE(double, f64, fs_lin_vf64, 8)
 #define FS_LINF_SIMD 1
 #include <immintrin.h>
 #define FS_LINF_AVX512_F32 __attribute__((target("avx512f")))
-#define FS_LINF_AVX2_F32 __attribute__((target("avx2")))
+#define FS_LINF_AVX2_F32 __attribute__((target("avx2,fma")))
 #define FS_LINF_AVX512_F32H __attribute__((target("avx512f,f16c")))
-#define FS_LINF_AVX2_F32H __attribute__((target("avx2,f16c")))
+#define FS_LINF_AVX2_F32H __attribute__((target("avx2,fma,f16c")))
 #else
 #define FS_LINF_SIMD 0
 #endif
 
-typedef union { fs_lin_vf32 v; float f[16]; } fs_linf_u;
+/* Native vectors of each variant: 16 floats (one zmm) for AVX-512, 8 (one ymm) for AVX2 and
+ * the baseline. A wider generic vector on a 16-register target is split by the compiler into
+ * halves that live on the stack: every multiply-add then loads and stores its sum (measured:
+ * an 8-row product took 16x a 1-row one on an AVX2-only CPU). */
+typedef float fs_linf_v8 __attribute__((vector_size(32), aligned(4)));
+typedef float fs_linf_v16 __attribute__((vector_size(64), aligned(4)));
 
-/* Loads of 16 weights into *dst (LOADW). */
-#define FS_LINF_LOAD_F32(dst, p) (*(dst) = *(const fs_lin_vf32 *)(const void *)(p))
-/* The first min(m, 16) floats at p, zero-padded. */
-FS_LIN_INLINE void fs_linf_part_f32(fs_lin_vf32 *dst, const float *p, int m)
-{
-    fs_linf_u u = {{0}};
-    memcpy(u.f, p, (size_t)(m < 16 ? m : 16) * sizeof(float));
-    *dst = u.v;
-}
+/* LOADW(dst, p): VL weights into *dst (VL = the lanes of *dst). */
+#define FS_LINF_LOAD_F32(dst, p) memcpy((dst), (const void *)(p), sizeof *(dst))
 #define FS_LINF_LOAD_F32H_DEF(dst, p) fs_linf_load_h_def(dst, p)
-FS_LIN_INLINE void fs_linf_load_h_def(fs_lin_vf32 *dst, const uint16_t *p)
+FS_LIN_INLINE void fs_linf_load_h_def(fs_linf_v8 *dst, const uint16_t *p)
 {
-    fs_linf_u u;
-    for (int i = 0; i < 16; i++) u.f[i] = fs_h2f(p[i]);
-    *dst = u.v;
+    float f[8];
+    for (int i = 0; i < 8; i++) f[i] = fs_h2f(p[i]);
+    memcpy(dst, f, sizeof f);
 }
 #if FS_LINF_SIMD
 #define FS_LINF_LOAD_F32H_AVX512(dst, p) \
-    (*(dst) = (fs_lin_vf32)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p))))
-#define FS_LINF_LOAD_F32H_AVX2(dst, p) fs_linf_load_h_avx2(dst, p)
-FS_LIN_INLINE FS_LINF_AVX2_F32H void fs_linf_load_h_avx2(fs_lin_vf32 *dst, const uint16_t *p)
-{
-    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
-    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)));
-    *dst = (fs_lin_vf32)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                12, 13, 14, 15);
-}
+    (*(dst) = (fs_linf_v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p))))
+#define FS_LINF_LOAD_F32H_AVX2(dst, p) \
+    (*(dst) = (fs_linf_v8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p))))
 #endif
-/* The float kernels for weight type WT, variant V (name suffix), target attribute ATTR, on a
- * packed W (see fs_pack_f32). LOADW(dst, p) loads 16 weights. */
-#define FS_DEFINE_LINEAR_F(V, WT, ATTR, LOADW)                                                 \
+/* The float kernels for weight type WT, variant V (name suffix), target attribute ATTR, vector
+ * type VT of VL floats, on a packed W (see fs_pack_f32). LOADW(dst, p) loads VL weights.
+ * MAXR rows at most per pass over W: 10 with 32 vector registers (sums of 10 rows x 32
+ * columns = 20 zmm), 3 with 16 (3 rows x 32 columns = 12 ymm). */
+#define FS_DEFINE_LINEAR_F(V, WT, ATTR, LOADW, VT, VL, MAXR)                                   \
 /* A tile of R rows x NP panels x NV vectors of y at column c0 (NP consecutive panels of 32     \
- * columns, or one of 16 when NV = 1), accumulated in registers over the whole `in` axis while \
- * the panels stream in sequentially. Each y[c] takes its products in k order, one            \
- * multiply-add at a time, whatever R and NP are: a row gives the same bits alone (decode) as  \
- * inside a block (verification). */                                                          \
+ * columns = 32 / VL vectors, or one panel of 16 columns), accumulated in registers over the   \
+ * whole `in` axis while the panels stream in sequentially. Each y[c] takes its products in k  \
+ * order, one multiply-add at a time, whatever R and NP are: a row gives the same bits alone   \
+ * (decode) as inside a block (verification). */                                              \
 FS_LIN_INLINE ATTR void fs_linf_tile_##V(const float *FS_LIN_RESTRICT x,                       \
                                          const WT *FS_LIN_RESTRICT P,                          \
                                          float *FS_LIN_RESTRICT y, const int R, const int NP,  \
                                          const int NV, int in, int out, int c0,                \
                                          int accumulate)                                       \
 {                                                                                              \
-    fs_lin_vf32 acc[FS_LIN_MAXR * 2];                                                          \
+    VT acc[24];                                                                                \
     const size_t ps = (size_t)in * 32;                                                         \
     FS_LIN_UNROLL for (int r = 0; r < R; r++)                                                  \
         FS_LIN_UNROLL for (int j = 0; j < NP * NV; j++) {                                      \
-            int c = c0 + j * 16;                                                               \
-            if (accumulate) fs_linf_part_f32(&acc[r * NP * NV + j], y + (size_t)r * out + c,   \
-                                             out - c);                                         \
-            else acc[r * NP * NV + j] = (fs_lin_vf32){0};                                      \
+            int c = c0 + j * VL, m = out - c < VL ? out - c : VL;                              \
+            float t[VL] = {0};                                                                 \
+            if (accumulate && m > 0) memcpy(t, y + (size_t)r * out + c, sizeof(float) * m);   \
+            memcpy(&acc[r * NP * NV + j], t, sizeof t);                                        \
         }                                                                                      \
     for (int k = 0; k < in; k++) {                                                             \
-        fs_lin_vf32 wv[8];                                                                     \
+        VT wv[8];                                                                              \
         FS_LIN_UNROLL for (int p = 0; p < NP; p++) {                                           \
-            const WT *w = P + p * ps + (size_t)k * NV * 16;                                    \
+            const WT *w = P + p * ps + (size_t)k * NV * VL;                                    \
             FS_LIN_UNROLL for (int v = 0; v < NV; v++) {                                       \
-                if (FS_LIN_PF_K) __builtin_prefetch(w + (FS_LIN_PF_K * NV + v) * 16, 0, 3);    \
-                LOADW(&wv[p * NV + v], w + v * 16);                                            \
+                if (FS_LIN_PF_K && v * VL % 16 == 0)                                           \
+                    __builtin_prefetch(w + (FS_LIN_PF_K * NV + v) * VL, 0, 3);                 \
+                LOADW(&wv[p * NV + v], w + v * VL);                                            \
             }                                                                                  \
         }                                                                                      \
         FS_LIN_UNROLL for (int r = 0; r < R; r++) {                                            \
@@ -276,9 +271,10 @@ FS_LIN_INLINE ATTR void fs_linf_tile_##V(const float *FS_LIN_RESTRICT x,        
     }                                                                                          \
     FS_LIN_UNROLL for (int r = 0; r < R; r++)                                                  \
         FS_LIN_UNROLL for (int j = 0; j < NP * NV; j++) {                                      \
-            int c = c0 + j * 16;                                                               \
-            fs_linf_u t = {acc[r * NP * NV + j]};                                              \
-            memcpy(y + (size_t)r * out + c, t.f, sizeof(float) * (out - c < 16 ? out - c : 16));\
+            int c = c0 + j * VL, m = out - c < VL ? out - c : VL;                              \
+            float t[VL];                                                                       \
+            memcpy(t, &acc[r * NP * NV + j], sizeof t);                                        \
+            if (m > 0) memcpy(y + (size_t)r * out + c, t, sizeof(float) * m);                  \
         }                                                                                      \
 }                                                                                              \
                                                                                                \
@@ -290,47 +286,56 @@ FS_LIN_INLINE ATTR void fs_linf_rows_##V(const float *x, const WT *P, float *y, 
 {                                                                                              \
     int end = hi == out ? (out + 15) / 16 * 16 : hi, c0 = lo;                                  \
     for (; c0 + 32 * NP <= end; c0 += 32 * NP)                                                 \
-        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, NP, 2, in, out, c0, accumulate);        \
+        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, NP, 32 / VL, in, out, c0, accumulate);  \
     for (; c0 + 32 <= end; c0 += 32)                                                           \
-        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 2, in, out, c0, accumulate);         \
-    if (c0 < end) fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 1, in, out, c0, accumulate);\
+        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 32 / VL, in, out, c0, accumulate);   \
+    if (c0 < end)                                                                              \
+        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 16 / VL, in, out, c0, accumulate);   \
 }                                                                                              \
                                                                                                \
-/* All n rows, columns [lo, hi). One row reads four panels at once (eight independent sums     \
- * hide the multiply-add latency), two rows two panels, more rows one panel. */                \
+/* All n rows, columns [lo, hi). One row reads VL / 4 panels at once (eight independent sums  \
+ * hide the multiply-add latency), two rows VL / 8 panels, more rows one panel. */             \
 static ATTR void fs_linf_part_##V(const float *x, const WT *P, float *y, int n, int in,        \
                                   int out, int lo, int hi, int accumulate)                     \
 {                                                                                              \
-    /* Split n rows into passes of at most FS_LIN_MAXR, as even as possible. */                \
-    int passes = (n + FS_LIN_MAXR - 1) / FS_LIN_MAXR;                                          \
+    /* Split n rows into passes of at most MAXR, as even as possible. */                       \
+    int passes = (n + (MAXR) - 1) / (MAXR);                                                    \
     int r0 = 0;                                                                                \
     for (int p = 0; p < passes; p++) {                                                         \
         int R = (n - r0 + (passes - p) - 1) / (passes - p);                                    \
         const float *xp = x + (size_t)r0 * in;                                                 \
         float *yp = y + (size_t)r0 * out;                                                      \
         switch (R) {                                                                           \
-        case 1: fs_linf_rows_##V(xp, P, yp, 1, 4, in, out, lo, hi, accumulate); break;         \
-        case 2: fs_linf_rows_##V(xp, P, yp, 2, 2, in, out, lo, hi, accumulate); break;         \
+        case 1: fs_linf_rows_##V(xp, P, yp, 1, VL / 4, in, out, lo, hi, accumulate); break;    \
+        case 2: fs_linf_rows_##V(xp, P, yp, 2, VL / 8, in, out, lo, hi, accumulate); break;    \
         case 3: fs_linf_rows_##V(xp, P, yp, 3, 1, in, out, lo, hi, accumulate); break;         \
-        case 4: fs_linf_rows_##V(xp, P, yp, 4, 1, in, out, lo, hi, accumulate); break;         \
-        case 5: fs_linf_rows_##V(xp, P, yp, 5, 1, in, out, lo, hi, accumulate); break;         \
-        case 6: fs_linf_rows_##V(xp, P, yp, 6, 1, in, out, lo, hi, accumulate); break;         \
-        case 7: fs_linf_rows_##V(xp, P, yp, 7, 1, in, out, lo, hi, accumulate); break;         \
-        case 8: fs_linf_rows_##V(xp, P, yp, 8, 1, in, out, lo, hi, accumulate); break;         \
-        case 9: fs_linf_rows_##V(xp, P, yp, 9, 1, in, out, lo, hi, accumulate); break;         \
-        default: fs_linf_rows_##V(xp, P, yp, 10, 1, in, out, lo, hi, accumulate); break;       \
+        case 4: fs_linf_rows_##V(xp, P, yp, 4 <= (MAXR) ? 4 : 3, 1, in, out, lo, hi,           \
+                                 accumulate); break;                                           \
+        case 5: fs_linf_rows_##V(xp, P, yp, 5 <= (MAXR) ? 5 : 3, 1, in, out, lo, hi,           \
+                                 accumulate); break;                                           \
+        case 6: fs_linf_rows_##V(xp, P, yp, 6 <= (MAXR) ? 6 : 3, 1, in, out, lo, hi,           \
+                                 accumulate); break;                                           \
+        case 7: fs_linf_rows_##V(xp, P, yp, 7 <= (MAXR) ? 7 : 3, 1, in, out, lo, hi,           \
+                                 accumulate); break;                                           \
+        case 8: fs_linf_rows_##V(xp, P, yp, 8 <= (MAXR) ? 8 : 3, 1, in, out, lo, hi,           \
+                                 accumulate); break;                                           \
+        case 9: fs_linf_rows_##V(xp, P, yp, 9 <= (MAXR) ? 9 : 3, 1, in, out, lo, hi,           \
+                                 accumulate); break;                                           \
+        default: fs_linf_rows_##V(xp, P, yp, 10 <= (MAXR) ? 10 : 3, 1, in, out, lo, hi,        \
+                                  accumulate); break;                                          \
         }                                                                                      \
         r0 += R;                                                                               \
     }                                                                                          \
 }
 
-FS_DEFINE_LINEAR_F(f32_def, float, , FS_LINF_LOAD_F32)
-FS_DEFINE_LINEAR_F(f32h_def, uint16_t, , FS_LINF_LOAD_F32H_DEF)
+FS_DEFINE_LINEAR_F(f32_def, float, , FS_LINF_LOAD_F32, fs_linf_v8, 8, 3)
+FS_DEFINE_LINEAR_F(f32h_def, uint16_t, , FS_LINF_LOAD_F32H_DEF, fs_linf_v8, 8, 3)
 #if FS_LINF_SIMD
-FS_DEFINE_LINEAR_F(f32_avx2, float, FS_LINF_AVX2_F32, FS_LINF_LOAD_F32)
-FS_DEFINE_LINEAR_F(f32_avx512, float, FS_LINF_AVX512_F32, FS_LINF_LOAD_F32)
-FS_DEFINE_LINEAR_F(f32h_avx2, uint16_t, FS_LINF_AVX2_F32H, FS_LINF_LOAD_F32H_AVX2)
-FS_DEFINE_LINEAR_F(f32h_avx512, uint16_t, FS_LINF_AVX512_F32H, FS_LINF_LOAD_F32H_AVX512)
+FS_DEFINE_LINEAR_F(f32_avx2, float, FS_LINF_AVX2_F32, FS_LINF_LOAD_F32, fs_linf_v8, 8, 3)
+FS_DEFINE_LINEAR_F(f32_avx512, float, FS_LINF_AVX512_F32, FS_LINF_LOAD_F32, fs_linf_v16, 16, 10)
+FS_DEFINE_LINEAR_F(f32h_avx2, uint16_t, FS_LINF_AVX2_F32H, FS_LINF_LOAD_F32H_AVX2, fs_linf_v8, 8, 3)
+FS_DEFINE_LINEAR_F(f32h_avx512, uint16_t, FS_LINF_AVX512_F32H, FS_LINF_LOAD_F32H_AVX512,
+                   fs_linf_v16, 16, 10)
 #endif
 
 /* The widest variant the CPU runs (same choice for both weight types: AVX-512F CPUs all have
@@ -340,7 +345,8 @@ FS_DEFINE_LINEAR_F(f32h_avx512, uint16_t, FS_LINF_AVX512_F32H, FS_LINF_LOAD_F32H
     do {                                                                                       \
         if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c"))               \
             fs_linf_part_##SFX##_avx512 args;                                                  \
-        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))             \
+        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")               \
+                 && __builtin_cpu_supports("f16c"))                                            \
             fs_linf_part_##SFX##_avx2 args;                                                    \
         else                                                                                   \
             fs_linf_part_##SFX##_def args;                                                     \

@@ -6,8 +6,8 @@ from fastspec.kernels import backend, set_backend, available_backends
 from fastspec import kernels
 from fastspec.cache import KVCache
 from fastspec.model import ModelConfig, Transformer, ForwardOutput
-from fastspec.drafters import (Drafter, Proposal, SamplingParams, DraftModelDrafter,
-                                NgramDrafter)
+from fastspec.sampling import SamplingParams
+from fastspec.drafters import Drafter, Proposal, Target, DraftModelDrafter, NgramDrafter
 from fastspec.decoding import DecodeStats, GenerationResult, generate, speculative_generate
 from fastspec.dflash import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
@@ -21,7 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__", "backend", "set_backend", "available_backends", "kernels",
     "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
-    "Drafter", "Proposal", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
+    "Drafter", "Proposal", "Target", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
     "DecodeStats", "GenerationResult", "generate", "speculative_generate",
     "DFlashConfig", "DFlashModel", "DFlashDrafter", "ByteTokenizer", "StreamDecoder", "Tokenizer",
     "HFTokenizer", "load_pretrained", "pretrained",

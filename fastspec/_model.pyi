@@ -2,12 +2,17 @@
 from typing import Iterable
 
 import numpy as np
+from typing_extensions import disjoint_base
 
 from fastspec.model import Transformer
 
+__all__ = ["TransformerRunner", "set_threads", "get_threads"]
+
 def set_threads(n: int) -> None: ...
 def get_threads() -> int: ...
+def linear_weights(a: np.ndarray) -> np.ndarray: ...
 
+@disjoint_base
 class TransformerRunner:
     dtype: np.dtype
     def __init__(self, model: Transformer) -> None: ...
@@ -19,5 +24,7 @@ class TransformerRunner:
                            start: int, causal: bool = True, hidden_layers: Iterable[int] = (),
                            out: np.ndarray | None = None,
                            logits: bool = True) -> tuple[np.ndarray | None, dict[int, np.ndarray]]: ...
+    def context_kv_taps(self, taps: np.ndarray, fc: np.ndarray, hidden_norm: np.ndarray,
+                        k_cache: np.ndarray, v_cache: np.ndarray, start: int) -> None: ...
     def context_kv(self, features: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                    start: int, layer_lo: int, layer_hi: int) -> None: ...

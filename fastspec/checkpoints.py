@@ -1,6 +1,6 @@
 """Hugging Face checkpoints: Llama/Qwen2/Qwen3 folders (config.json + safetensors) in and out.
 
-:func:`load_hf` reads ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``
+:func:`read_hf` reads ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``
 folders (one ``model.safetensors`` or shards listed in ``model.safetensors.index.json``),
 converting bf16/f16/f32 weights to the model dtype. :func:`save_hf` writes the same layout so
 that ``transformers`` loads a fastspec model.
@@ -17,13 +17,17 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 import numpy as np
 
-from fastspec.model import ModelConfig, Transformer
+from fastspec.config import ModelConfig
+from fastspec.schema import hf_layer_keys, layer_attrs
 
-__all__ = ["load_hf", "save_hf", "load_pretrained", "Pretrained", "read_safetensors",
+if TYPE_CHECKING:  # the model builds itself from read_hf; no import cycle at run time
+    from fastspec.model import Transformer
+
+__all__ = ["read_hf", "save_hf", "load_pretrained", "Pretrained", "read_safetensors",
            "write_safetensors", "hf_config"]
 
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
@@ -264,22 +268,17 @@ def _needed(c: ModelConfig) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not c.tie_embeddings:
         names.append("lm_head.weight")
+    attrs = layer_attrs(swiglu=True, rmsnorm=True, qk_norm=c.qk_norm, qkv_bias=c.qkv_bias)
     for i in range(c.n_layers):
-        p = f"model.layers.{i}."
-        names += [p + s + ".weight" for s in (
-            "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-            "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-            "mlp.down_proj")]
-        if c.qk_norm:
-            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        if c.qkv_bias:
-            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        names += hf_layer_keys(f"model.layers.{i}.", attrs)
     return names
 
 
-def load_hf(folder: str | os.PathLike, dtype: str | None = None,
-            weight_dtype: str | None = None) -> Transformer:
-    """Load a Llama/Qwen2/Qwen3 Hugging Face checkpoint folder as a :class:`Transformer`.
+def read_hf(folder: str | os.PathLike, dtype: str | None = None,
+            weight_dtype: str | None = None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """Read a Llama/Qwen2/Qwen3 Hugging Face checkpoint folder: its config and weights.
+
+    :meth:`fastspec.Transformer.load` builds the model from them.
 
     Parameters
     ----------
@@ -290,6 +289,12 @@ def load_hf(folder: str | os.PathLike, dtype: str | None = None,
         Model dtype (default float32); bf16/f16 weights are converted.
     weight_dtype : {"float16", "float32", "float64"}, optional
         Storage dtype of the matrices (:class:`~fastspec.ModelConfig`); default ``dtype``.
+
+    Returns
+    -------
+    config : ModelConfig
+    state_dict : dict[str, ndarray]
+        The needed tensors under their Hugging Face names.
 
     Raises
     ------
@@ -319,7 +324,7 @@ def load_hf(folder: str | os.PathLike, dtype: str | None = None,
     sd: dict[str, np.ndarray] = {}
     for path, names in by_file.items():
         sd.update(read_safetensors(path, names, dtype=config.dtype))  # float16: one rounding
-    return Transformer.from_state_dict(config, sd)
+    return config, sd
 
 
 def save_hf(model: Transformer, folder: str | os.PathLike) -> None:
@@ -347,7 +352,7 @@ class Pretrained(NamedTuple):
         None when loaded with ``tokenizer=False``.
     """
 
-    model: Transformer
+    model: "Transformer"
     tokenizer: "object"
 
 
@@ -361,7 +366,7 @@ def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
         A Hugging Face checkpoint folder (``config.json``, safetensors, ``tokenizer.json``,
         optionally ``generation_config.json`` for the stop ids).
     dtype, weight_dtype : str, optional
-        As in :func:`load_hf`.
+        As in :func:`read_hf`.
     tokenizer : bool, default True
         False skips the tokenizer (for callers that pass token ids).
 
@@ -378,10 +383,11 @@ def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
         Malformed files, or a tokenizer with more ids than the model's vocabulary.
     """
     from fastspec.hf_tokenizer import HFTokenizer
+    from fastspec.model import Transformer
 
     folder = Path(folder)
     tok = HFTokenizer.from_folder(folder) if tokenizer else None  # before the slow part
-    model = load_hf(folder, dtype=dtype, weight_dtype=weight_dtype)
+    model = Transformer.from_state_dict(*read_hf(folder, dtype=dtype, weight_dtype=weight_dtype))
     if tok is not None:
         V = model.config.vocab_size
         if tok.vocab_size > V:

@@ -82,7 +82,7 @@ def _add_demo(sub) -> None:
 
 
 def _run_demo(args) -> int:
-    from fastspec.demo import demo_main
+    from fastspec.tools.demo import demo_main
 
     return demo_main(args)
 
@@ -135,12 +135,13 @@ def _add_eval(sub) -> None:
     p.add_argument("--markdown", metavar="PATH", help="also write a markdown summary here")
     p.add_argument("--gamma", type=_gamma, default=None, metavar="G",
                    help="draft tokens per round for every drafter, an int or 'adaptive' "
-                        "(default: each drafter's tuned default, fastspec.demo.DEFAULT_GAMMA)")
+                        "(default: each drafter's tuned default, "
+                        "fastspec.tools.demo.DEFAULT_GAMMA)")
     p.set_defaults(run=_run_eval)
 
 
 def _run_eval(args) -> int:
-    from fastspec.demo import eval_main
+    from fastspec.tools.demo import eval_main
 
     return eval_main(args)
 
@@ -161,7 +162,7 @@ def _add_bench(sub) -> None:
 
 
 def _run_bench(args) -> int:
-    from fastspec.benchmark import bench_main
+    from fastspec.tools.benchmark import bench_main
 
     return bench_main(args)
 
@@ -182,6 +183,48 @@ def _run_train(args) -> int:
         print(f"fastspec train needs the [train] extra (torch==2.13.0): {exc}", file=sys.stderr)
         return 2
     return int(training.main(args.train_args) or 0)
+
+
+def _add_seeds(sub) -> None:
+    p = sub.add_parser(
+        "seeds", help="rerun a founding experiment (000 or 002) and write DIR/results.json",
+        description="Rerun one of the two experiments fastspec grew out of on fastspec's own "
+                    "models, kernels and engine: 000 (the DFlash toy: W_mix drafter, MLP "
+                    "target, the exact audit of its acceptance rule) or 002 (the KV-cache and "
+                    "speculative-decoding audit). Writes DIR/results.json; exit status 1 if "
+                    "a check fails, 2 on bad input (nothing written).")
+    p.add_argument("seed", metavar="NAME", help="000 or 002")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="folder for results.json (default: ./seed_NAME)")
+    p.add_argument("--backend", dest="seeds_backend", choices=("cython", "numpy"),
+                   help="kernel backend for this run (same as the global --backend)")
+    p.add_argument("--seed-file", metavar="PATH",
+                   help="the seed document: its own NumPy code is timed beside fastspec's")
+    p.set_defaults(run=_run_seeds)
+
+
+def _run_seeds(args) -> int:
+    from fastspec import seeds
+    from fastspec.seeds.report import check_out_dir, write_report
+
+    if args.seed not in seeds.SEED_NAMES:
+        print(f"fastspec seeds: unknown seed {args.seed!r}; known seeds: "
+              f"{', '.join(seeds.SEED_NAMES)}", file=sys.stderr)
+        return 2
+    try:
+        # Every bad input is refused here, before any work and before anything is written.
+        seed_module = None if args.seed_file is None else seeds.load_seed(args.seed, args.seed_file)
+        out = check_out_dir(args.out or f"seed_{args.seed}")
+        if args.seeds_backend:
+            fs.set_backend(args.seeds_backend)
+        report = seeds.run_seed(args.seed, seed_module)
+    except seeds.SeedInputError as exc:
+        print(f"fastspec seeds: {exc}", file=sys.stderr)
+        return 2
+    print(seeds.summary(args.seed, report))
+    path = write_report(report, out)
+    print(f"report written to {path}")
+    return 0 if report["passed"] else 1
 
 
 def _positive_int(text: str) -> int:
@@ -217,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_eval(sub)
     _add_bench(sub)
     _add_train(sub)
+    _add_seeds(sub)
     return parser
 
 

@@ -13,17 +13,16 @@ crops the cache back to ``len(new_seq) - 1`` and tells the drafter what was comm
 from __future__ import annotations
 
 import functools
-import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from fastspec import kernels
 from fastspec._checks import check_index, check_sampling_params
 from fastspec.cache import KVCache
-from fastspec.drafters.base import Drafter, Proposal, SamplingParams
+from fastspec.drafters.base import Drafter, Proposal, Target
+from fastspec.sampling import SamplingParams, next_token
+from fastspec.stats import DecodeStats, GenerationResult
 from fastspec.verify import verify_block
 
 __all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate",
@@ -33,111 +32,6 @@ __all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate"
 ADAPTIVE_GAMMA_START = 4
 ADAPTIVE_GAMMA_MAX = 16
 
-
-@dataclass
-class DecodeStats:
-    """Counters of one generation: what was done, so that a speedup can be explained.
-
-    Attributes
-    ----------
-    new_tokens : int
-        Tokens emitted (``len(result.tokens)``).
-    rounds : int
-        Target verification calls after the prefill (one per emitted token for vanilla
-        decoding; one per draft/verify round for speculative decoding).
-    drafted, accepted : int
-        Draft tokens proposed and accepted, over all rounds.
-    target_calls, draft_calls : int
-        Forward calls of the target (prefill included) and of the drafter's model (for
-        drafters without a model: ``propose`` calls).
-    target_positions, draft_positions : int
-        Positions pushed through each model.
-    target_score_cells, draft_score_cells : int
-        Attention score cells computed, ``n_layers * n_heads * n * (past + n)`` per call.
-    elapsed_s : float
-        Wall time of the whole call, prefill included.
-    prefill_s : float
-        Wall time before the decoding loop: the prompt's forward (and the drafter's reset,
-        which builds its own context). ``elapsed_s - prefill_s`` is the decoding time.
-    proposed_at, accepted_at : ndarray of shape (max_gamma,), int64
-        ``proposed_at[i]``: rounds whose proposal had a token at block position ``i``;
-        ``accepted_at[i]``: rounds in which that token was accepted.
-    trace : list of dict or None
-        Per-round records when requested (``trace=True``).
-    """
-
-    new_tokens: int = 0
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    target_calls: int = 0
-    draft_calls: int = 0
-    target_positions: int = 0
-    draft_positions: int = 0
-    target_score_cells: int = 0
-    draft_score_cells: int = 0
-    elapsed_s: float = 0.0
-    prefill_s: float = 0.0
-    proposed_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    accepted_at: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    trace: list | None = None
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """tau: tokens emitted per target verification call (1.0 for vanilla decoding)."""
-        return self.new_tokens / self.rounds if self.rounds else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted / drafted (0.0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Emitted tokens per second of wall time."""
-        return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else math.inf
-
-    @property
-    def decode_s(self) -> float:
-        """Wall time after the prefill (``elapsed_s - prefill_s``)."""
-        return self.elapsed_s - self.prefill_s
-
-    @property
-    def per_position_acceptance(self) -> np.ndarray:
-        """``accepted_at / proposed_at`` (NaN where nothing was proposed)."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return self.accepted_at / self.proposed_at
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return every counter and derived figure as JSON-serialisable values."""
-        d = {name: getattr(self, name) for name in (
-            "new_tokens", "rounds", "drafted", "accepted", "target_calls", "draft_calls",
-            "target_positions", "draft_positions", "target_score_cells", "draft_score_cells",
-            "elapsed_s", "prefill_s", "decode_s", "mean_accepted_length", "acceptance_rate",
-            "tokens_per_s")}
-        d["proposed_at"] = self.proposed_at.tolist()
-        d["accepted_at"] = self.accepted_at.tolist()
-        if self.trace is not None:
-            d["trace"] = self.trace
-        return d
-
-
-@dataclass
-class GenerationResult:
-    """Result of :func:`generate` / :func:`speculative_generate`.
-
-    Attributes
-    ----------
-    tokens : list of int
-        The new tokens only (an ``eos_token_id`` that stopped generation is included).
-    stats : DecodeStats
-    """
-
-    tokens: list[int]
-    stats: DecodeStats
-
-
-# --- validation ------------------------------------------------------------------------------
 
 def _check_common(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed,
                   eos_token_id):
@@ -161,7 +55,7 @@ def _check_common(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, 
 def _check_cache_arg(model, cache, needed):
     if cache is None:
         return model.new_cache(needed)
-    model._check_cache(cache)
+    model.check_cache(cache)
     if cache.capacity < needed:
         raise ValueError(f"cache capacity {cache.capacity} is smaller than the {needed} "
                          "positions this generation needs")
@@ -170,14 +64,6 @@ def _check_cache_arg(model, cache, needed):
 
 def _score_cells(config, n, past):
     return config.n_layers * config.n_heads * n * (past + n)
-
-
-def _next_token(logits_row2d, sampling: SamplingParams, rng) -> int:
-    """Pick the token after a (1, V) logits row: argmax, or one inverse-CDF draw from p."""
-    if sampling.temperature == 0.0:
-        return int(logits_row2d[0].argmax())
-    p = kernels.probs(logits_row2d, sampling.temperature, sampling.top_k, sampling.top_p)
-    return int(kernels.sample(p[0], rng.random()))
 
 
 # --- vanilla ---------------------------------------------------------------------------------
@@ -196,7 +82,7 @@ def _holds_cache(fn):
 
 
 @_holds_cache
-def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+def generate(model: Target, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id: int | None = None,
              use_cache: bool = True, *, cache: KVCache | None = None) -> GenerationResult:
     """Decode autoregressively from ``model``, one target call per new token.
@@ -235,7 +121,7 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, t
     seq[:n] = prompt
     if use_cache:
         cache.reset()
-        logits = model.forward(prompt, cache).logits
+        logits = model.step(prompt, cache).logits
         stats.target_score_cells += _score_cells(cfg, n, 0)
         stats.target_positions += n
     else:
@@ -247,14 +133,14 @@ def generate(model, prompt_ids, max_new_tokens: int, temperature: float = 0.0, t
     step_logits = np.empty((1, cfg.vocab_size), dtype=np.dtype(cfg.dtype))  # reused output
     emitted = 0
     while True:
-        token = _next_token(logits[-1:], sampling, rng)
+        token = next_token(logits[-1:], sampling, rng)
         seq[n] = token
         n += 1
         emitted += 1
         if emitted == max_new or token == eos:
             break
         if use_cache:
-            logits = model.forward(seq[n - 1:n], cache, out=step_logits).logits
+            logits = model.step(seq[n - 1:n], cache, out=step_logits).logits
         else:
             logits = model.forward(seq[:n]).logits
     # Counters of the emitted - 1 decode steps (steps after the last token are never run).
@@ -298,7 +184,7 @@ def _drafter_counters(drafter) -> tuple[int, int, int] | None:
 
 
 @_holds_cache
-def speculative_generate(target, drafter: Drafter, prompt_ids, max_new_tokens: int,
+def speculative_generate(target: Target, drafter: Drafter, prompt_ids, max_new_tokens: int,
                          gamma: int | str = 4, temperature: float = 0.0, top_k: int = 0,
                          top_p: float = 1.0, seed: int = 0, eos_token_id: int | None = None,
                          trace: bool = False, *, cache: KVCache | None = None,
@@ -419,7 +305,7 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
     start_time = time.perf_counter()
     cache.reset()
     if n_prompt > 1:
-        out = target.forward(prompt[:-1], cache, hidden_layers)
+        out = target.step(prompt[:-1], cache, hidden_layers=hidden_layers)
         stats.target_calls += 1
         stats.target_positions += n_prompt - 1
         stats.target_score_cells += _score_cells(cfg, n_prompt - 1, 0)
@@ -444,16 +330,16 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
             tokens, q, g_used = empty_tokens, None, 0
         block[0] = seq[n - 1]
         block[1:g_used + 1] = tokens
-        out = target.forward(block[:g_used + 1], cache, hidden_layers,
-                             out=block_logits[:g_used + 1])
+        out = target.step(block[:g_used + 1], cache, hidden_layers=hidden_layers,
+                          out=block_logits[:g_used + 1])
         stats.target_calls += 1
         stats.target_positions += g_used + 1
         stats.target_score_cells += _score_cells(cfg, g_used + 1, n - 1)
-        n_acc, next_token = verify_block(tokens, out.logits, q, sampling, rng, uniforms,
+        n_acc, after = verify_block(tokens, out.logits, q, sampling, rng, uniforms,
                                          verify_rejection)
         cache.crop(n + n_acc)
         seq[n:n + n_acc] = tokens[:n_acc]
-        seq[n + n_acc] = next_token
+        seq[n + n_acc] = after
         round_start = n
         n += n_acc + 1
         emitted += n_acc + 1
@@ -475,7 +361,7 @@ def _run(plan: _Plan, rng: np.random.Generator, trace: bool = False, callback=No
         if trace:
             stats.trace.append(dict(
                 prefix_length=round_start, gamma=g, proposed=g_used, accepted=n_acc,
-                next_token=int(next_token), bonus=bool(g_used and n_acc == g_used),
+                next_token=int(after), bonus=bool(g_used and n_acc == g_used),
                 tokens=seq[round_start:n].tolist(), target_cache_length=cache.length))
         if stopped:
             break

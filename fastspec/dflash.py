@@ -27,26 +27,20 @@ import numpy as np
 from fastspec._checks import check_index
 from fastspec._npz import read_npz
 from fastspec.cache import KVCache
-from fastspec.model import (_MATRICES, LayerWeights, ModelConfig, Transformer, apply_rope, rms_norm,
-                            rope_tables, silu)
+from fastspec.config import ModelConfig
+from fastspec.functional import apply_rope, rms_norm, rope_tables, silu
+from fastspec.model import Transformer
+from fastspec.schema import (MATRICES, LayerWeights, check_layer, layer_attrs, layer_from_state,
+                             layer_shapes, layer_state, random_layer)
+from fastspec.tokenizer import ByteTokenizer
 
-__all__ = ["DFlashConfig", "DFlashModel", "BYTE_MASK_TOKEN_ID", "MAX_BLOCK_SIZE"]
+__all__ = ["DFlashConfig", "DFlashModel", "MAX_BLOCK_SIZE"]
 
-#: MASK id of the byte tokenizer (vocab 260: bytes, BOS, EOS, MASK, PAD).
-BYTE_MASK_TOKEN_ID = 258
-_BYTE_VOCAB_SIZE = 260
 #: Largest supported block (the paper uses 8 to 16).
 MAX_BLOCK_SIZE = 16
 #: DFlashConfig fields of z-lab's format, at the values that mean "off".
 _ZLAB_DEFAULTS = {"last_tap_normed": False, "input_embedding_scale": 1.0,
                   "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
-
-_LAYER_KEYS = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
-               "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
-               "w_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-               "mlp_norm": "post_attention_layernorm", "q_norm": "self_attn.q_norm",
-               "k_norm": "self_attn.k_norm"}
-
 
 def default_tap_layers(n_target_layers: int, n_draft_layers: int = 1) -> tuple[int, ...]:
     """Return ``k = min(L, max(2, n_draft_layers))`` target layers spread evenly, ending at L-1.
@@ -181,8 +175,8 @@ class DFlashConfig:
             raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
         if self.mask_token_id is not None:
             mask = self.mask_token_id
-        elif target.vocab_size == _BYTE_VOCAB_SIZE:
-            mask = BYTE_MASK_TOKEN_ID
+        elif target.vocab_size == ByteTokenizer.vocab_size:  # the embedded models' vocabulary
+            mask = ByteTokenizer.mask_id
         else:
             mask = target.vocab_size - 1
         if mask >= target.vocab_size:
@@ -225,6 +219,12 @@ class DFlashConfig:
     def replace(self, **changes) -> "DFlashConfig":
         """Return a copy with some fields changed."""
         return dataclasses.replace(self, **changes)
+
+
+def _draft_layer_schema(c: DFlashConfig, dim: int) -> tuple[dict, tuple[str, ...]]:
+    """Shapes and fields of a draft layer (SwiGLU, RMSNorm, optional QK-norm, no biases)."""
+    return (layer_shapes(dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim),
+            layer_attrs(swiglu=True, rmsnorm=True, qk_norm=c.qk_norm, qkv_bias=False))
 
 
 class DFlashModel:
@@ -275,11 +275,14 @@ class DFlashModel:
         cast = lambda a, t=dt: None if a is None else np.ascontiguousarray(a, dtype=t)  # noqa: E731
         self.fc = cast(fc)
         self.hidden_norm = cast(hidden_norm)
-        self.layers = [LayerWeights(**{k: cast(v, wdt if k in _MATRICES else dt)
+        self.layers = [LayerWeights(**{k: cast(v, wdt if k in MATRICES else dt)
                                        for k, v in lw.arrays().items()}) for lw in layers]
         self.norm = cast(norm)
         self._check_shapes()
         self.max_positions = target.config.max_seq_len + c.block_size
+        #: Context positions the drafter was trained to read (None: unbounded); the default
+        #: sliding window of :class:`~fastspec.DFlashDrafter`. Not stored in the file.
+        self.context_window: int | None = None
         # The draft layers as a Transformer that shares the target's embedding and head (no
         # copies: same dtype, contiguous) and the drafter's own layer/norm arrays. Its fused
         # Cython runner (or NumPy twin) does the block forward and the K/V injection.
@@ -287,7 +290,6 @@ class DFlashModel:
                                   self.norm)
         self.rope_cos, self.rope_sin = self._stack.rope_cos, self._stack.rope_sin
         self._out = np.empty((c.block_size, target.config.vocab_size), dtype=dt)
-        self._fc_packed = None
 
     def _stack_config(self) -> ModelConfig:
         c, t = self.config, self.target.config
@@ -306,7 +308,6 @@ class DFlashModel:
 
     def _check_shapes(self) -> None:
         c, d = self.config, self.target.config.dim
-        H, Hkv, D, F = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim
         n_in = len(c.tap_layers) * d
         for name, a, shape in (("fc", self.fc, (n_in, d)), ("hidden_norm", self.hidden_norm, (d,)),
                                ("norm", self.norm, (d,))):
@@ -316,24 +317,9 @@ class DFlashModel:
                                  f"{len(c.tap_layers)} taps), got {got}")
         if len(self.layers) != c.n_layers:
             raise ValueError(f"expected {c.n_layers} draft layers, got {len(self.layers)}")
-        shapes = {"wq": (d, H * D), "wk": (d, Hkv * D), "wv": (d, Hkv * D), "wo": (H * D, d),
-                  "w_gate": (d, F), "w_up": (d, F), "w_down": (F, d), "attn_norm": (d,),
-                  "mlp_norm": (d,), "q_norm": (D,), "k_norm": (D,)}
+        shapes, attrs = _draft_layer_schema(c, d)
         for i, lw in enumerate(self.layers):
-            extra = sorted(set(lw.arrays()) - set(shapes))
-            if extra:
-                raise ValueError(f"draft layer {i}: unexpected weights {extra} (DFlash layers "
-                                 "have no biases)")
-            for name, shape in shapes.items():
-                a = getattr(lw, name)
-                needed = c.qk_norm if name in ("q_norm", "k_norm") else True
-                if a is None:
-                    if needed:
-                        raise ValueError(f"draft layer {i}: missing weight {name}")
-                elif a.shape != shape:
-                    raise ValueError(f"draft layer {i}: {name} must have shape {shape}, got {a.shape}")
-                elif not needed:
-                    raise ValueError(f"draft layer {i}: {name} given but qk_norm is False")
+            check_layer(lw, f"draft layer {i}", shapes, attrs)
 
     @classmethod
     def random(cls, config: DFlashConfig, target: Transformer, seed: int = 0) -> "DFlashModel":
@@ -343,20 +329,10 @@ class DFlashModel:
         c = config.resolve(target.config)
         rng = np.random.default_rng(seed)
         d = target.config.dim
-        H, Hkv, D, F = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim
-        w = lambda a, b: rng.normal(0.0, 1.0 / math.sqrt(a), (a, b))  # noqa: E731
-        fc = w(len(c.tap_layers) * d, d)
+        fc = rng.normal(0.0, 1.0 / math.sqrt(len(c.tap_layers) * d), (len(c.tap_layers) * d, d))
         hidden_norm = 1.0 + 0.1 * rng.normal(size=d)
-        layers = []
-        for _ in range(c.n_layers):
-            lw = LayerWeights(wq=w(d, H * D), wk=w(d, Hkv * D), wv=w(d, Hkv * D), wo=w(H * D, d),
-                              w_up=w(d, F), w_down=w(F, d), w_gate=w(d, F),
-                              attn_norm=1.0 + 0.1 * rng.normal(size=d),
-                              mlp_norm=1.0 + 0.1 * rng.normal(size=d))
-            if c.qk_norm:
-                lw.q_norm = 1.0 + 0.1 * rng.normal(size=D)
-                lw.k_norm = 1.0 + 0.1 * rng.normal(size=D)
-            layers.append(lw)
+        shapes, attrs = _draft_layer_schema(c, d)
+        layers = [random_layer(rng, shapes, attrs) for _ in range(c.n_layers)]
         norm = 1.0 + 0.1 * rng.normal(size=d)
         return cls(c, target, fc, hidden_norm, layers, norm)
 
@@ -366,8 +342,7 @@ class DFlashModel:
         """Return the drafter's own weights under the names and layout of docs/FORMATS.md."""
         sd = {"fc.weight": self.fc.T, "hidden_norm.weight": self.hidden_norm}
         for i, lw in enumerate(self.layers):
-            for attr, a in lw.arrays().items():
-                sd[f"layers.{i}.{_LAYER_KEYS[attr]}.weight"] = a.T if a.ndim == 2 else a
+            sd.update(layer_state(lw, f"layers.{i}."))
         sd["norm.weight"] = self.norm
         return {k: np.ascontiguousarray(v) for k, v in sd.items()}
 
@@ -387,16 +362,8 @@ class DFlashModel:
             raise ValueError(f"fc.weight has shape {fc_t.shape}, but the target (dim "
                              f"{target.config.dim}) with {len(c.tap_layers)} taps needs "
                              f"{(target.config.dim, n_in)}: the drafter was made for another target")
-        layers = []
-        for i in range(c.n_layers):
-            p = f"layers.{i}."
-            kw = {}
-            for attr, name in _LAYER_KEYS.items():
-                if attr in ("q_norm", "k_norm") and not c.qk_norm:
-                    continue
-                a = get(p + name + ".weight")
-                kw[attr] = a.T if a.ndim == 2 else a
-            layers.append(LayerWeights(**kw))
+        attrs = _draft_layer_schema(c, target.config.dim)[1]
+        layers = [layer_from_state(get, f"layers.{i}.", attrs) for i in range(c.n_layers)]
         return cls(c, target, fc_t.T, get("hidden_norm.weight"), layers, get("norm.weight"))
 
     def save(self, path: str | Path) -> None:
@@ -453,7 +420,6 @@ class DFlashModel:
         """Forget the drafter's fused runners; call after updating its weights or the target's
         embedding or head in place (float32 runners hold packed copies of the matrices)."""
         self._stack.invalidate()
-        self._fc_packed = None
 
     def __repr__(self) -> str:
         c = self.config
@@ -567,27 +533,13 @@ class DFlashModel:
         start : int, optional
             As in :meth:`append_context`.
         """
-        runner = self._stack._fused()
-        if runner is None:
-            self.append_context(cache, self.context_features(hidden), start)
-            return
-        taps = self.tap(hidden)  # (n, taps * dim), C-contiguous, the model dtype
-        n = taps.shape[0]
+        taps = self.tap(hidden)  # (n, taps * dim), the model dtype
+        self.check_cache(cache)
         with cache.claim():
-            self._rewind_for(cache, n, start)
-            if n:
-                runner.context_kv_taps(taps, self._fc_weights(), self.hidden_norm, cache.k,
-                                       cache.v, cache.length)
-                cache.advance(n)
-
-    def _fc_weights(self) -> np.ndarray:
-        """``fc`` in the fused runner's linear layout (packed once; see :meth:`invalidate`)."""
-        packed = self._fc_packed
-        if packed is None:
-            from fastspec import _model  # present: a fused runner exists
-
-            packed = self._fc_packed = _model.linear_weights(self.fc)
-        return packed
+            self._rewind_for(cache, taps.shape[0], start)
+            if taps.shape[0]:
+                self._stack.write_context_taps(np.ascontiguousarray(taps), self.fc,
+                                               self.hidden_norm, cache)
 
     # --- block forward --------------------------------------------------------------------
 
@@ -622,29 +574,15 @@ class DFlashModel:
             Row ``j`` scores the token at position ``P + 1 + j``. For a full block this is a
             view of a buffer that the next block forward overwrites (no per-round allocation).
         """
-        self.check_cache(cache)
         ids = self.check_block(block_tokens)
         P, n = cache.length, ids.shape[0]
         if P + n > cache.capacity:
             raise ValueError(f"context of {P} positions plus a block of {n} exceeds the cache "
                              f"capacity {cache.capacity}")
-        return self._block_logits(cache, ids)
-
-    def _block_logits(self, cache: KVCache, ids: np.ndarray) -> np.ndarray:
-        """:meth:`forward_block` without the argument checks (the drafter's hot path)."""
-        P, n = cache.length, ids.shape[0]
-        # Non-causal forward of the block at P .., then roll the length back: the block's K/V
-        # stay in the buffer past the committed length as scratch, never as context.
+        # Non-causal forward of the block at P ..; the block's K/V stay in the buffer past
+        # the committed length as scratch, never as context.
         out = self._out if n == self.config.block_size else None
-        runner = self._stack._fused()
-        if runner is not None:
-            # Straight to the fused runner (it never touches the length): saves the ~20 us of
-            # Python dispatch of Transformer.forward, ~6% of a tiny-Llama block.
-            logits, _ = runner.forward(ids, cache.k, cache.v, P, False, (), out)
-            return logits[1:]
-        logits = self._stack.forward(ids, cache, causal=False, out=out).logits
-        cache.crop(P)
-        return logits[1:]
+        return self._stack.step(ids, cache, causal=False, out=out, advance=False).logits[1:]
 
     def draft_block(self, cache: KVCache, bonus_token: int) -> np.ndarray:
         """Return the logits (block_size - 1, vocab_size) of ``[bonus, MASK, ...]`` at ``cache.length``.

@@ -31,8 +31,9 @@ from pathlib import Path
 import numpy as np
 
 from fastspec.checkpoints import _rope_theta, _weight_files, read_safetensors, write_safetensors
-from fastspec.dflash import _LAYER_KEYS, MAX_BLOCK_SIZE, DFlashConfig, DFlashModel
+from fastspec.dflash import MAX_BLOCK_SIZE, DFlashConfig, DFlashModel
 from fastspec.model import Transformer
+from fastspec.schema import hf_layer_keys, layer_attrs
 
 __all__ = ["load_dflash_folder", "save_dflash_folder", "target_fingerprint", "fingerprint_array",
            "check_fingerprint_array"]
@@ -192,9 +193,9 @@ def load_dflash_folder(folder: str | os.PathLike, target: Transformer) -> DFlash
     if "fastspec_target" in cfg:
         _check_fingerprint(cfg["fastspec_target"], target, str(folder / "config.json"))
     files = _weight_files(folder)
+    attrs = layer_attrs(swiglu=True, rmsnorm=True, qk_norm=True, qkv_bias=False)
     expected = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
-        f"layers.{i}.{name}.weight"
-        for i in range(config.n_layers) for name in _LAYER_KEYS.values()}
+        key for i in range(config.n_layers) for key in hf_layer_keys(f"layers.{i}.", attrs)}
     extra = sorted(set(files) - expected)
     if extra:
         more = f" and {len(extra) - 5} more" if len(extra) > 5 else ""

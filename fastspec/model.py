@@ -1,8 +1,6 @@
-"""ModelConfig and Transformer: causal decoders (toy and Llama/Qwen-style) over a KV cache."""
+"""Transformer: causal decoders (toy and Llama/Qwen-style) over a KV cache."""
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import math
 import threading
@@ -15,6 +13,12 @@ import numpy as np
 from fastspec import kernels
 from fastspec._checks import check_index
 from fastspec.cache import KVCache
+from fastspec.checkpoints import read_hf, save_hf
+from fastspec.config import ModelConfig
+from fastspec.functional import (apply_rope, gelu_tanh, layer_norm, linear, rms_norm, rope_tables,
+                                 silu)
+from fastspec.schema import (MATRICES, LayerWeights, check_layer, layer_attrs, layer_from_state,
+                             layer_shapes, layer_state, random_layer)
 
 try:  # the fused forward; without it every model runs on the NumPy path
     from fastspec import _model as _model_ext
@@ -23,165 +27,8 @@ except ImportError:  # pragma: no cover - exercised by source checkouts without 
 
 __all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
 
-_NORMS = ("rmsnorm", "layernorm")
-_POSITIONALS = ("rope", "learned")
-_ACTIVATIONS = ("swiglu", "tanh", "gelu")
 #: LayerWeights fields stored in ``ModelConfig.weight_dtype`` (with ``embed`` and ``head``).
-_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape and family of a causal transformer.
-
-    The toy family (:meth:`toy`) is pre-norm LayerNorm without affine parameters, learned
-    absolute positions, a tanh FFN and an untied head. The Llama family (defaults) is RMSNorm,
-    rotary positions, SwiGLU, grouped-query attention, optional QK-norm (``qk_norm``, Qwen3)
-    and optional q/k/v projection biases (``qkv_bias``, Qwen2; stored as
-    ``model.layers.L.self_attn.{q,k,v}_proj.bias``).
-
-    ``dtype`` is the compute dtype (activations, KV cache, logits). ``weight_dtype`` is the
-    storage dtype of the large matrices (``embed``, ``head`` and the seven projections of each
-    layer): None (default) means ``dtype``; ``"float16"`` (only with ``dtype="float32"``) keeps
-    them in float16, which halves the bytes a decode step streams. Float16 weights are widened
-    to float32 exactly, in registers, and the result is bit-identical to a float32 model whose
-    weights are those float16 values. Norms, biases, rope tables and ``pos_embed`` stay in
-    ``dtype``. A ``weight_dtype`` equal to ``dtype`` is stored as None.
-    """
-
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int | None = None
-    ffn_dim: int | None = None
-    max_seq_len: int = 2048
-    norm: str = "rmsnorm"
-    positional: str = "rope"
-    activation: str = "swiglu"
-    tie_embeddings: bool = True
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-    dtype: str = "float32"
-    head_dim: int | None = None
-    qk_norm: bool = False
-    qkv_bias: bool = False
-    weight_dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
-            check_index(getattr(self, name), name, 1, 2**31 - 1)
-        if self.n_kv_heads is None:
-            object.__setattr__(self, "n_kv_heads", self.n_heads)
-        if self.head_dim is None:
-            if self.dim % self.n_heads:
-                raise ValueError(f"dim {self.dim} must be divisible by n_heads {self.n_heads} "
-                                 "(or give head_dim)")
-            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
-        if self.ffn_dim is None:
-            object.__setattr__(self, "ffn_dim", 4 * self.dim)
-        check_index(self.n_kv_heads, "n_kv_heads", 1, self.n_heads)
-        check_index(self.head_dim, "head_dim", 1, 2**20)
-        check_index(self.ffn_dim, "ffn_dim", 1, 2**31 - 1)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} must be a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.norm not in _NORMS:
-            raise ValueError(f"norm must be one of {_NORMS}, got {self.norm!r}")
-        if self.positional not in _POSITIONALS:
-            raise ValueError(f"positional must be one of {_POSITIONALS}, got {self.positional!r}")
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
-        if self.positional == "rope" and self.head_dim % 2:
-            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        if self.weight_dtype not in (None, "float16", "float32", "float64"):
-            raise ValueError("weight_dtype must be None, 'float16', 'float32' or 'float64', got "
-                             f"{self.weight_dtype!r}")
-        if self.weight_dtype == self.dtype:
-            object.__setattr__(self, "weight_dtype", None)
-        elif self.weight_dtype == "float16" and self.dtype != "float32":
-            raise ValueError(f"weight_dtype 'float16' needs dtype 'float32', got {self.dtype!r}")
-        elif self.weight_dtype is not None and self.weight_dtype != "float16":
-            raise ValueError(f"weight_dtype {self.weight_dtype!r} does not match dtype "
-                             f"{self.dtype!r} (only float16 weights with float32 compute)")
-        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
-            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
-        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
-            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
-
-    @classmethod
-    def toy(cls, vocab_size: int = 8, dim: int = 16, n_heads: int = 2, n_layers: int = 2,
-            max_seq_len: int = 256, dtype: str = "float32") -> "ModelConfig":
-        """Return the seed experiment's decoder: LayerNorm, learned positions, tanh FFN (dim -> 2 dim)."""
-        return cls(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
-                   n_kv_heads=n_heads, ffn_dim=2 * dim, max_seq_len=max_seq_len,
-                   norm="layernorm", positional="learned", activation="tanh",
-                   tie_embeddings=False, dtype=dtype)
-
-    @classmethod
-    def tiny_llama(cls, dtype: str = "float32", **overrides) -> "ModelConfig":
-        """Return the benchmark model's config: vocab 260, dim 256, 4 layers, 8 heads, ffn 704."""
-        fields = dict(vocab_size=260, dim=256, n_layers=4, n_heads=8, n_kv_heads=8,
-                      ffn_dim=704, max_seq_len=4096 + 64, dtype=dtype)
-        fields.update(overrides)
-        return cls(**fields)
-
-    @property
-    def matrix_dtype(self) -> str:
-        """Storage dtype of the large matrices: ``weight_dtype``, or ``dtype`` when None."""
-        return self.weight_dtype or self.dtype
-
-    def to_dict(self) -> dict:
-        """Return the config as a JSON-serialisable dict (``weight_dtype`` only when set)."""
-        d = dataclasses.asdict(self)
-        if d["weight_dtype"] is None:  # files of default models stay readable by older versions
-            del d["weight_dtype"]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        """Build a config from :meth:`to_dict` output; unknown keys raise ValueError."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig keys: {unknown}")
-        return cls(**d)
-
-    def replace(self, **changes) -> "ModelConfig":
-        """Return a copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
-
-
-@dataclass
-class LayerWeights:
-    """Weights of one decoder layer, linear maps in ``(in, out)`` layout (``x @ W``).
-
-    Shapes: ``wq (dim, H*D)``, ``wk, wv (dim, Hkv*D)``, ``wo (H*D, dim)``, ``w_up (dim, F)``,
-    ``w_gate (dim, F)`` (SwiGLU only), ``w_down (F, dim)``, norms ``(dim,)`` (RMSNorm only),
-    ``q_norm, k_norm (D,)`` (QK-norm only), ``q_bias (H*D,)``, ``k_bias, v_bias (Hkv*D,)``
-    (``qkv_bias`` only: Qwen2). Absent weights are None.
-    """
-
-    wq: np.ndarray
-    wk: np.ndarray
-    wv: np.ndarray
-    wo: np.ndarray
-    w_up: np.ndarray
-    w_down: np.ndarray
-    w_gate: np.ndarray | None = None
-    attn_norm: np.ndarray | None = None
-    mlp_norm: np.ndarray | None = None
-    q_norm: np.ndarray | None = None
-    k_norm: np.ndarray | None = None
-    q_bias: np.ndarray | None = None
-    k_bias: np.ndarray | None = None
-    v_bias: np.ndarray | None = None
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if getattr(self, f.name) is not None}
-
+_MATRICES = MATRICES
 
 @dataclass
 class ForwardOutput:
@@ -198,64 +45,11 @@ class ForwardOutput:
     hidden: dict[int, np.ndarray] = field(default_factory=dict)
 
 
-# --- NumPy building blocks (the reference math, shared with the DFlash drafter) -------------
-
-def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
-    """Return ``x / sqrt(mean(x**2, -1) + eps) * weight`` (float64 statistics)."""
-    ms = np.mean(np.square(x, dtype=np.float64), axis=-1, keepdims=True)
-    y = (x / np.sqrt(ms + eps)).astype(x.dtype, copy=False)
-    return y if weight is None else y * weight
-
-
-def layer_norm(x: np.ndarray, eps: float) -> np.ndarray:
-    """Return ``(x - mean) / sqrt(var + eps)`` over the last axis, no affine parameters."""
-    x64 = x.astype(np.float64)
-    mu = x64.mean(axis=-1, keepdims=True)
-    var = np.mean(np.square(x64 - mu), axis=-1, keepdims=True)
-    return ((x64 - mu) / np.sqrt(var + eps)).astype(x.dtype, copy=False)
-
-
-def rope_tables(max_positions: int, head_dim: int, theta: float, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``cos, sin`` of shape (max_positions, head_dim // 2) for rotate-half RoPE."""
-    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
-
-
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate ``x`` of shape (n, heads, D) by per-position ``cos, sin`` of shape (n, D/2)."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
-
-
-def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
-
-
-def _linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    y = x @ w
-    return y if bias is None else y + bias
-
-
-def _claims_cache(method):
-    """Hold the ``cache`` argument for the calling thread during the call (KVCache.claim):
-    another thread writing the same cache at the same time gets a RuntimeError."""
-    @functools.wraps(method)
-    def wrapper(self, first, cache=None, *args, **kwargs):
-        if type(cache) is not KVCache:  # None (temporary cache) or refused by the method
-            return method(self, first, cache, *args, **kwargs)
-        claimed = cache._claim()
-        try:
-            return method(self, first, cache, *args, **kwargs)
-        finally:
-            cache._unclaim(claimed)
-    return wrapper
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+def _layer_schema(c: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[str, ...]]:
+    """Shapes and present fields of a layer of ``c`` (see :mod:`fastspec.schema`)."""
+    return (layer_shapes(c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim),
+            layer_attrs(swiglu=c.activation == "swiglu", rmsnorm=c.norm == "rmsnorm",
+                        qk_norm=c.qk_norm, qkv_bias=c.qkv_bias))
 
 
 class Transformer:
@@ -295,6 +89,7 @@ class Transformer:
         else:
             self.rope_cos = self.rope_sin = None
         self._runners = threading.local()
+        self._packed_fc = None  # (fc, packed fc) of write_context_taps' compiled path
         self._wide = None  # float16 matrices widened for the NumPy path (see _numpy_weights)
 
     # --- construction -------------------------------------------------------------------
@@ -304,28 +99,12 @@ class Transformer:
         """Return a model with random weights drawn from ``numpy.random.default_rng(seed)``."""
         rng = np.random.default_rng(seed)
         c = config
-        H, Hkv, D, F, d = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.dim
+        d = c.dim
         toy = c.norm == "layernorm"
-        w = lambda a, b: rng.normal(0.0, 1.0 / math.sqrt(a), (a, b))  # noqa: E731
         embed = rng.normal(0.0, 0.3 if toy else 1.0, (c.vocab_size, d))
         pos = rng.normal(0.0, 0.1, (c.max_seq_len, d)) if c.positional == "learned" else None
-        layers = []
-        for _ in range(c.n_layers):
-            lw = LayerWeights(wq=w(d, H * D), wk=w(d, Hkv * D), wv=w(d, Hkv * D), wo=w(H * D, d),
-                              w_up=w(d, F), w_down=w(F, d))
-            if c.activation == "swiglu":
-                lw.w_gate = w(d, F)
-            if c.norm == "rmsnorm":
-                lw.attn_norm = 1.0 + 0.1 * rng.normal(size=d)
-                lw.mlp_norm = 1.0 + 0.1 * rng.normal(size=d)
-            if c.qk_norm:
-                lw.q_norm = 1.0 + 0.1 * rng.normal(size=D)
-                lw.k_norm = 1.0 + 0.1 * rng.normal(size=D)
-            if c.qkv_bias:
-                lw.q_bias = 0.1 * rng.normal(size=H * D)
-                lw.k_bias = 0.1 * rng.normal(size=Hkv * D)
-                lw.v_bias = 0.1 * rng.normal(size=Hkv * D)
-            layers.append(lw)
+        shapes, attrs = _layer_schema(c)
+        layers = [random_layer(rng, shapes, attrs) for _ in range(c.n_layers)]
         final = 1.0 + 0.1 * rng.normal(size=d) if c.norm == "rmsnorm" else None
         if c.tie_embeddings:
             embed = embed / math.sqrt(d)  # keeps the tied head's logits O(1)
@@ -336,28 +115,16 @@ class Transformer:
 
     def _check_shapes(self) -> None:
         c = self.config
-        H, Hkv, D, F, d = c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.dim
+        d = c.dim
         expect = {"embed": (c.vocab_size, d), "head": (d, c.vocab_size)}
         for name, shape in expect.items():
             if getattr(self, name).shape != shape:
                 raise ValueError(f"{name} must have shape {shape}, got {getattr(self, name).shape}")
         if len(self.layers) != c.n_layers:
             raise ValueError(f"expected {c.n_layers} layers, got {len(self.layers)}")
-        layer_shapes = {"wq": (d, H * D), "wk": (d, Hkv * D), "wv": (d, Hkv * D), "wo": (H * D, d),
-                        "w_up": (d, F), "w_down": (F, d), "w_gate": (d, F), "attn_norm": (d,),
-                        "mlp_norm": (d,), "q_norm": (D,), "k_norm": (D,), "q_bias": (H * D,),
-                        "k_bias": (Hkv * D,), "v_bias": (Hkv * D,)}
-        needed = {"w_gate": c.activation == "swiglu", "attn_norm": c.norm == "rmsnorm",
-                  "mlp_norm": c.norm == "rmsnorm", "q_norm": c.qk_norm, "k_norm": c.qk_norm,
-                  "q_bias": c.qkv_bias, "k_bias": c.qkv_bias, "v_bias": c.qkv_bias}
+        shapes, attrs = _layer_schema(c)
         for i, lw in enumerate(self.layers):
-            for name, shape in layer_shapes.items():
-                a = getattr(lw, name)
-                if a is None:
-                    if needed.get(name, True):
-                        raise ValueError(f"layer {i}: missing weight {name}")
-                elif a.shape != shape:
-                    raise ValueError(f"layer {i}: {name} must have shape {shape}, got {a.shape}")
+            check_layer(lw, f"layer {i}", shapes, attrs)
         if c.norm == "rmsnorm" and (self.final_norm is None or self.final_norm.shape != (d,)):
             raise ValueError(f"final_norm must have shape ({d},)")
         if c.positional == "learned" and (self.pos_embed is None
@@ -387,18 +154,75 @@ class Transformer:
             raise ValueError(f"{name} must be in [0, {self.config.vocab_size}), got {int(bad)}")
         return np.ascontiguousarray(arr)
 
-    @_claims_cache
+    def step(self, ids, cache: KVCache, *, hidden_layers: Iterable[int] = (),
+             causal: bool = True, out: np.ndarray | None = None,
+             advance: bool = True) -> ForwardOutput:
+        """Run new positions through the model on ``cache``: the fast entry of every loop.
+
+        The one place that checks a forward's arguments: the compiled runner checks them
+        without the GIL-free part ever seeing a bad value, the NumPy path in
+        :meth:`_check_step`. Drafters, audits and decoding loops call this method; nothing
+        outside the model touches its runner.
+
+        Parameters
+        ----------
+        ids : sequence of int, length n
+            Token ids of the new positions ``cache.length .. cache.length + n - 1``.
+        cache : KVCache
+            Holds the committed positions; claimed for the calling thread during the call
+            (:meth:`KVCache.claim`).
+        hidden_layers : iterable of int
+            Layers whose outputs to return (``-1`` is the last layer).
+        causal : bool, default True
+            False lets every new position attend to all new positions (and the cache).
+        out : ndarray of shape (n, vocab_size), optional
+            Caller-owned, C-contiguous logits buffer of the model dtype, reused across steps.
+        advance : bool, default True
+            False writes the new positions' keys/values past the committed length as scratch
+            and leaves ``cache.length`` unchanged (the DFlash block forward).
+
+        Returns
+        -------
+        ForwardOutput
+            ``logits`` of shape (n, vocab_size) (``out`` when given); ``hidden[l]`` of shape
+            (n, dim).
+        """
+        if type(cache) is not KVCache:
+            self.check_cache(cache)
+        claimed = cache._claim()
+        try:
+            runner = self._fused()
+            start = cache.length
+            if runner is not None:
+                logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal,
+                                                hidden_layers, out)
+            else:
+                ids = self.check_ids(ids)
+                layers = self._check_step(cache, start, ids.shape[0], hidden_layers)
+                out = self._check_out(out, ids.shape[0])
+                x = self._numpy_weights()[0][ids]
+                if self.config.positional == "learned":
+                    x = x + self.pos_embed[start:start + ids.shape[0]]
+                logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
+            if advance:
+                cache.advance(logits.shape[0])
+        finally:
+            cache._unclaim(claimed)
+        return ForwardOutput(logits, hidden)
+
     def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
                 causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
         """Run new positions through the model, appending them to ``cache``.
+
+        :meth:`step` with an optional cache: without one, ``ids`` are a whole sequence
+        starting at position 0 and a temporary cache is used.
 
         Parameters
         ----------
         ids : sequence of int, length n
             Token ids of the new positions ``cache.length .. cache.length + n - 1``.
         cache : KVCache, optional
-            Extended in place by ``n`` positions. Without it the ids are a whole sequence
-            starting at position 0 and a temporary cache is used.
+            Extended in place by ``n`` positions.
         hidden_layers : iterable of int
             Layers whose outputs to return (``-1`` is the last layer).
         causal : bool, default True
@@ -417,47 +241,27 @@ class Transformer:
         -----
         With the Cython backend active (``fastspec.backend() == "cython"``) and the
         extension ``fastspec._model`` built, the whole step runs in one fused ``nogil`` call;
-        otherwise the NumPy twin below runs. Both give the same result within rounding. The
-        fused runner reuses scratch buffers: do not run one model from several threads at once.
+        otherwise the NumPy twin runs. Both give the same result within rounding. A model may
+        run on several threads at once, each on its own cache (one runner per thread).
         """
-        runner = self._fused()
         if cache is None:
             cache = self._temp_cache(ids)
-        elif type(cache) is not KVCache:
-            self._check_cache(cache)
-        start = cache.length
-        if runner is not None:
-            logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal, hidden_layers,
-                                            out)
-            cache.advance(logits.shape[0])
-            return ForwardOutput(logits, hidden)
-        ids = self.check_ids(ids)
-        layers = self.check_hidden_layers(hidden_layers)
-        self._check_cache(cache)
-        self._check_room(cache, start, ids.shape[0])
-        out = self._check_out(out, ids.shape[0])
-        x = self._numpy_weights()[0][ids]
-        if self.config.positional == "learned":
-            x = x + self.pos_embed[start:start + ids.shape[0]]
-        logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
-        cache.advance(ids.shape[0])
-        return ForwardOutput(logits, hidden)
+        return self.step(ids, cache, hidden_layers=hidden_layers, causal=causal, out=out)
 
-    @_claims_cache
     def forward_embeddings(self, x: np.ndarray, cache: KVCache, hidden_layers: Iterable[int] = (),
                            causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
         """Run input embeddings through the layer stack WITHOUT advancing the cache.
 
-        The DFlash drafter's block step: ``x`` sits at positions ``cache.length ..
-        cache.length + n - 1``; its keys/values are written there (past the committed length,
-        so the next write or :meth:`write_context_kv` overwrites them) and every position
-        attends to the committed cache plus the block (all of it when ``causal=False``).
+        ``x`` sits at positions ``cache.length .. cache.length + n - 1``; its keys/values are
+        written there (past the committed length, so the next write or
+        :meth:`write_context_kv` overwrites them) and every position attends to the committed
+        cache plus the new rows (all of them when ``causal=False``).
 
         Parameters
         ----------
         x : ndarray of shape (n, dim)
             Input embeddings in the model dtype, used as given (no position embedding is
-            added; RoPE models rotate q/k at the block positions).
+            added; RoPE models rotate q/k at the new positions).
         cache : KVCache
             Its length is left unchanged.
         hidden_layers : iterable of int
@@ -470,23 +274,21 @@ class Transformer:
             ``final_norm(x_out) @ head`` logits of shape (n, vocab_size) and the requested
             hidden states.
         """
-        runner = self._fused()
         if type(cache) is not KVCache:
-            self._check_cache(cache)
-        start = cache.length
-        if runner is not None:
-            logits, hidden = runner.forward_embeddings(x, cache.k, cache.v, start, causal,
-                                                       hidden_layers, out)
-            return ForwardOutput(logits, hidden)
-        x = self._check_rows(x, "x")
-        layers = self.check_hidden_layers(hidden_layers)
-        self._check_cache(cache)
-        self._check_room(cache, start, x.shape[0])
-        out = self._check_out(out, x.shape[0])
-        logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
+            self.check_cache(cache)
+        with cache.claim():
+            runner = self._fused()
+            start = cache.length
+            if runner is not None:
+                logits, hidden = runner.forward_embeddings(x, cache.k, cache.v, start, causal,
+                                                           hidden_layers, out)
+                return ForwardOutput(logits, hidden)
+            x = self._check_rows(x, "x")
+            layers = self._check_step(cache, start, x.shape[0], hidden_layers)
+            out = self._check_out(out, x.shape[0])
+            logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
         return ForwardOutput(logits, hidden)
 
-    @_claims_cache
     def write_context_kv(self, features: np.ndarray, cache: KVCache, layer: int | None = None,
                          advance: bool = True) -> None:
         """Project context features straight into the K/V cache (DFlash KV injection).
@@ -507,25 +309,58 @@ class Transformer:
         """
         features = self._check_rows(features, "features")
         n = features.shape[0]
-        self._check_cache(cache)
-        start = cache.length
-        self._check_room(cache, start, n)
         L = self.config.n_layers
         if layer is None:
             lo, hi = 0, L
         else:
             lo = check_index(layer, "layer", -L, L - 1) % L
             hi = lo + 1
+        self.check_cache(cache)
+        with cache.claim():
+            start = cache.length
+            self._check_room(cache, start, n)
+            runner = self._fused()
+            if runner is not None:
+                runner.context_kv(features, cache.k, cache.v, start, lo, hi)
+            else:
+                cos, sin = self._rope_rows(start, n)
+                layers = self._numpy_weights()[2]
+                for i in range(lo, hi):
+                    self._store_kv(features, layers[i], cache.k[i], cache.v[i], start, cos, sin)
+            if advance:
+                cache.advance(n)
+
+    def write_context_taps(self, taps: np.ndarray, fc: np.ndarray, fc_norm: np.ndarray,
+                           cache: KVCache) -> None:
+        """Fuse tapped hidden states into context features and inject them into every layer.
+
+        ``features = rms_norm(taps @ fc) * fc_norm`` (the model's eps), then
+        :meth:`write_context_kv` of every layer at ``cache.length ..``, advancing the cache.
+        The compiled path does both in one call and packs ``fc`` once (see
+        :meth:`invalidate`); the NumPy path is the composition of the two steps.
+
+        Parameters
+        ----------
+        taps : ndarray of shape (n, n_in)
+            Concatenated target hidden states, model dtype, C-contiguous.
+        fc : ndarray of shape (n_in, dim)
+            Fusion matrix in ``(in, out)`` layout, model dtype.
+        fc_norm : ndarray of shape (dim,)
+            RMSNorm weight of the fused features.
+        cache : KVCache
+        """
         runner = self._fused()
-        if runner is not None:
-            runner.context_kv(features, cache.k, cache.v, start, lo, hi)
-        else:
-            cos, sin = self._rope_rows(start, n)
-            layers = self._numpy_weights()[2]
-            for i in range(lo, hi):
-                self._store_kv(features, layers[i], cache.k[i], cache.v[i], start, cos, sin)
-        if advance:
-            cache.advance(n)
+        if runner is None:
+            features = rms_norm(np.asarray(taps) @ fc, fc_norm, self.config.norm_eps)
+            self.write_context_kv(np.ascontiguousarray(features, dtype=self.config.dtype), cache)
+            return
+        self.check_cache(cache)
+        packed = self._packed_fc
+        if packed is None or packed[0] is not fc:
+            packed = self._packed_fc = (fc, _model_ext.linear_weights(fc))
+        with cache.claim():
+            runner.context_kv_taps(taps, packed[1], fc_norm, cache.k, cache.v, cache.length)
+            cache.advance(taps.shape[0])
 
     def check_hidden_layers(self, hidden_layers: Iterable[int]) -> tuple[int, ...]:
         """Return sorted, de-duplicated layer indices (negative ones count from the end)."""
@@ -555,6 +390,7 @@ class Transformer:
         runners (they keep packed copies) nor by the NumPy path of float16 matrices (it keeps
         widened copies)."""
         self._runners = threading.local()
+        self._packed_fc = None
         self._wide = None
 
     def _numpy_weights(self) -> tuple[np.ndarray, np.ndarray, list[LayerWeights]]:
@@ -600,7 +436,8 @@ class Transformer:
             raise ValueError(f"ids has {n} positions, more than max_seq_len {self.config.max_seq_len}")
         return self.new_cache(max(int(n), 1))
 
-    def _check_cache(self, cache: KVCache) -> None:
+    def check_cache(self, cache: KVCache) -> None:
+        """Raise TypeError/ValueError unless ``cache`` is a KVCache of this model's shape."""
         c = self.config
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
@@ -609,6 +446,14 @@ class Transformer:
         if want != got:
             raise ValueError(f"cache (layers, kv heads, head_dim, dtype) = {got} does not match "
                              f"the model's {want}")
+
+    def _check_step(self, cache: KVCache, start: int, n: int,
+                    hidden_layers: Iterable[int]) -> tuple[int, ...]:
+        """The NumPy path's checks of a step (the compiled runner makes the same ones)."""
+        layers = self.check_hidden_layers(hidden_layers)
+        self.check_cache(cache)
+        self._check_room(cache, start, n)
+        return layers
 
     def _check_room(self, cache: KVCache, start: int, n: int) -> None:
         if start + n > cache.capacity:
@@ -663,8 +508,8 @@ class Transformer:
         """Project ``h`` (n, dim) to keys/values (k-norm, RoPE) and write them at ``start ..``."""
         c = self.config
         n = h.shape[0]
-        k = _linear(h, lw.wk, lw.k_bias).reshape(n, c.n_kv_heads, c.head_dim)
-        v = _linear(h, lw.wv, lw.v_bias).reshape(n, c.n_kv_heads, c.head_dim)
+        k = linear(h, lw.wk, lw.k_bias).reshape(n, c.n_kv_heads, c.head_dim)
+        v = linear(h, lw.wv, lw.v_bias).reshape(n, c.n_kv_heads, c.head_dim)
         if c.qk_norm:
             k = rms_norm(k, lw.k_norm, c.norm_eps)
         if cos is not None:
@@ -682,7 +527,7 @@ class Transformer:
         c = self.config
         n = x.shape[0]
         h = self.norm(x, lw.attn_norm)
-        q = _linear(h, lw.wq, lw.q_bias).reshape(n, c.n_heads, c.head_dim)
+        q = linear(h, lw.wq, lw.q_bias).reshape(n, c.n_heads, c.head_dim)
         if c.qk_norm:
             q = rms_norm(q, lw.q_norm, c.norm_eps)
         if cos is not None:
@@ -707,16 +552,8 @@ class Transformer:
         sd = {"model.embed_tokens.weight": self.embed}
         if self.pos_embed is not None:
             sd["model.embed_positions.weight"] = self.pos_embed
-        names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
-                 "wo": "self_attn.o_proj", "w_gate": "mlp.gate_proj", "w_up": "mlp.up_proj",
-                 "w_down": "mlp.down_proj", "attn_norm": "input_layernorm",
-                 "mlp_norm": "post_attention_layernorm", "q_norm": "self_attn.q_norm",
-                 "k_norm": "self_attn.k_norm", "q_bias": "self_attn.q_proj",
-                 "k_bias": "self_attn.k_proj", "v_bias": "self_attn.v_proj"}
         for i, lw in enumerate(self.layers):
-            for attr, a in lw.arrays().items():
-                kind = "bias" if attr.endswith("_bias") else "weight"
-                sd[f"model.layers.{i}.{names[attr]}.{kind}"] = a.T if a.ndim == 2 else a
+            sd.update(layer_state(lw, f"model.layers.{i}."))
         if self.final_norm is not None:
             sd["model.norm.weight"] = self.final_norm
         if not c.tie_embeddings:
@@ -732,25 +569,8 @@ class Transformer:
             return np.asarray(sd[key])
 
         c = config
-        names = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
-                 "wo": "self_attn.o_proj", "w_up": "mlp.up_proj", "w_down": "mlp.down_proj"}
-        layers = []
-        for i in range(c.n_layers):
-            p = f"model.layers.{i}."
-            lw = LayerWeights(**{a: get(p + n + ".weight").T for a, n in names.items()})
-            if c.activation == "swiglu":
-                lw.w_gate = get(p + "mlp.gate_proj.weight").T
-            if c.norm == "rmsnorm":
-                lw.attn_norm = get(p + "input_layernorm.weight")
-                lw.mlp_norm = get(p + "post_attention_layernorm.weight")
-            if c.qk_norm:
-                lw.q_norm = get(p + "self_attn.q_norm.weight")
-                lw.k_norm = get(p + "self_attn.k_norm.weight")
-            if c.qkv_bias:
-                lw.q_bias = get(p + "self_attn.q_proj.bias")
-                lw.k_bias = get(p + "self_attn.k_proj.bias")
-                lw.v_bias = get(p + "self_attn.v_proj.bias")
-            layers.append(lw)
+        attrs = _layer_schema(c)[1]
+        layers = [layer_from_state(get, f"model.layers.{i}.", attrs) for i in range(c.n_layers)]
         embed = get("model.embed_tokens.weight")
         head = embed.T if c.tie_embeddings else get("lm_head.weight").T
         final = get("model.norm.weight") if c.norm == "rmsnorm" else None
@@ -763,7 +583,6 @@ class Transformer:
         if path.suffix == ".npz":
             np.savez(path, config=np.array(json.dumps(self.config.to_dict())), **self.state_dict())
         else:
-            from fastspec.checkpoints import save_hf
             save_hf(self, path)
 
     @classmethod
@@ -782,8 +601,7 @@ class Transformer:
         """
         path = Path(path)
         if path.is_dir():
-            from fastspec.checkpoints import load_hf
-            return load_hf(path, dtype=dtype, weight_dtype=weight_dtype)
+            return cls.from_state_dict(*read_hf(path, dtype=dtype, weight_dtype=weight_dtype))
         from fastspec._npz import read_npz  # bounded: validates every header before reading
         cfg, sd = read_npz(path, "model")
         if dtype is not None:

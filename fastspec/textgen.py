@@ -111,7 +111,7 @@ def _load(args):
         _check_length(len(ids), args.max_new_tokens, max_seq_len, "embedded target")
         bundle = pretrained.load()
         return bundle.target, tok, ids, bundle
-    from fastspec.checkpoints import hf_config, load_hf
+    from fastspec.checkpoints import hf_config
 
     folder = Path(args.model)
     if not (folder / "config.json").is_file():
@@ -124,7 +124,7 @@ def _load(args):
     ids = _prompt_ids(args, tok)
     config = hf_config(json.loads((folder / "config.json").read_text()))
     _check_length(len(ids), args.max_new_tokens, config.max_seq_len, str(folder / "config.json"))
-    return load_hf(folder), tok, ids, None
+    return fs.Transformer.load(folder), tok, ids, None
 
 
 def _drafter(spec: DrafterSpec, target, bundle, sampling: bool):
@@ -148,7 +148,7 @@ def _gamma(args, kind: str):
     if args.gamma is not None:
         return args.gamma
     if kind in ("draft", "ngram", "dflash"):
-        from fastspec.demo import default_gamma
+        from fastspec.tools.demo import default_gamma
 
         return default_gamma(kind, args.temperature)
     return 4

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from fastspec import kernels
-from fastspec.drafters.base import SamplingParams
+from fastspec.sampling import SamplingParams
 
 __all__ = ["verify_block"]
 

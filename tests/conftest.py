@@ -1,15 +1,11 @@
-"""Shared fixtures: every kernel test runs over backend x dtype."""
+"""Fixtures only (shared helpers live in _helpers.py): every kernel test runs over backend x dtype."""
 import os
 
-import numpy as np
 import pytest
 
 import fastspec as fs
 
-BACKENDS = fs.available_backends()
-DTYPES = (np.float32, np.float64)
-#: relative tolerance per dtype when comparing the two backends / a float64 oracle.
-RTOL = {np.float32: 1e-5, np.float64: 1e-10}
+from _helpers import BACKENDS, DTYPES
 
 
 def pytest_configure(config):

@@ -61,14 +61,14 @@ def test_quick_audit_non_statistical_checks_pass(backend):
 @pytest.mark.parametrize("setting", ["temperature_1", "top_k_6_top_p_0.8"])
 def test_distribution_audit_passes_for_every_drafter(setting):
     sampling = audit.DIST_SETTINGS[setting]
-    for name, drafter in audit._dist_drafters().items():
+    for name, drafter in audit.dist_drafters().items():
         r = audit.distribution_audit(drafter, sampling, SAMPLES)
         assert r["passed"], (name, r)
         assert r["impossible_count"] == 0
 
 
 def test_negative_controls_are_detected():
-    draft = audit._MemoModel(fs.Transformer.random(fs.ModelConfig.toy(n_layers=1,
+    draft = audit.MemoModel(fs.Transformer.random(fs.ModelConfig.toy(n_layers=1,
                                                                       dtype="float64"), 69))
     sampling = audit.DIST_SETTINGS["temperature_1"]
     broken = audit.distribution_audit(fs.DraftModelDrafter(draft), sampling, SAMPLES // 2,
@@ -80,7 +80,7 @@ def test_negative_controls_are_detected():
 
 def test_memo_model_matches_the_model():
     model = fs.Transformer.random(fs.ModelConfig.toy(dtype="float64"), 70)
-    memo = audit._MemoModel(model)
+    memo = audit.MemoModel(model)
     cache, mcache = model.new_cache(), memo.new_cache()
     for chunk in ([0, 1, 3], [2], [4, 1, 5, 6]):
         a = model.forward(np.array(chunk), cache, hidden_layers=[0, 1])

@@ -4,7 +4,7 @@ import json
 import numpy as np
 
 import fastspec as fs
-from fastspec.bench_real import REAL_SHAPES, real_size_rows, write_random_folder
+from fastspec.tools.bench_real import REAL_SHAPES, real_size_rows, write_random_folder
 
 TINY = fs.ModelConfig(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
                       max_seq_len=128, qk_norm=True)

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from fastspec.checkpoints import load_hf, read_safetensors, save_hf, write_safetensors
+from fastspec.checkpoints import read_hf, read_safetensors, save_hf, write_safetensors
 from fastspec.model import ModelConfig, Transformer
 
 
@@ -111,7 +111,7 @@ def test_sharded_folder(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     save_hf(model, tmp_path / "single")
     (tmp_path / "config.json").write_text((tmp_path / "single" / "config.json").read_text())
-    loaded = load_hf(tmp_path)
+    loaded = Transformer.load(tmp_path)
     np.testing.assert_array_equal(loaded.forward([1, 2, 3]).logits, model.forward([1, 2, 3]).logits)
 
 
@@ -121,18 +121,18 @@ def test_unknown_architecture_and_missing_tensor(tmp_path):
     cfg = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, architectures=["GPT2LMHeadModel"])))
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
-        load_hf(tmp_path)
+        Transformer.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     sd = model.state_dict()
     del sd["model.layers.1.mlp.up_proj.weight"]
     write_safetensors(tmp_path / "model.safetensors", sd)
     with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight"):
-        load_hf(tmp_path)
+        Transformer.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(dict(cfg, rope_scaling={"rope_type": "yarn"})))
     with pytest.raises(ValueError, match="yarn"):
-        load_hf(tmp_path)
+        Transformer.load(tmp_path)
     with pytest.raises(ValueError, match="config.json"):
-        load_hf(tmp_path / "nowhere")
+        read_hf(tmp_path / "nowhere")
 
 
 def test_toy_cannot_be_exported(tmp_path):

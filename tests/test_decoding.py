@@ -6,11 +6,7 @@ import pytest
 import fastspec as fs
 from fastspec.drafters.base import Proposal
 
-PREFIX = [0, 1, 3, 2, 4, 1, 5, 6]
-
-
-def toy(seed, layers, dtype="float64", **kw):
-    return fs.Transformer.random(fs.ModelConfig.toy(n_layers=layers, dtype=dtype, **kw), seed)
+from _helpers import PREFIX, toy
 
 
 @pytest.fixture(scope="module")

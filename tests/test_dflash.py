@@ -6,10 +6,10 @@ import pytest
 
 import fastspec as fs
 from fastspec.dflash import DFlashConfig, DFlashModel, default_tap_layers
-from fastspec.dflash_audit import (AUDIT_PROMPT, WrongQDenoiseDrafter, _TargetOracle,
-                                   exact_speculative_law, exact_target_law, run_distribution_audit,
-                                   total_variation, toy_setup)
-from fastspec.drafters.base import SamplingParams
+from fastspec.audit import ExactOracle, exact_speculative_law, exact_target_law, total_variation
+from fastspec.audit.dflash import (AUDIT_PROMPT, WrongQDenoiseDrafter, run_distribution_audit,
+                                   toy_setup)
+from fastspec.sampling import SamplingParams
 from fastspec.drafters.dflash import DFlashDrafter, denoise_schedule
 
 PROMPT = [0, 1, 3, 2, 4, 1, 5, 6]
@@ -257,7 +257,7 @@ def test_greedy_equals_vanilla_with_an_oracle_drafter():
                 logits[j, full[P + 1 + j]] = 10.0
         return logits
 
-    model._block_logits = oracle_block
+    model.forward_block = oracle_block
     res = fs.speculative_generate(target, drafter, PROMPT, 30, gamma=5, trace=True)
     assert res.tokens == expected
     assert all(r["accepted"] == r["proposed"] for r in res.stats.trace)
@@ -282,11 +282,61 @@ def test_multi_step_denoising_runs_steps_forwards():
     # deterministic: the rng is not used
     again = drafter.propose(np.array(PROMPT), 7, SamplingParams(1.0), np.random.default_rng(9))
     assert again.tokens.tolist() == prop.tokens.tolist()
-    # the last forward, with all earlier fills in place, agrees with the argmax of its fills
+    # the first of the 3 forwards sees the all-MASK block, like the single-step drafter: the 3
+    # positions it fills (denoise_schedule(7, 3)[0], the most confident) carry that argmax
     single = DFlashDrafter(model)
     single.reset(np.array(PROMPT), out.hidden)
     first = single.propose(np.array(PROMPT), 7, SamplingParams(1.0), np.random.default_rng(0))
     assert first.q is None and len(first) == 7
+    logits = model.draft_block(single.cache, PROMPT[-1])[:7].astype(np.float64)
+    top = np.argsort(-_confidence(logits), kind="stable")[:denoise_schedule(7, 3)[0]]
+    assert prop.tokens[top].tolist() == first.tokens[top].tolist()
+
+
+def _confidence(logits):
+    """Top softmax probability of each row of ``logits`` (n, vocab)."""
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return z.max(axis=1) / z.sum(axis=1)
+
+
+def _unmask(model, hidden, bonus, g, steps, order):
+    """Replay argmax unmasking with the explicit reference forward; ``order(conf, masked, count)``
+    picks the positions each step fills."""
+    block = model.mask_block(bonus)[:g + 1]
+    masked = np.ones(g, dtype=bool)
+    for count in denoise_schedule(g, steps):
+        logits = model.draft_block_reference(hidden, block)[:g]
+        picks = order(_confidence(logits), masked, count)
+        assert masked[picks].all()
+        block[1 + picks] = np.argmax(logits[picks], axis=1)
+        masked[picks] = False
+    return block[1:].tolist()
+
+
+def _most_confident(conf, masked, count):
+    return np.argsort(-np.where(masked, conf, -1.0), kind="stable")[:count]
+
+
+def _left_to_right(conf, masked, count):
+    return np.flatnonzero(masked)[:count]
+
+
+def test_unmasking_goes_in_confidence_order():
+    """Each denoising step fills the most confident still-masked positions with their argmax."""
+    target, model = toy_setup(block_size=8)
+    rng = np.random.default_rng(1)
+    other_order_differs = 0
+    for _ in range(12):
+        seq = rng.integers(0, 8, size=12)
+        out = target.forward(seq[:-1], hidden_layers=model.config.tap_layers)
+        for steps in (2, 3, 7):
+            drafter = DFlashDrafter(model, denoise_steps=steps)
+            drafter.reset(seq, out.hidden)
+            got = drafter.propose(seq, 7, SamplingParams(), rng).tokens.tolist()
+            assert got == _unmask(model, out.hidden, int(seq[-1]), 7, steps, _most_confident)
+            other_order_differs += got != _unmask(model, out.hidden, int(seq[-1]), 7, steps,
+                                                  _left_to_right)
+    assert other_order_differs > 0  # the order matters on these blocks: the check has power
 
 
 def test_multi_step_changes_proposals():
@@ -346,7 +396,7 @@ def test_exact_audit_catches_a_wrong_q_on_the_single_step_drafter():
     """Power check of the enumeration: an argmax block that reports softmax q must fail."""
     target, model = toy_setup()
     sp = SamplingParams(1.0)
-    oracle = _TargetOracle(target, sp, model.config.tap_layers)
+    oracle = ExactOracle(target, sp, model.config.tap_layers)
     truth = exact_target_law(target, AUDIT_PROMPT, 2, sp, oracle)
     drafter = DFlashDrafter(model)
 
@@ -364,7 +414,7 @@ def test_exact_audit_catches_a_wrong_q_on_the_single_step_drafter():
                                   "dflash_greedy_equality"])
 def test_registered_audit_checks(backend, name):
     from fastspec import audit
-    import fastspec.dflash_audit  # noqa: F401  (registers the checks)
+    import fastspec.audit.dflash  # noqa: F401  (registers the checks)
     assert {"dflash_exact_distribution", name} <= {c.name for c in audit.CHECKS}
     report = audit.run_audit(quick=True, names=[name])
     assert report["checks"][name]["passed"], report["checks"][name]
@@ -496,7 +546,7 @@ def test_matches_the_torch_trainer(tmp_path):
                 qk_norm=True, dtype="float32")
     dcfg = T.dflash_config(tcfg, n_layers=2, block_size=6)
     torch.manual_seed(0)
-    tm = T._modules()["Transformer"](tcfg)
+    tm = T.build_transformer(tcfg)
     dm = T.build_dflash(dcfg, tcfg)
     with torch.no_grad():  # O(1) random weights: the trainer's 0.02 init makes logits ~0
         for m in (tm, dm):

@@ -4,14 +4,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import fastspec as fs
-from fastspec.drafters.base import SamplingParams
+from fastspec.sampling import SamplingParams
 
-PREFIX = [0, 1, 3, 2, 4, 1, 5, 6]
+from _helpers import PREFIX, toy
+
 GREEDY = SamplingParams()
-
-
-def toy(seed, layers, **kw):
-    return fs.Transformer.random(fs.ModelConfig.toy(n_layers=layers, dtype="float64", **kw), seed)
 
 
 def arr(x):
@@ -22,7 +19,7 @@ def test_protocol_and_exports():
     for d in (fs.DraftModelDrafter(toy(1, 1)), fs.NgramDrafter()):
         assert isinstance(d, fs.Drafter)
         assert d.hidden_layers == ()
-    from fastspec.drafters import DraftModelDrafter, NgramDrafter, Proposal, SamplingParams  # noqa
+    from fastspec.drafters import DraftModelDrafter, NgramDrafter, Proposal  # noqa
     assert fs.Proposal is Proposal and fs.SamplingParams is SamplingParams
 
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import fastspec as fs
 
-from test_fuzz_model import fast_and_slow
+from _helpers import fast_and_slow
 
 V, MAX_SEQ = 12, 24
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import fastspec as fs
 
-from test_fuzz_model import fast_and_slow
+from _helpers import fast_and_slow
 
 pytestmark = pytest.mark.skipif(len(fs.available_backends()) < 2, reason="needs both backends")
 

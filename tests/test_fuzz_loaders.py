@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import fastspec as fs
 from fastspec.checkpoints import read_safetensors, write_safetensors
 
-from test_fuzz_model import fast_and_slow
+from _helpers import fast_and_slow
 
 ALLOWED = (ValueError, KeyError, TypeError, OSError)
 TMP = Path(tempfile.mkdtemp(prefix="fastspec-fuzz-"))

@@ -5,25 +5,11 @@ the `slow` copies run 500 (FASTSPEC_SLOW=1 or -m slow)."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fastspec as fs
 
-FAST_EXAMPLES = 12
-SLOW_EXAMPLES = 500
-BACKENDS = fs.available_backends()
-
-
-def fast_and_slow(fast=FAST_EXAMPLES, slow=SLOW_EXAMPLES, **strategies):
-    """Turn a property into a quick test and a `slow` one with ``slow`` examples."""
-    def wrap(body):
-        def make(examples):
-            return settings(max_examples=examples, deadline=None, derandomize=examples < 100,
-                            suppress_health_check=list(HealthCheck))(given(**strategies)(body))
-        return make(fast), pytest.mark.slow(make(slow))
-    return wrap
+from _helpers import BACKENDS, fast_and_slow
 
 
 @st.composite

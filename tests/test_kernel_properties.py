@@ -4,30 +4,22 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 
 import fastspec as fs
 from fastspec import _reference
 
-from conftest import DTYPES, RTOL
-from test_kernels import assert_close_rel, naive_attention, naive_probs_row, random_rows
+from _helpers import (BACKENDS, DTYPES, RTOL, assert_close_rel, fast_and_slow, naive_attention,
+                      naive_probs_row, random_rows)
 
 FAST_EXAMPLES = 15
-SLOW_EXAMPLES = 500
-BACKENDS = fs.available_backends()
 
 
-def fast_and_slow(**strategies):
-    """Turn a property into a quick test and a `slow` one with SLOW_EXAMPLES examples."""
-    def wrap(body):
-        def make(examples):
-            test = settings(max_examples=examples, deadline=None, derandomize=examples < 100,
-                            suppress_health_check=[HealthCheck.too_slow])(
-                given(**strategies)(body))
-            return pytest.mark.parametrize("backend", BACKENDS)(test)
-        return make(FAST_EXAMPLES), pytest.mark.slow(make(SLOW_EXAMPLES))
-    return wrap
+def kernel_property(**strategies):
+    """A quick per-backend property test and a `slow` copy (see _helpers.fast_and_slow)."""
+    return fast_and_slow(FAST_EXAMPLES, backends=BACKENDS, suppress=(HealthCheck.too_slow,),
+                         **strategies)
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +48,7 @@ def _attention_property(backend, seed, dtype, n, length_extra, capacity_extra, n
     assert_close_rel(got, naive_attention(q, k, v, length, causal), RTOL[dtype])
 
 
-test_attention_property, test_attention_property_slow = fast_and_slow(
+test_attention_property, test_attention_property_slow = kernel_property(
     seed=seeds, dtype=dtypes, n=st.integers(1, 9), length_extra=st.integers(0, 40),
     capacity_extra=st.integers(0, 5), n_kv=st.integers(1, 3), group=st.integers(1, 3),
     head_dim=st.sampled_from([1, 3, 7, 8, 16, 32, 33, 64]), causal=st.booleans(),
@@ -80,7 +72,7 @@ def _probs_property(backend, seed, dtype, rows, vocab, scale, temperature, top_k
         np.testing.assert_allclose(twin[r], expected, rtol=RTOL[dtype], atol=1e-12)
 
 
-test_probs_property, test_probs_property_slow = fast_and_slow(
+test_probs_property, test_probs_property_slow = kernel_property(
     seed=seeds, dtype=dtypes, rows=st.integers(1, 3), vocab=st.integers(1, 300),
     scale=st.sampled_from([0.1, 1.0, 5.0]),
     temperature=st.sampled_from([0.0, 0.3, 1.0, 2.5]), top_k=st.integers(0, 20),
@@ -107,7 +99,7 @@ def _verify_property(backend, seed, dtype, g, vocab, with_q, accept_scale):
     assert kern.sample(w, float(uniforms[g])) == _reference.sample(w, float(uniforms[g]))
 
 
-test_verify_property, test_verify_property_slow = fast_and_slow(
+test_verify_property, test_verify_property_slow = kernel_property(
     seed=seeds, dtype=dtypes, g=st.integers(0, 8), vocab=st.integers(1, 200),
     with_q=st.booleans(), accept_scale=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
 )(_verify_property)
@@ -125,7 +117,7 @@ def _cache_write_property(backend, seed, dtype, n_kv, capacity, head_dim, n, sta
     np.testing.assert_array_equal(cache, expected)
 
 
-test_cache_write_property, test_cache_write_property_slow = fast_and_slow(
+test_cache_write_property, test_cache_write_property_slow = kernel_property(
     seed=seeds, dtype=dtypes, n_kv=st.integers(1, 4), capacity=st.integers(1, 30),
     head_dim=st.integers(1, 20), n=st.integers(0, 30), start=st.integers(0, 30),
 )(_cache_write_property)

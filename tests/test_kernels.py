@@ -1,6 +1,6 @@
 """Every kernel against its NumPy twin and against an independent float64 formula.
 
-Runs over backend x dtype (fixtures in conftest.py). Under the NumPy backend the twin
+Runs over backend x dtype (fixtures in conftest.py, formulas in _helpers.py). Under the NumPy backend the twin
 comparisons are trivially true; the independent formulas are what test the twin itself.
 """
 import numpy as np
@@ -9,63 +9,13 @@ import pytest
 import fastspec as fs
 from fastspec import _reference
 
-from conftest import RTOL
+from _helpers import RTOL, assert_close_rel, naive_attention, naive_probs_row, random_rows
 
 
 @pytest.fixture
 def kern(backend):
     """The kernel module of the backend under test."""
     return fs.kernels.module(backend)
-
-
-# ---- independent float64 formulas ----------------------------------------------------------
-
-def naive_attention(q, k, v, length, causal):
-    """Loop-per-(query, head) attention in float64, written without the twin's einsums."""
-    n, n_heads, head_dim = q.shape
-    group = n_heads // k.shape[0]
-    out = np.zeros((n, n_heads, head_dim))
-    for i in range(n):
-        visible = length - n + i + 1 if causal else length
-        for h in range(n_heads):
-            keys = k[h // group, :visible].astype(np.float64)
-            vals = v[h // group, :visible].astype(np.float64)
-            s = keys @ q[i, h].astype(np.float64) / np.sqrt(head_dim)
-            w = np.exp(s - s.max())
-            out[i, h] = w @ vals / w.sum()
-    return out
-
-
-def naive_probs_row(z, temperature, top_k, top_p):
-    """Temperature -> top-k -> top-p by explicit sorting with Python's stable sort."""
-    vocab = len(z)
-    if temperature == 0:
-        p = np.zeros(vocab)
-        p[int(np.argmax(z))] = 1
-        return p
-    z = np.asarray(z, dtype=np.float64) / temperature
-    keep = np.ones(vocab, dtype=bool)
-    if 0 < top_k < vocab:
-        kth = sorted(z, reverse=True)[top_k - 1]
-        keep = z >= kth
-    e = np.where(keep, np.exp(z - z.max()), 0.0)
-    p = e / e.sum()
-    if top_p < 1:
-        order = sorted(range(vocab), key=lambda j: (-p[j], j))
-        before, nucleus = 0.0, np.zeros(vocab, dtype=bool)
-        for j in order:
-            nucleus[j] = before < top_p
-            before += p[j]
-        p = np.where(nucleus, p, 0.0)
-        p = p / p.sum()
-    return p
-
-
-def assert_close_rel(actual, expected, rtol):
-    """|actual - expected| <= rtol * max|expected| elementwise (relative to the scale)."""
-    scale = max(float(np.abs(expected).max()), 1e-300)
-    err = float(np.abs(actual.astype(np.float64) - expected).max())
-    assert err <= rtol * scale, f"max error {err:.3g} > {rtol:g} * {scale:.3g}"
 
 
 # ---- attention -----------------------------------------------------------------------------
@@ -330,13 +280,6 @@ def test_verify_greedy_matches_definition(kern, dtype):
 
 
 # ---- verify_rejection ------------------------------------------------------------------------
-
-def random_rows(rng, rows, vocab, dtype, zeros=0.3):
-    p = rng.random((rows, vocab)) ** 3
-    p[rng.random((rows, vocab)) < zeros] = 0
-    p[:, 0] += 1e-3
-    return (p / p.sum(axis=1, keepdims=True)).astype(dtype)
-
 
 @pytest.mark.parametrize("with_q", [True, False], ids=["q", "onehot"])
 def test_verify_rejection_matches_twin_bit_for_bit(kern, dtype, with_q):

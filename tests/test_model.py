@@ -5,9 +5,7 @@ import pytest
 import fastspec as fs
 from fastspec.model import ModelConfig, Transformer, apply_rope, rms_norm
 
-from conftest import BACKENDS, RTOL
-
-needs_cython = pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
+from _helpers import RTOL, needs_cython, needs_openmp
 
 CONFIGS = {
     "toy": dict(vocab_size=11, dim=16, n_layers=2, n_heads=2, n_kv_heads=2, ffn_dim=32,
@@ -262,6 +260,7 @@ def test_config_validation():
 
 
 @needs_cython
+@needs_openmp
 def test_threaded_products_agree():
     from fastspec import _model
     model = make("llama-gqa", np.float64)
@@ -280,6 +279,11 @@ def test_threaded_products_agree():
             np.testing.assert_allclose(two, one, rtol=1e-12, atol=1e-12)
     finally:
         fs.set_backend(previous)
+
+
+@needs_cython
+def test_set_threads_rejects_zero():
+    from fastspec import _model
     with pytest.raises(ValueError, match="n must be"):
         _model.set_threads(0)
 

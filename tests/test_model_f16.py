@@ -11,9 +11,8 @@ import pytest
 import fastspec as fs
 from fastspec.model import ModelConfig, Transformer
 
-from conftest import BACKENDS
+from _helpers import needs_cython, needs_openmp
 
-needs_cython = pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
 needs_data = pytest.mark.skipif(not fs.pretrained.available(), reason="embedded models missing")
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -288,6 +287,7 @@ def test_dflash_block_bit_identical(backend, embedded):
 
 
 @needs_cython
+@needs_openmp
 def test_threaded_products_bit_identical():
     """Column blocks split between OpenMP threads (when built with it) change nothing."""
     from fastspec import _model

@@ -10,7 +10,7 @@ import pytest
 import fastspec as fs
 from fastspec import _reference
 
-from conftest import RTOL
+from _helpers import RTOL
 
 V = 151936
 

@@ -75,7 +75,9 @@ def test_pretrained_bundle_and_demo(capsys):
     methods = {r["method"]: r for r in out["results"]}
     assert set(methods) == {"vanilla", "draft", "ngram", "dflash"}
     assert all(r["identical"] for r in methods.values())
-    assert methods["dflash"]["tau"] >= 1.0
+    # greedy DFlash on this prompt accepts most of its blocks (tau 4.8 at gamma 5); a drafter
+    # whose proposals were never accepted would show tau 1
+    assert methods["dflash"]["tau"] > 2.0
 
 
 def test_token_stream_has_one_bos_per_file():

@@ -1,4 +1,4 @@
-"""The Drafter protocol: what the speculative loop asks of a drafter.
+"""The Target and Drafter protocols: what the speculative loop asks of its two models.
 
 The loop (``fastspec.speculative_generate``) keeps this invariant between rounds: the target's
 cache holds the committed sequence ``seq`` minus its last token (``len(seq) - 1`` positions).
@@ -22,27 +22,15 @@ its first ``len(prompt) - 1`` positions (the target's prefill).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Iterable, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Drafter", "Proposal", "SamplingParams"]
+from fastspec.cache import KVCache
+from fastspec.model import ForwardOutput, ModelConfig
+from fastspec.sampling import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the target's distribution is formed: temperature -> top-k -> top-p.
-
-    ``temperature == 0`` is greedy decoding. Drafters that sample use the same settings.
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+__all__ = ["Drafter", "Proposal", "Target"]
 
 
 @dataclass
@@ -83,3 +71,31 @@ class Drafter(Protocol):
     def commit(self, seq: np.ndarray, n_accepted: int,
                hidden: dict[int, np.ndarray] | None) -> None:
         """Learn the verification result; ``seq`` is the new committed sequence."""
+
+
+@runtime_checkable
+class Target(Protocol):
+    """What :func:`fastspec.generate` and :func:`fastspec.speculative_generate` need from the
+    model being decoded (:class:`fastspec.Transformer` is one; the audit's memoised model is
+    another)."""
+
+    #: Shape and sampling-relevant sizes (``vocab_size``, ``dim``, ``n_layers``, ``n_heads``,
+    #: ``max_seq_len``, ``dtype``).
+    config: ModelConfig
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """Return an empty cache for this model."""
+
+    def check_cache(self, cache: KVCache) -> None:
+        """Raise TypeError/ValueError unless ``cache`` fits this model."""
+
+    def check_hidden_layers(self, hidden_layers: Iterable[int]) -> tuple[int, ...]:
+        """Return the sorted, non-negative layer indices of ``hidden_layers``."""
+
+    def step(self, ids, cache: KVCache, *, hidden_layers: Iterable[int] = (),
+             out: np.ndarray | None = None) -> ForwardOutput:
+        """Append ``ids`` to ``cache`` and return their logits (and requested hidden states)."""
+
+    def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
+                out: np.ndarray | None = None) -> ForwardOutput:
+        """:meth:`step`, or a whole sequence on a temporary cache when ``cache`` is None."""

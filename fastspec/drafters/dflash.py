@@ -8,7 +8,8 @@ import numpy as np
 from fastspec import kernels
 from fastspec._checks import check_index
 from fastspec.dflash import DFlashModel
-from fastspec.drafters.base import Proposal, SamplingParams
+from fastspec.drafters.base import Proposal
+from fastspec.sampling import SamplingParams
 
 __all__ = ["DFlashDrafter", "denoise_schedule"]
 
@@ -47,7 +48,7 @@ class DFlashDrafter:
         the kept positions through attention. Measured on 8 held-out prompts with an embedded
         drafter: greedy tau 3.08 -> 3.02 at gamma 3 and 2.62 -> 2.59 at gamma 2, for a block
         forward of 0.72 instead of 1.09 target decode steps at gamma 3 (``round_costs`` in
-        :mod:`fastspec.benchmark`).
+        :mod:`fastspec.tools.benchmark`).
 
     Notes
     -----
@@ -91,7 +92,7 @@ class DFlashDrafter:
         self.max_gamma: int | None = B - 1
         self.cache = model.new_cache()
         if context_window is None:
-            context_window = getattr(model, "context_window", None)
+            context_window = model.context_window
         self.context_window = (None if context_window is None else
                                check_index(context_window, "context_window", 1, self.cache.capacity))
         #: Context positions dropped from the front by the sliding window (absolute position
@@ -217,7 +218,7 @@ class DFlashDrafter:
             raise ValueError(f"context of {self.cache.length} positions plus a block of {n} "
                              f"exceeds the drafter's cache capacity {self.cache.capacity}")
         # Own cache, ids built from valid tokens: skip forward_block's re-validation.
-        return self.model._block_logits(self.cache, block)
+        return self.model.forward_block(self.cache, block)
 
     def _denoise(self, block, g):
         """Confidence-ordered argmax unmasking of block positions 1..g (deterministic)."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from fastspec import kernels
-from fastspec.drafters.base import Proposal, SamplingParams
+from fastspec.drafters.base import Proposal
+from fastspec.sampling import SamplingParams
 
 __all__ = ["DraftModelDrafter"]
 
@@ -39,12 +40,10 @@ class DraftModelDrafter:
     max_gamma: int | None = None
 
     def __init__(self, model) -> None:
-        if not hasattr(model, "forward") or not hasattr(model, "new_cache"):
+        if not hasattr(model, "step") or not hasattr(model, "new_cache"):
             raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
         self.model = model
         self.cache = model.new_cache()
-        # A fastspec.Transformer's fused runner (None for other models and the NumPy backend).
-        self._fused = getattr(model, "_fused", None)
         cfg = model.config
         self._vocab = cfg.vocab_size
         self._cells_per = cfg.n_layers * cfg.n_heads
@@ -90,14 +89,7 @@ class DraftModelDrafter:
     def _forward(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         cache = self.cache
         past = cache.length
-        runner = self._fused() if self._fused is not None else None
-        if runner is not None:
-            # The drafter's own cache, never shared: straight to the fused runner, without
-            # Transformer.forward's cache claim and checks.
-            logits, _ = runner.forward(ids, cache.k, cache.v, past, True, (), out)
-            cache.advance(logits.shape[0])
-        else:
-            logits = self.model.forward(ids, cache, out=out).logits
+        logits = self.model.step(ids, cache, out=out).logits
         n = ids.shape[0]
         self.forward_calls += 1
         self.forward_positions += n

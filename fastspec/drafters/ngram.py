@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from fastspec._checks import check_index
-from fastspec.drafters.base import Proposal, SamplingParams
+from fastspec.drafters.base import Proposal
+from fastspec.sampling import SamplingParams
 
 __all__ = ["NgramDrafter"]
 

@@ -32,7 +32,7 @@ int main(void)
     const char *names[3] = {"baseline", "avx2", "avx512"};
     int variants = 1, fails = 0;
 #if !defined(FS_TEST_PORTABLE) && FS_LINF_SIMD
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
         F[variants] = fs_linf_part_f32_avx2; H[variants] = fs_linf_part_f32h_avx2;
         names[variants++] = "avx2";
     }

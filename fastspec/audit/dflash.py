@@ -1,6 +1,6 @@
-"""Exact distribution audit of the DFlash drafter, with the toy's wrong-q negative control.
+"""The DFlash drafter's audits: exact distribution, block reference, context cache, greedy.
 
-The audit enumerates, for a tiny vocabulary, every way the speculative process can unfold over
+The exact audit (:func:`fastspec.audit.oracle.exact_speculative_law`) enumerates, for a tiny vocabulary, every way the speculative process can unfold over
 ``n_new`` tokens — every proposal the drafter can make (with its probability) and every
 verification outcome (accept with ``min(1, p/q)``, or one-hot ``p(x)``; residual
 ``normalise(max(p - q, 0))`` or ``p`` without ``x``; bonus from ``p``) — and compares the
@@ -23,27 +23,29 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
-from fastspec import audit as _audit  # audit imports this module lazily, in run_audit
 from fastspec import kernels
+from fastspec.audit.distribution import DIST_SEED, DIST_SETTINGS, distribution_audit
+from fastspec.audit.oracle import ExactOracle, exact_speculative_law, exact_target_law
+from fastspec.audit.registry import NEW_TOKENS, PREFIX, SEEDS, register_check
+from fastspec.audit.stats import chi_square_expected, total_variation
+from fastspec.decoding import generate, speculative_generate
 from fastspec.dflash import DFlashConfig, DFlashModel
-from fastspec.drafters.base import Proposal, SamplingParams
+from fastspec.drafters.base import Proposal
+from fastspec.sampling import SamplingParams
 from fastspec.drafters.dflash import DFlashDrafter, denoise_schedule
 from fastspec.model import ModelConfig, Transformer
 
-__all__ = ["WrongQDenoiseDrafter", "exact_target_law", "exact_speculative_law",
-           "total_variation", "run_distribution_audit", "toy_setup", "AUDIT_PROMPT",
-           "DFlashAuditResult"]
+__all__ = ["WrongQDenoiseDrafter", "run_distribution_audit", "toy_setup", "AUDIT_PROMPT",
+           "DFlashAuditResult", "check_block_reference", "check_context_cache",
+           "check_greedy_equality", "check_exact_distribution"]
 
 #: Prefix of the engine audits (DESIGN/issue 4).
 AUDIT_PROMPT = (0, 1, 3, 2, 4, 1, 5, 6)
 #: A lossless drafter's law must match the target's within this TV distance (float64).
 EXACT_TOL = 1e-9
-
-Law = dict[tuple[int, ...], float]
 
 
 class WrongQDenoiseDrafter(DFlashDrafter):
@@ -107,143 +109,6 @@ class WrongQDenoiseDrafter(DFlashDrafter):
         return out
 
 
-def _independent_law(drafter, seq, g, sampling, rng):
-    prop = drafter.propose(np.asarray(seq), g, sampling, rng)
-    if prop.q is None:
-        return [(1.0, prop.tokens, None)]
-    q = prop.q
-    out = []
-    for toks in itertools.product(*[np.flatnonzero(q[j] > 0) for j in range(len(prop))]):
-        prob = float(np.prod([q[j, x] for j, x in enumerate(toks)]))
-        out.append((prob, np.array(toks, dtype=np.int64), q))
-    return out
-
-
-class _TargetOracle:
-    """Memoised exact next-token distributions and hidden states of a target."""
-
-    def __init__(self, target: Transformer, sampling: SamplingParams, hidden_layers):
-        self.target, self.sampling, self.layers = target, sampling, tuple(hidden_layers)
-        self._p: dict[tuple[int, ...], np.ndarray] = {}
-        self._h: dict[tuple[int, ...], dict] = {}
-        self.calls = 0
-
-    def p_next(self, seq: tuple[int, ...]) -> np.ndarray:
-        if seq not in self._p:
-            self.calls += 1
-            out = self.target.forward(np.array(seq), hidden_layers=self.layers)
-            s = self.sampling
-            self._p[seq] = kernels.probs(np.ascontiguousarray(out.logits[-1:]), s.temperature,
-                                         s.top_k, s.top_p)[0].astype(np.float64)
-            self._h[seq] = out.hidden
-        return self._p[seq]
-
-    def hidden_before_last(self, seq: tuple[int, ...]) -> dict:
-        """Hidden states of ``seq[:-1]`` (the context the drafter sees)."""
-        if len(seq) == 1:
-            return {t: np.zeros((0, self.target.config.dim)) for t in self.layers}
-        self.p_next(seq[:-1])
-        return self._h[seq[:-1]]
-
-
-def exact_target_law(target: Transformer, prompt, n_new: int, sampling: SamplingParams,
-                     oracle: _TargetOracle | None = None) -> Law:
-    """Return ``{continuation: probability}`` of the target's own sampling over ``n_new`` tokens."""
-    oracle = oracle or _TargetOracle(target, sampling, ())
-    law: Law = {}
-
-    def walk(seq, prob, r):
-        if r == 0:
-            law[seq[len(prompt):]] = law.get(seq[len(prompt):], 0.0) + prob
-            return
-        p = oracle.p_next(seq)
-        for y in np.flatnonzero(p > 0):
-            walk(seq + (int(y),), prob * p[y], r - 1)
-
-    prompt = tuple(int(t) for t in prompt)
-    walk(prompt, 1.0, n_new)
-    return law
-
-
-def _verification_law(seq, tokens, q, oracle):
-    """Every (probability, emitted tokens) of one verification of ``tokens`` after ``seq``."""
-    out = []
-    alive = 1.0
-    for i, x in enumerate(int(t) for t in tokens):
-        p = oracle.p_next(seq + tuple(int(t) for t in tokens[:i]))
-        qx = 1.0 if q is None else float(q[i, x])
-        accept = min(1.0, p[x] / qx)
-        if accept < 1.0:
-            if q is None:
-                res = p.copy()
-                res[x] = 0.0
-            else:
-                res = np.maximum(p - q[i].astype(np.float64), 0.0)
-            res /= res.sum()
-            head = tuple(int(t) for t in tokens[:i])
-            for y in np.flatnonzero(res > 0):
-                out.append((alive * (1.0 - accept) * res[y], head + (int(y),)))
-        alive *= accept
-        if alive == 0.0:
-            return out
-    p = oracle.p_next(seq + tuple(int(t) for t in tokens))
-    for y in np.flatnonzero(p > 0):
-        out.append((alive * p[y], tuple(int(t) for t in tokens) + (int(y),)))
-    return out
-
-
-def exact_speculative_law(target: Transformer, drafter: DFlashDrafter, prompt, n_new: int,
-                          gamma: int, sampling: SamplingParams,
-                          proposal_law: Callable | None = None,
-                          oracle: _TargetOracle | None = None) -> Law:
-    """Return the exact law of ``n_new`` tokens of speculative decoding with ``drafter``.
-
-    At every committed state the drafter is ``reset`` to it (context = target hidden states of
-    ``seq[:-1]``) and its proposals are enumerated with their probabilities: a deterministic
-    proposal has probability 1; a proposal with ``q`` is enumerated over the product of its
-    rows (independent positions), unless ``proposal_law(seq, g, sampling)`` describes it.
-    Each round proposes ``min(gamma, remaining)`` tokens; emissions past ``n_new`` are cut.
-    """
-    oracle = oracle or _TargetOracle(target, sampling, drafter.hidden_layers)
-    rng = np.random.default_rng(0)  # only used to obtain q from sampled drafters
-    memo: dict[tuple[tuple[int, ...], int], Law] = {}
-
-    def sublaw(seq, r):
-        """Law of the next ``r`` tokens from committed state ``seq`` (memoised)."""
-        if r == 0:
-            return {(): 1.0}
-        if (seq, r) in memo:
-            return memo[seq, r]
-        drafter.reset(np.array(seq), oracle.hidden_before_last(seq))
-        g = min(gamma, r)
-        props = (proposal_law(seq, g, sampling) if proposal_law is not None
-                 else _independent_law(drafter, seq, g, sampling, rng))
-        branches: dict[tuple[int, ...], float] = {}
-        for p_prop, tokens, q in props:
-            for p_ver, emitted in _verification_law(seq, tokens, q, oracle):
-                emitted = emitted[:r]
-                branches[emitted] = branches.get(emitted, 0.0) + p_prop * p_ver
-        law: Law = {}
-        for emitted, prob in branches.items():
-            for rest, p_rest in sublaw(seq + emitted, r - len(emitted)).items():
-                law[emitted + rest] = law.get(emitted + rest, 0.0) + prob * p_rest
-        memo[seq, r] = law
-        return law
-
-    return sublaw(tuple(int(t) for t in prompt), n_new)
-
-
-def total_variation(a: Law, b: Law) -> float:
-    """Return ``0.5 * sum |a - b|`` over the union of supports."""
-    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
-
-
-def chi_square_expected(truth: Law, other: Law, n_samples: int) -> float:
-    """Expected Pearson statistic ``n * sum (o - t)^2 / t`` of ``n`` samples from ``other``."""
-    return n_samples * sum((other.get(k, 0.0) - t) ** 2 / t for k, t in truth.items() if t > 0) + \
-        (np.inf if any(v > 0 and truth.get(k, 0.0) == 0 for k, v in other.items()) else 0.0)
-
-
 @dataclass
 class DFlashAuditResult:
     """One check: ``passed`` is True when the outcome is the expected one."""
@@ -282,7 +147,7 @@ def run_distribution_audit(n_new: int = 3, gamma: int = 3, block_size: int = 4,
     settings = [("t1", SamplingParams(1.0)), ("t1_topk3_topp0.9", SamplingParams(1.0, 3, 0.9))]
     results = []
     for tag, sp in settings:
-        oracle = _TargetOracle(target, sp, model.config.tap_layers)
+        oracle = ExactOracle(target, sp, model.config.tap_layers)
         truth = exact_target_law(target, AUDIT_PROMPT, n_new, sp, oracle)
         cases = [("single_step", DFlashDrafter(model), None),
                  ("multi_step", DFlashDrafter(model, denoise_steps=2), None),
@@ -297,7 +162,7 @@ def run_distribution_audit(n_new: int = 3, gamma: int = 3, block_size: int = 4,
                  "n_new": n_new, "gamma": gamma, "block_size": block_size,
                  "seconds": round(time.perf_counter() - t0, 3)}))
     sp = SamplingParams(1.0)
-    oracle = _TargetOracle(target, sp, model.config.tap_layers)
+    oracle = ExactOracle(target, sp, model.config.tap_layers)
     truth = exact_target_law(target, AUDIT_PROMPT, n_new, sp, oracle)
     bad = WrongQDenoiseDrafter(model, denoise_steps=2)
     law = exact_speculative_law(target, bad, AUDIT_PROMPT, n_new, gamma, sp,
@@ -327,7 +192,7 @@ def _llama_target(qk_norm: bool) -> Transformer:
     return Transformer.random(cfg, seed=3)
 
 
-@_audit.register_check("dflash_block_reference", group="dflash")
+@register_check("dflash_block_reference", group="dflash")
 def check_block_reference(ctx) -> dict:
     """DFlash block forward (context cache + kernels) == explicit full-attention reference."""
     rows = []
@@ -350,11 +215,11 @@ def check_block_reference(ctx) -> dict:
                 dtype="float64", cases=rows)
 
 
-@_audit.register_check("dflash_context_cache", group="dflash")
+@register_check("dflash_context_cache", group="dflash")
 def check_context_cache(ctx) -> dict:
     """After every round the drafter's context K/V equal a recompute from the committed prefix."""
     rows = []
-    for seed in _audit.SEEDS[:2] if ctx.quick else _audit.SEEDS:
+    for seed in SEEDS[:2] if ctx.quick else SEEDS:
         target = _toy_target(seed)
         model = _toy_dflash(target, 8)
         for temperature in (0.0, 1.0):
@@ -373,7 +238,7 @@ def check_context_cache(ctx) -> dict:
                                float(np.max(np.abs(fresh.k[:, :, :L] - drafter.cache.k[:, :, :L]))),
                                float(np.max(np.abs(fresh.v[:, :, :L] - drafter.cache.v[:, :, :L]))))
 
-            res = _audit.speculative_generate(target, drafter, _audit.PREFIX, _audit.NEW_TOKENS,
+            res = speculative_generate(target, drafter, PREFIX, NEW_TOKENS,
                                               gamma=4, temperature=temperature, seed=seed,
                                               callback=after_round)
             rows.append(dict(seed=seed, temperature=temperature, rounds=res.stats.rounds,
@@ -381,32 +246,32 @@ def check_context_cache(ctx) -> dict:
     return dict(passed=all(r["max_error"] <= 1e-10 for r in rows), tolerance=1e-10, cases=rows)
 
 
-@_audit.register_check("dflash_greedy_equality", group="dflash")
+@register_check("dflash_greedy_equality", group="dflash")
 def check_greedy_equality(ctx) -> dict:
     """Greedy DFlash speculative == vanilla greedy: B 2/8/16, denoise_steps 1/3, seeds 69-71."""
     rows = []
-    for seed in _audit.SEEDS:
+    for seed in SEEDS:
         target = _toy_target(seed)
-        expected = _audit.generate(target, _audit.PREFIX, _audit.NEW_TOKENS, use_cache=False).tokens
+        expected = generate(target, PREFIX, NEW_TOKENS, use_cache=False).tokens
         for B in (2, 8, 16):
             model = _toy_dflash(target, B, seed + 1)
             for steps in (1, 3):
                 if steps > B - 1:
                     continue
                 for gamma in sorted({1, 4, B - 1}):
-                    res = _audit.speculative_generate(target, DFlashDrafter(model, steps),
-                                                      _audit.PREFIX, _audit.NEW_TOKENS,
+                    res = speculative_generate(target, DFlashDrafter(model, steps),
+                                                      PREFIX, NEW_TOKENS,
                                                       gamma=gamma, seed=seed)
                     s = res.stats
                     rows.append(dict(seed=seed, block_size=B, denoise_steps=steps, gamma=gamma,
                                      equal=res.tokens == expected, rounds=s.rounds,
                                      drafted=s.drafted, accepted=s.accepted,
                                      draft_calls=s.draft_calls, target_calls=s.target_calls))
-    return dict(passed=all(r["equal"] for r in rows), prefix=_audit.PREFIX,
-                new_tokens=_audit.NEW_TOKENS, cases=rows)
+    return dict(passed=all(r["equal"] for r in rows), prefix=PREFIX,
+                new_tokens=NEW_TOKENS, cases=rows)
 
 
-@_audit.register_check("dflash_exact_distribution", group="dflash")
+@register_check("dflash_exact_distribution", group="dflash")
 def check_exact_distribution(ctx) -> dict:
     """Exact law of DFlash speculative sampling == target law; the wrong-q control is caught.
 
@@ -418,16 +283,16 @@ def check_exact_distribution(ctx) -> dict:
     """
     exact = [dict(name=r.name, passed=bool(r.passed), **r.figures) for r in run_distribution_audit()]
     samples = max(2000, ctx.samples // 5)
-    target = _toy_target(_audit.DIST_SEED)
+    target = _toy_target(DIST_SEED)
     model = _toy_dflash(target, 5)
-    sampling = _audit.DIST_SETTINGS["temperature_1"]
+    sampling = DIST_SETTINGS["temperature_1"]
     mc = []
     for name, drafter, should_pass in (
             ("single_step", DFlashDrafter(model), True),
             ("multi_step_2", DFlashDrafter(model, denoise_steps=2), True),
             ("sample_block", DFlashDrafter(model, sample_block=True), True),
             ("negative_control_wrong_q", WrongQDenoiseDrafter(model, 2), False)):
-        r = _audit.distribution_audit(drafter, sampling, samples)
+        r = distribution_audit(drafter, sampling, samples)
         mc.append(dict(drafter=name, expected_to_pass=should_pass,
                        ok=r["passed"] == should_pass, **r))
     return dict(passed=all(e["passed"] for e in exact) and all(m["ok"] for m in mc),

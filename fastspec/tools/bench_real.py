@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from fastspec.checkpoints import _export_config, _needed, write_safetensors
-from fastspec.model import ModelConfig
+from fastspec.config import ModelConfig
 
 __all__ = ["REAL_SHAPES", "write_random_folder", "measure_folder", "real_size_rows"]
 

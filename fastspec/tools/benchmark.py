@@ -2,7 +2,7 @@
 
 Every figure is measured in the run that reports it; ratios compare cases timed in the same
 process one after the other. Results are written as JSON; with the ``[plot]`` extra, PNG plots
-are drawn from that JSON by :mod:`fastspec.plots`.
+are drawn from that JSON by :mod:`fastspec.tools.plots`.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 import fastspec as fs
+from fastspec._progress import Progress
 
 __all__ = ["timeit", "machine_limits", "attention_rates", "kernel_ratios", "decode_bound",
            "stream_rate", "context_scaling", "gamma_scaling", "peers", "run", "bench_main"]
@@ -42,24 +43,6 @@ def timeit(fn: Callable[[], object], min_time: float = 0.05, repeats: int = 5) -
             fn()
         best = min(best, (time.perf_counter() - t0) / loops)
     return best
-
-
-class Progress:
-    """A one-line text progress bar on stderr (no dependency)."""
-
-    def __init__(self, total: int, label: str = "bench", stream=sys.stderr) -> None:
-        self.total, self.done, self.label, self.stream = max(total, 1), 0, label, stream
-        self.t0 = time.perf_counter()
-
-    def step(self, what: str = "") -> None:
-        self.done += 1
-        width = 28
-        filled = int(width * min(self.done, self.total) / self.total)
-        elapsed = time.perf_counter() - self.t0
-        print(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-              f"{elapsed:5.0f}s {what[:40]:<40}", end="", file=self.stream, flush=True)
-        if self.done >= self.total:
-            print(file=self.stream)
 
 
 # --- the machine ----------------------------------------------------------------------------
@@ -315,7 +298,7 @@ def context_scaling(target, draft, contexts: Sequence[int], new_tokens: int = 33
             rows.append({"backend": name, "context": ctx, "vanilla_ms_per_token": 1e3 * van,
                          "speculative_ms_per_token": 1e3 * spec, "speedup": van / spec})
             if progress:
-                progress.step(f"{name} context {ctx}")
+                progress.update(f"{name} context {ctx}")
     return rows
 
 
@@ -344,7 +327,7 @@ def gamma_scaling(target, draft, dflash, gammas: Sequence[int] = (1, 2, 4, 8, 16
                 rows.append({"backend": name, "drafter": drafter, "gamma": eff, "speedup": van / t,
                              "tau": tau, "ms_per_token": 1e3 * t})
             if progress:
-                progress.step(f"{name} gamma {g}")
+                progress.update(f"{name} gamma {g}")
     return rows
 
 
@@ -451,14 +434,14 @@ def peers(target, draft, new_tokens: int = 256, prompt_len: int = 64, threads: i
 
 def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> dict:
     """Run the suite and return the JSON-ready report."""
-    from fastspec.demo import environment
+    from fastspec.tools.environment import environment
 
     contexts = (64, 256, 1024, 2048, 4096) if full else (64, 512, 2048)
     gammas = (1, 2, 4, 8, 16) if full else (1, 4, 8)
     backends = fs.available_backends()
     steps = 5 + len(backends) * (len(contexts) + len(gammas)) + (1 if with_peers else 0)
-    bar = Progress(steps) if progress else None
-    tick = (lambda what: bar.step(what)) if bar else (lambda what: None)
+    bar = Progress(steps, "bench") if progress else None
+    tick = (lambda what: bar.update(what)) if bar else (lambda what: None)
     previous = fs.backend()
     report = {"environment": environment(), "mode": "full" if full else "quick"}
     try:
@@ -490,7 +473,7 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
         report["context_scaling"] = context_scaling(target, draft, contexts, progress=bar)
         report["gamma_scaling"] = gamma_scaling(target, draft, dflash, gammas, progress=bar)
         if full:  # random SmolLM-135M / Qwen3-0.6B folders: load time, peak RSS, decode rate
-            from fastspec.bench_real import real_size_rows
+            from fastspec.tools.bench_real import real_size_rows
 
             report["real_size"] = real_size_rows(dram_GBps=report["machine"]["stream_dram_GBps"])
         fs.set_backend(previous)
@@ -528,7 +511,7 @@ def bench_main(args) -> int:
         print(f"wrote {args.markdown}", file=sys.stderr)
     if args.plot_dir:
         try:
-            from fastspec.plots import plot_report
+            from fastspec.tools.plots import plot_report
         except ImportError as exc:
             print(f"plots skipped (install fastspec[plot]): {exc}", file=sys.stderr)
         else:

@@ -1,9 +1,13 @@
-"""The measuring helpers behind ``fastspec bench``: what they time and how they report it."""
+"""The measuring helpers behind ``fastspec bench``: what they time and how they report it.
+
+They time real work, so they live here rather than in tests/ (CI runs bench/ once with
+``--benchmark-disable``; ``--benchmark-only`` skips them).
+"""
 import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec import benchmark
+from fastspec.tools import benchmark
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +48,15 @@ def test_attention_rates_compare_with_a_stream_of_the_same_bytes():
     for r in rows:
         assert r["bytes"] == 2 * 2 * 64 * 16 * 4
         assert r["fraction_of_stream"] == pytest.approx(r["GBps"] / r["stream_GBps"])
+
+
+@pytest.fixture(params=fs.available_backends())
+def backend(request):
+    """Run the test on each available backend, restoring the active one afterwards."""
+    previous = fs.backend()
+    fs.set_backend(request.param)
+    yield request.param
+    fs.set_backend(previous)
 
 
 def test_round_costs_report_every_piece_in_decode_steps(backend):

@@ -6,7 +6,6 @@ on held-out standard-library code, and check that greedy outputs are identical.
 from __future__ import annotations
 
 import json
-import platform
 import statistics
 import sys
 import time
@@ -14,9 +13,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 
 import fastspec as fs
+from fastspec.tools.environment import environment
+from fastspec._progress import Progress
 
 __all__ = ["METHODS", "MethodResult", "run_methods", "demo_main", "eval_main", "is_looping"]
 
@@ -229,8 +229,7 @@ def eval_main(args) -> int:
     prompts = heldout_prompts(args.prompts)
     runs = []
     total = len(prompts) * len(args.temperatures)
-    done = 0
-    t_start = time.perf_counter()
+    bar = Progress(total, "eval")
     for temperature in args.temperatures:
         for i, prompt in enumerate(prompts):
             ids = tok.encode(prompt, add_bos=True)
@@ -240,9 +239,8 @@ def eval_main(args) -> int:
             for r in results:
                 runs.append({"prompt": i, "temperature": temperature, "looping": looping,
                              **{k: v for k, v in asdict(r).items() if k != "tokens"}})
-            done += 1
-            _progress(done, total, t_start)
-    print(file=sys.stderr)
+            bar.update()
+    bar.close()
     summary = {}
     for temperature in args.temperatures:
         for subset in ("non_looping", "looping", "all"):
@@ -264,25 +262,6 @@ def eval_main(args) -> int:
         Path(args.markdown).write_text(results_markdown(report))
         print(f"wrote {args.markdown}", file=sys.stderr)
     return 0
-
-
-def _progress(done: int, total: int, t_start: float) -> None:
-    width = 30
-    filled = int(width * done / total)
-    elapsed = time.perf_counter() - t_start
-    eta = elapsed / done * (total - done)
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}  "
-          f"{elapsed:5.0f}s elapsed, eta {eta:4.0f}s", end="", file=sys.stderr, flush=True)
-
-
-def environment() -> dict:
-    """Describe where a measurement ran."""
-    import os
-
-    return {"python": platform.python_version(), "numpy": np.__version__,
-            "fastspec": fs.__version__, "backend": fs.backend(), "machine": platform.machine(),
-            "processor": platform.processor(), "cpus": os.cpu_count(),
-            "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}
 
 
 def results_markdown(report: dict) -> str:

@@ -1,0 +1,122 @@
+"""Helpers shared by the test modules (fixtures live in conftest.py).
+
+Test modules import from here, never from each other.
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import fastspec as fs
+
+BACKENDS = fs.available_backends()
+DTYPES = (np.float32, np.float64)
+#: relative tolerance per dtype when comparing the two backends / a float64 oracle.
+RTOL = {np.float32: 1e-5, np.float64: 1e-10}
+#: The seed experiment's prompt (the audits use the same one).
+PREFIX = [0, 1, 3, 2, 4, 1, 5, 6]
+
+needs_cython = pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
+
+
+def built_with_openmp() -> bool:
+    """True when the compiled model runner calls an OpenMP runtime (GNU or LLVM).
+
+    ``set_threads`` is a no-op otherwise. An extension built with ``-fopenmp`` imports
+    ``GOMP_parallel`` (libgomp) or ``__kmpc_fork_call`` (libomp); the names sit in its file.
+    """
+    try:
+        from fastspec import _model
+    except ImportError:
+        return False
+    with open(_model.__file__, "rb") as f:
+        data = f.read()
+    return b"GOMP_parallel" in data or b"__kmpc_fork_call" in data
+
+
+needs_openmp = pytest.mark.skipif(not built_with_openmp(),
+                                  reason="extension built without OpenMP: set_threads is a no-op")
+
+
+def toy(seed, layers, dtype="float64", **kw):
+    """The toy model (layer norm, learned positions) of ``seed`` with ``layers`` layers."""
+    return fs.Transformer.random(fs.ModelConfig.toy(n_layers=layers, dtype=dtype, **kw), seed)
+
+
+# ---- hypothesis ----------------------------------------------------------------------------
+
+FAST_EXAMPLES = 12
+SLOW_EXAMPLES = 500
+
+
+def fast_and_slow(fast=FAST_EXAMPLES, slow=SLOW_EXAMPLES, *, backends=None,
+                  suppress=tuple(HealthCheck), **strategies):
+    """Turn a property into a quick test and a `slow` one with ``slow`` examples.
+
+    With ``backends``, both are parametrised over ``backend`` in it.
+    """
+    def wrap(body):
+        def make(examples):
+            test = settings(max_examples=examples, deadline=None, derandomize=examples < 100,
+                            suppress_health_check=list(suppress))(given(**strategies)(body))
+            if backends is not None:
+                test = pytest.mark.parametrize("backend", backends)(test)
+            return test
+        return make(fast), pytest.mark.slow(make(slow))
+    return wrap
+
+
+# ---- independent float64 formulas ----------------------------------------------------------
+
+def naive_attention(q, k, v, length, causal):
+    """Loop-per-(query, head) attention in float64, written without the twin's einsums."""
+    n, n_heads, head_dim = q.shape
+    group = n_heads // k.shape[0]
+    out = np.zeros((n, n_heads, head_dim))
+    for i in range(n):
+        visible = length - n + i + 1 if causal else length
+        for h in range(n_heads):
+            keys = k[h // group, :visible].astype(np.float64)
+            vals = v[h // group, :visible].astype(np.float64)
+            s = keys @ q[i, h].astype(np.float64) / np.sqrt(head_dim)
+            w = np.exp(s - s.max())
+            out[i, h] = w @ vals / w.sum()
+    return out
+
+
+def naive_probs_row(z, temperature, top_k, top_p):
+    """Temperature -> top-k -> top-p by explicit sorting with Python's stable sort."""
+    vocab = len(z)
+    if temperature == 0:
+        p = np.zeros(vocab)
+        p[int(np.argmax(z))] = 1
+        return p
+    z = np.asarray(z, dtype=np.float64) / temperature
+    keep = np.ones(vocab, dtype=bool)
+    if 0 < top_k < vocab:
+        kth = sorted(z, reverse=True)[top_k - 1]
+        keep = z >= kth
+    e = np.where(keep, np.exp(z - z.max()), 0.0)
+    p = e / e.sum()
+    if top_p < 1:
+        order = sorted(range(vocab), key=lambda j: (-p[j], j))
+        before, nucleus = 0.0, np.zeros(vocab, dtype=bool)
+        for j in order:
+            nucleus[j] = before < top_p
+            before += p[j]
+        p = np.where(nucleus, p, 0.0)
+        p = p / p.sum()
+    return p
+
+
+def assert_close_rel(actual, expected, rtol):
+    """|actual - expected| <= rtol * max|expected| elementwise (relative to the scale)."""
+    scale = max(float(np.abs(expected).max()), 1e-300)
+    err = float(np.abs(actual.astype(np.float64) - expected).max())
+    assert err <= rtol * scale, f"max error {err:.3g} > {rtol:g} * {scale:.3g}"
+
+
+def random_rows(rng, rows, vocab, dtype, zeros=0.3):
+    p = rng.random((rows, vocab)) ** 3
+    p[rng.random((rows, vocab)) < zeros] = 0
+    p[:, 0] += 1e-3
+    return (p / p.sum(axis=1, keepdims=True)).astype(dtype)
