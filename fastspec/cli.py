@@ -87,6 +87,40 @@ def _run_demo(args) -> int:
     return demo_main(args)
 
 
+def _add_generate(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="generate text from a prompt, streamed as it is accepted",
+        description="Speculative decoding of a prompt with the embedded models, or with a "
+                    "Llama/Qwen2/Qwen3 Hugging Face folder (--model DIR, its tokenizer.json "
+                    "needs the [hf] extra). Streams the text to stdout, then prints tokens/s, "
+                    "tau and target calls to stderr.")
+    p.add_argument("--model", metavar="DIR", help="Hugging Face folder (default: embedded)")
+    p.add_argument("--drafter", metavar="SPEC",
+                   help="none | ngram | draft:DIR | dflash:DIR (embedded: draft, dflash); "
+                        "default dflash (embedded) or ngram (--model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text (default: read stdin)")
+    src.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma separated "
+                     "(no tokenizer needed; the output is printed as ids)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N",
+                   help="tokens to generate (default 128)")
+    p.add_argument("--temperature", type=_non_negative_float, default=0.0,
+                   help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="1 = off (default)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--gamma", type=_gamma, default=None, metavar="G",
+                   help="draft tokens per round, an int or 'adaptive' (default: per drafter)")
+    p.add_argument("--json", action="store_true", help="print the text and figures as JSON")
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args) -> int:
+    from fastspec.textgen import generate_main
+
+    return generate_main(args)
+
+
 def _add_eval(sub) -> None:
     p = sub.add_parser(
         "eval", help="evaluate every drafter on held-out prompts (JSON + markdown)",
@@ -222,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_info(sub)
     _add_audit(sub)
     _add_demo(sub)
+    _add_generate(sub)
     _add_eval(sub)
     _add_bench(sub)
     _add_train(sub)

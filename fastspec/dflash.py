@@ -38,6 +38,9 @@ __all__ = ["DFlashConfig", "DFlashModel", "MAX_BLOCK_SIZE"]
 
 #: Largest supported block (the paper uses 8 to 16).
 MAX_BLOCK_SIZE = 16
+#: DFlashConfig fields of z-lab's format, at the values that mean "off".
+_ZLAB_DEFAULTS = {"last_tap_normed": False, "input_embedding_scale": 1.0,
+                  "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
 
 def default_tap_layers(n_target_layers: int, n_draft_layers: int = 1) -> tuple[int, ...]:
     """Return ``k = min(L, max(2, n_draft_layers))`` target layers spread evenly, ending at L-1.
@@ -80,6 +83,20 @@ class DFlashConfig:
         The latter is a convention for toy targets without a dedicated MASK token: the id is
         then also an ordinary token, which is harmless (drafts are verified) but wastes the
         drafter's capacity; give an explicit id for real vocabularies.
+    last_tap_normed : bool, default False
+        Take the tap of the target's last layer after the target's final norm. This is the
+        z-lab convention (their drafters read ``transformers``' ``hidden_states[L]``, which
+        is taken after the final norm); fastspec's own drafters tap every layer before it.
+    input_embedding_scale, output_multiplier : float, default 1.0
+        z-lab's scale of the block's token embeddings and of the drafter's logits.
+    final_logit_softcapping : float, default 0.0
+        z-lab's ``tanh`` cap of the drafter's logits (0: none).
+
+    Notes
+    -----
+    Only :meth:`DFlashModel.block_logits` implements ``input_embedding_scale``,
+    ``output_multiplier`` and ``final_logit_softcapping``; a :class:`DFlashModel` refuses
+    other values than the defaults (its fast block forward does not apply them yet).
     """
 
     block_size: int = 8
@@ -93,6 +110,10 @@ class DFlashConfig:
     rope_theta: float | None = None
     norm_eps: float | None = None
     mask_token_id: int | None = None
+    last_tap_normed: bool = False
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float = 0.0
 
     def __post_init__(self) -> None:
         check_index(self.block_size, "block_size", 2, MAX_BLOCK_SIZE)
@@ -109,10 +130,16 @@ class DFlashConfig:
             check_index(self.mask_token_id, "mask_token_id", 0, 2**31 - 1)
         if self.qk_norm is not None and not isinstance(self.qk_norm, (bool, np.bool_)):
             raise TypeError(f"qk_norm must be a bool or None, got {self.qk_norm!r}")
-        for name in ("rope_theta", "norm_eps"):
+        for name in ("rope_theta", "norm_eps", "input_embedding_scale", "output_multiplier"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(float(v)) and float(v) > 0):
                 raise ValueError(f"{name} must be positive, got {v}")
+        if not (math.isfinite(float(self.final_logit_softcapping))
+                and float(self.final_logit_softcapping) >= 0):
+            raise ValueError("final_logit_softcapping must be >= 0 (0: off), got "
+                             f"{self.final_logit_softcapping}")
+        if not isinstance(self.last_tap_normed, (bool, np.bool_)):
+            raise TypeError(f"last_tap_normed must be a bool, got {self.last_tap_normed!r}")
 
     @property
     def resolved(self) -> bool:
@@ -164,8 +191,15 @@ class DFlashConfig:
             mask_token_id=mask)
 
     def to_dict(self) -> dict:
-        """Return the config as a JSON-serialisable dict (``tap_layers`` as a list)."""
+        """Return the config as a JSON-serialisable dict (``tap_layers`` as a list).
+
+        The z-lab fields (``last_tap_normed`` and the scales) are left out at their defaults,
+        so that fastspec's own drafters keep the keys older versions read.
+        """
         d = dataclasses.asdict(self)
+        for name, default in _ZLAB_DEFAULTS.items():
+            if d[name] == default:
+                del d[name]
         if d["tap_layers"] is not None:
             d["tap_layers"] = list(d["tap_layers"])
         return d
@@ -227,6 +261,12 @@ class DFlashModel:
             raise TypeError(f"config must be a DFlashConfig, got {type(config).__name__}")
         self.target = target
         self.config = c = config.resolve(target.config)
+        for name, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                              ("final_logit_softcapping", 0.0)):
+            if float(getattr(c, name)) != default:
+                raise NotImplementedError(
+                    f"{name} = {getattr(c, name)} is not supported by fastspec's DFlash block "
+                    f"forward yet (only {default}); DFlashModel.block_logits shows the math")
         dt = np.dtype(target.config.dtype)
         self.dtype = dt
         # The layers' projections follow the target's weight_dtype (float16: half the bytes
@@ -327,26 +367,49 @@ class DFlashModel:
         return cls(c, target, fc_t.T, get("hidden_norm.weight"), layers, get("norm.weight"))
 
     def save(self, path: str | Path) -> None:
-        """Write the drafter (resolved config + own weights, no embedding/head) to an ``.npz``."""
+        """Write the drafter (resolved config + own weights, no embedding/head).
+
+        A path ending in ``.npz`` gets fastspec's file; any other path becomes a folder in
+        z-lab's format (``config.json`` + ``model.safetensors``, see
+        :mod:`fastspec.dflash_hf`) that ``dflash.DFlashDraftModel.from_pretrained`` loads.
+        """
         path = Path(path)
         if path.suffix != ".npz":
-            raise ValueError(f"path must end in .npz, got {str(path)!r}")
-        np.savez(path, config=np.array(json.dumps(self.config.to_dict())), **self.state_dict())
+            from fastspec.dflash_hf import save_dflash_folder
+
+            save_dflash_folder(self, path)
+            return
+        from fastspec.dflash_hf import fingerprint_array
+
+        np.savez(path, config=np.array(json.dumps(self.config.to_dict())),
+                 target_fingerprint=fingerprint_array(self.target), **self.state_dict())
 
     @classmethod
     def load(cls, path: str | Path, target: Transformer) -> "DFlashModel":
-        """Load a drafter written by :meth:`save` (or the torch trainer) for ``target``.
+        """Load a drafter for ``target``: an ``.npz`` written by :meth:`save` (or the torch
+        trainer), or a folder in z-lab's format (their published DFlash drafters).
 
         Raises
         ------
         ValueError
-            If the file is not a DFlash file, or its width, taps or MASK id do not fit ``target``.
+            If the file is not a DFlash file, or its width, vocabulary, taps or MASK id do not
+            fit ``target``, or it was saved for another target (file and field named).
         """
         if not isinstance(target, Transformer):
             raise TypeError(f"target must be a Transformer, got {type(target).__name__}")
         path = Path(path)
+        if path.is_dir():
+            from fastspec.dflash_hf import load_dflash_folder
+
+            return load_dflash_folder(path, target)
         cfg, sd = read_npz(path, "DFlash", required=("fc.weight",))  # bounded, no pickle
-        return cls.from_state_dict(DFlashConfig.from_dict(cfg), target, sd)
+        fingerprint = sd.pop("target_fingerprint", None)
+        model = cls.from_state_dict(DFlashConfig.from_dict(cfg), target, sd)  # shapes first
+        if fingerprint is not None:  # files saved before it have none (the embedded one)
+            from fastspec.dflash_hf import check_fingerprint_array
+
+            check_fingerprint_array(fingerprint, target, str(path))
+        return model
 
     @property
     def n_params(self) -> int:
@@ -403,6 +466,8 @@ class DFlashModel:
             if n is not None and a.shape[0] != n:
                 raise ValueError(f"hidden[{t}] must have {n} rows, got {a.shape[0]}")
             n = a.shape[0]
+            if self.config.last_tap_normed and t == self.target.config.n_layers - 1:
+                a = self.target.norm(a.astype(self.dtype, copy=False), self.target.final_norm)
             parts.append(a.astype(self.dtype, copy=False))
         return np.concatenate(parts, axis=1)
 
@@ -528,22 +593,29 @@ class DFlashModel:
         return self.forward_block(cache, self.mask_block(bonus_token))
 
     def draft_block_reference(self, hidden: Mapping[int, np.ndarray], block_tokens) -> np.ndarray:
-        """Slow, explicit block forward from raw target hidden states (no cache, no kernels).
+        """Same as :meth:`block_logits` (its former name)."""
+        return self.block_logits(hidden, block_tokens)
+
+    def block_logits(self, hidden: Mapping[int, np.ndarray], block_tokens) -> np.ndarray:
+        """Return a block's logits from raw target hidden states: slow, explicit, no cache.
 
         Builds the context features of all ``P`` context positions, each layer's full key/value
         matrices ``[context ; block]`` and the non-causal softmax attention head by head, as
-        written in docs/FORMATS.md. The test oracle of :meth:`forward_block`.
+        written in docs/FORMATS.md (and as z-lab's ``DFlashDraftModel`` does). The test oracle
+        of :meth:`forward_block`.
 
         Parameters
         ----------
         hidden : dict[int, ndarray of shape (P, dim)]
-            Target hidden states of the context positions ``0 .. P-1`` (P may be 0).
+            Target hidden states (layer outputs, before the final norm) of the context
+            positions ``0 .. P-1`` (P may be 0), for every tapped layer.
         block_tokens : sequence of int, length n
             The block at positions ``P .. P+n-1``.
 
         Returns
         -------
         logits : ndarray of shape (n - 1, vocab_size)
+            Row ``j`` scores the token at position ``P + 1 + j``.
         """
         c = self.config
         ids = self.check_block(block_tokens)
@@ -553,7 +625,7 @@ class DFlashModel:
         H, Hkv, D, eps = c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps
         cos, sin = rope_tables(P + n, D, c.rope_theta, self.dtype)
         embed, head, layers = self._stack._numpy_weights()  # matrices in the compute dtype
-        x = embed[ids]
+        x = embed[ids] * np.asarray(c.input_embedding_scale, dtype=self.dtype)
         for lw in layers:
             h = rms_norm(x, lw.attn_norm, eps)
             q = (h @ lw.wq).reshape(n, H, D)
@@ -573,4 +645,7 @@ class DFlashModel:
             x = x + a.astype(self.dtype).reshape(n, H * D) @ lw.wo
             h = rms_norm(x, lw.mlp_norm, eps)
             x = x + (silu(h @ lw.w_gate) * (h @ lw.w_up)) @ lw.w_down
-        return rms_norm(x[1:], self.norm, eps) @ head
+        logits = (rms_norm(x[1:], self.norm, eps) @ head) * np.asarray(c.output_multiplier,
+                                                                         dtype=self.dtype)
+        cap = c.final_logit_softcapping
+        return np.tanh(logits / cap) * cap if cap > 0 else logits

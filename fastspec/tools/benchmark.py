@@ -472,6 +472,10 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
         tick("round costs")
         report["context_scaling"] = context_scaling(target, draft, contexts, progress=bar)
         report["gamma_scaling"] = gamma_scaling(target, draft, dflash, gammas, progress=bar)
+        if full:  # random SmolLM-135M / Qwen3-0.6B folders: load time, peak RSS, decode rate
+            from fastspec.tools.bench_real import real_size_rows
+
+            report["real_size"] = real_size_rows(dram_GBps=report["machine"]["stream_dram_GBps"])
         fs.set_backend(previous)
         if with_peers:
             try:
