@@ -7,6 +7,12 @@
  *                  vcvtph2ps) and every product and sum is fs_linear_f32's, so the result is
  *                  bit-identical to fs_linear_f32 on the widened W while a decode step streams
  *                  half the bytes.
+ * fs_linear_f32b:  the same with W stored as bfloat16 bits (uint16_t, packed by fs_pack_f32h,
+ *                  which packs any 16-bit type), widened by a 16-bit shift in registers; x
+ *                  must hold bf16 values (fs_linear_f32b_round rounds x into a scratch
+ *                  buffer first: the bf16 compute rule). Each product of two bf16 values is
+ *                  exact in float, so the result is bit-identical to fs_linear_f32 on the
+ *                  widened W and the rounded x.
  *
  * Float kernels (the hot path): W is packed once, when a runner is built, into panels of 32
  * columns stored k after k, so that a register tile of up to FS_LIN_MAXR rows x 32 columns
@@ -27,7 +33,9 @@
  * With GCC on x86-64 Linux the entry points are compiled three times (AVX-512, AVX2, baseline)
  * and one is picked from the CPU flags: a portable wheel without -march=native still gets wide
  * vectors. Other compilers get the baseline build (and scalar loops without GCC vectors).
- * Define FS_NO_CLONES to turn multi-versioning off.
+ * Define FS_NO_CLONES to turn multi-versioning off. fs_linear_set_path (fs_isa.h's FS_ISA_*
+ * values) forces the packed float kernels onto one variant (the FASTSPEC_ISA switch); the
+ * caller checks that the CPU runs it.
  *
  * Bit-identical float16 weights: the float kernels (f32 and f32h) come from ONE macro body that
  * differs only in how 16 weights are loaded, and all their arithmetic is on 16-lane float
@@ -44,6 +52,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "fs_isa.h"
 
 #if defined(FASTSPEC_HAVE_OPENMP) && defined(_OPENMP)
 #include <omp.h>
@@ -67,6 +77,11 @@
 #define FS_LIN_RESTRICT
 #endif
 
+/* The packed float kernels' variant: -1 (default) the widest the CPU runs, else FS_ISA_PORTABLE,
+ * FS_ISA_AVX2 or FS_ISA_AVX512 (fs_linear_set_path). Process-wide; set it while no product
+ * runs. */
+static int fs_lin_path = -1;
+
 /* Most rows of x handled in one pass over W (accumulators: rows x 2 vectors <= 20 zmm). */
 #define FS_LIN_MAXR 10
 /* Products with at least this many weights are split between OpenMP threads. */
@@ -86,6 +101,38 @@ static inline float fs_h2f(uint16_t h)
     bits = sign | (e == 0x1f ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* bfloat16 bits -> float: the upper half of the float's bits (exact). */
+static inline float fs_bf2f(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* float -> the nearest bfloat16 value (ties to even), as a float; NaN stays NaN (quieted),
+ * values past the largest bf16 become infinite. The NumPy twin (fastspec._bf16) is the same
+ * integer arithmetic. */
+static inline uint32_t fs_f2bf_bits(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        u |= 0x00400000u;
+    else
+        u += 0x7fffu + ((u >> 16) & 1u);
+    return u & 0xffff0000u;
+}
+
+/* xr[i] = x[i] rounded to bf16, i < count (xr may be x). */
+static void fs_round_bf16(const float *x, float *xr, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        uint32_t u = fs_f2bf_bits(x[i]);
+        memcpy(xr + i, &u, sizeof u);
+    }
 }
 
 /* Packed layout of the float kernels' W (in, out): columns zero-padded to a multiple of 16
@@ -237,6 +284,30 @@ FS_LIN_INLINE FS_LINF_AVX2_F32H void fs_linf_load_h_avx2(fs_lin_vf32 *dst, const
                                                 12, 13, 14, 15);
 }
 #endif
+/* bfloat16: 16 bits up into the float's upper half. */
+#define FS_LINF_LOAD_BF16_DEF(dst, p) fs_linf_load_b_def(dst, p)
+FS_LIN_INLINE void fs_linf_load_b_def(fs_lin_vf32 *dst, const uint16_t *p)
+{
+    fs_linf_u u;
+    for (int i = 0; i < 16; i++) u.f[i] = fs_bf2f(p[i]);
+    *dst = u.v;
+}
+#if FS_LINF_SIMD
+#define FS_LINF_LOAD_BF16_AVX512(dst, p)                                                      \
+    (*(dst) = (fs_lin_vf32)_mm512_castsi512_ps(_mm512_slli_epi32(                             \
+         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16)))
+#define FS_LINF_LOAD_BF16_AVX2(dst, p) fs_linf_load_b_avx2(dst, p)
+FS_LIN_INLINE FS_LINF_AVX2_F32 void fs_linf_load_b_avx2(fs_lin_vf32 *dst, const uint16_t *p)
+{
+    __m256i lo = _mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16);
+    __m256i hi = _mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 8))), 16);
+    __m256 l = _mm256_castsi256_ps(lo), h = _mm256_castsi256_ps(hi);
+    *dst = (fs_lin_vf32)__builtin_shufflevector(l, h, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
+                                                12, 13, 14, 15);
+}
+#endif
 /* The float kernels for weight type WT, variant V (name suffix), target attribute ATTR, on a
  * packed W (see fs_pack_f32). LOADW(dst, p) loads 16 weights. */
 #define FS_DEFINE_LINEAR_F(V, WT, ATTR, LOADW)                                                 \
@@ -326,26 +397,38 @@ static ATTR void fs_linf_part_##V(const float *x, const WT *P, float *y, int n, 
 
 FS_DEFINE_LINEAR_F(f32_def, float, , FS_LINF_LOAD_F32)
 FS_DEFINE_LINEAR_F(f32h_def, uint16_t, , FS_LINF_LOAD_F32H_DEF)
+FS_DEFINE_LINEAR_F(f32b_def, uint16_t, , FS_LINF_LOAD_BF16_DEF)
 #if FS_LINF_SIMD
 FS_DEFINE_LINEAR_F(f32_avx2, float, FS_LINF_AVX2_F32, FS_LINF_LOAD_F32)
 FS_DEFINE_LINEAR_F(f32_avx512, float, FS_LINF_AVX512_F32, FS_LINF_LOAD_F32)
 FS_DEFINE_LINEAR_F(f32h_avx2, uint16_t, FS_LINF_AVX2_F32H, FS_LINF_LOAD_F32H_AVX2)
 FS_DEFINE_LINEAR_F(f32h_avx512, uint16_t, FS_LINF_AVX512_F32H, FS_LINF_LOAD_F32H_AVX512)
+FS_DEFINE_LINEAR_F(f32b_avx2, uint16_t, FS_LINF_AVX2_F32, FS_LINF_LOAD_BF16_AVX2)
+FS_DEFINE_LINEAR_F(f32b_avx512, uint16_t, FS_LINF_AVX512_F32, FS_LINF_LOAD_BF16_AVX512)
 #endif
 
-/* The widest variant the CPU runs (same choice for both weight types: AVX-512F CPUs all have
- * F16C, so f32 and f32h always run the same arithmetic). */
+/* The widest variant the CPU runs (same choice for every weight type: AVX-512F CPUs all have
+ * F16C, so f32, f32h and f32b always run the same arithmetic), unless fs_linear_set_path
+ * forced one. */
 #if FS_LINF_SIMD
+static inline int fs_linf_auto(void)
+{
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c")) return FS_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return FS_ISA_AVX2;
+    return FS_ISA_PORTABLE;
+}
 #define FS_LINF_DISPATCH(SFX, args)                                                            \
     do {                                                                                       \
-        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c"))               \
+        int path_ = fs_lin_path < 0 ? fs_linf_auto() : fs_lin_path;                            \
+        if (path_ == FS_ISA_AVX512)                                                            \
             fs_linf_part_##SFX##_avx512 args;                                                  \
-        else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))             \
+        else if (path_ == FS_ISA_AVX2)                                                         \
             fs_linf_part_##SFX##_avx2 args;                                                    \
         else                                                                                   \
             fs_linf_part_##SFX##_def args;                                                     \
     } while (0)
 #else
+static inline int fs_linf_auto(void) { return FS_ISA_PORTABLE; }
 #define FS_LINF_DISPATCH(SFX, args) fs_linf_part_##SFX##_def args
 #endif
 static void fs_linear_part_f32(const float *x, const float *W, float *y, int n, int in, int out,
@@ -358,10 +441,26 @@ static void fs_linear_part_f32h(const float *x, const uint16_t *W, float *y, int
 {
     FS_LINF_DISPATCH(f32h, (x, W, y, n, in, out, lo, hi, accumulate));
 }
+static void fs_linear_part_f32b(const float *x, const uint16_t *W, float *y, int n, int in,
+                                int out, int lo, int hi, int accumulate)
+{
+    FS_LINF_DISPATCH(f32b, (x, W, y, n, in, out, lo, hi, accumulate));
+}
 #endif /* __GNUC__ */
 #else
 #define FS_LIN_VEC(SFX, x, W, y, R, in, out, lo, hi, acc) (lo)
+static inline int fs_linf_auto(void) { return FS_ISA_PORTABLE; }
 #endif
+
+/* Force path p (-1: automatic); returns 0, or -1 when this build or CPU cannot run it. */
+static inline int fs_linear_set_path(int p)
+{
+    if (p < -1 || p > FS_ISA_AVX512 || (p > fs_linf_auto())) return -1;
+    fs_lin_path = p;
+    return 0;
+}
+/* The variant the next product runs. */
+static inline int fs_linear_get_path(void) { return fs_lin_path < 0 ? fs_linf_auto() : fs_lin_path; }
 
 #define FS_DEFINE_LINEAR(T, SFX)                                                               \
 /* One row, columns [lo, hi): four rows of W per pass over y (which stays in L1). */           \
@@ -483,8 +582,19 @@ static void fs_linear_part_##SFX(const float *x, const WT *P, float *y, int n, i
 #define FS_LIN_SAME(w) (w)
 FS_DEFINE_LINEAR_F_SCALAR(float, f32, FS_LIN_SAME)
 FS_DEFINE_LINEAR_F_SCALAR(uint16_t, f32h, fs_h2f)
+FS_DEFINE_LINEAR_F_SCALAR(uint16_t, f32b, fs_bf2f)
 #endif
 FS_DEFINE_LINEAR_API(float, float, f32)
 FS_DEFINE_LINEAR_API(float, uint16_t, f32h)
+FS_DEFINE_LINEAR_API(float, uint16_t, f32b)
+
+/* The bf16 compute rule: y (n, out) [+]= round_bf16(x) @ W for bf16 W (packed), the rounded
+ * rows written to xr (n * in floats, may be x itself) once, before any thread starts. */
+static void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, float *y,
+                                 int n, int in, int out, int accumulate, float *xr)
+{
+    fs_round_bf16(x, xr, (size_t)n * in);
+    fs_linear_f32b(xr, W, bias, y, n, in, out, accumulate);
+}
 
 #endif /* FS_LINEAR_H */

@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from fastspec import kernels
+from fastspec._bf16 import BF16, RoundingMatrix, as_storage, from_bits
 from fastspec._checks import check_index
 from fastspec.cache import KVCache
 
@@ -45,7 +46,11 @@ class ModelConfig:
     layer): None (default) means ``dtype``; ``"float16"`` (only with ``dtype="float32"``) keeps
     them in float16, which halves the bytes a decode step streams. Float16 weights are widened
     to float32 exactly, in registers, and the result is bit-identical to a float32 model whose
-    weights are those float16 values. Norms, biases, rope tables and ``pos_embed`` stay in
+    weights are those float16 values. ``"bfloat16"`` (only with ``dtype="float32"``) stores
+    them as bf16 bit patterns in uint16 arrays (NumPy has no bf16; a uint16 weight array
+    passed to :class:`Transformer` is always read as bf16 bits) and changes the arithmetic:
+    every matrix product rounds its input rows to bf16 (nearest even) and accumulates in
+    float32 (docs/FORMATS.md). Norms, biases, rope tables and ``pos_embed`` stay in
     ``dtype``. A ``weight_dtype`` equal to ``dtype`` is stored as None.
     """
 
@@ -95,16 +100,18 @@ class ModelConfig:
             raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        if self.weight_dtype not in (None, "float16", "float32", "float64"):
-            raise ValueError("weight_dtype must be None, 'float16', 'float32' or 'float64', got "
-                             f"{self.weight_dtype!r}")
+        if self.weight_dtype not in (None, "float16", BF16, "float32", "float64"):
+            raise ValueError("weight_dtype must be None, 'float16', 'bfloat16', 'float32' or "
+                             f"'float64', got {self.weight_dtype!r}")
         if self.weight_dtype == self.dtype:
             object.__setattr__(self, "weight_dtype", None)
-        elif self.weight_dtype == "float16" and self.dtype != "float32":
-            raise ValueError(f"weight_dtype 'float16' needs dtype 'float32', got {self.dtype!r}")
-        elif self.weight_dtype is not None and self.weight_dtype != "float16":
+        elif self.weight_dtype in ("float16", BF16) and self.dtype != "float32":
+            raise ValueError(f"weight_dtype {self.weight_dtype!r} needs dtype 'float32', got "
+                             f"{self.dtype!r}")
+        elif self.weight_dtype not in (None, "float16", BF16):
             raise ValueError(f"weight_dtype {self.weight_dtype!r} does not match dtype "
-                             f"{self.dtype!r} (only float16 weights with float32 compute)")
+                             f"{self.dtype!r} (only float16/bfloat16 weights with float32 "
+                             "compute)")
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
         if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
@@ -131,6 +138,11 @@ class ModelConfig:
     def matrix_dtype(self) -> str:
         """Storage dtype of the large matrices: ``weight_dtype``, or ``dtype`` when None."""
         return self.weight_dtype or self.dtype
+
+    @property
+    def matrix_itemsize(self) -> int:
+        """Bytes per stored matrix element (2 for float16 and bfloat16)."""
+        return 2 if self.matrix_dtype == BF16 else np.dtype(self.matrix_dtype).itemsize
 
     def to_dict(self) -> dict:
         """Return the config as a JSON-serialisable dict (``weight_dtype`` only when set)."""
@@ -269,7 +281,8 @@ class Transformer:
     head : ndarray of shape (dim, vocab_size)
         Output projection in ``(in, out)`` layout (for tied embeddings, ``embed.T`` copied).
         ``embed``, ``head`` and the layers' projections are converted to
-        ``config.matrix_dtype``, everything else to ``config.dtype`` (C-contiguous).
+        ``config.matrix_dtype``, everything else to ``config.dtype`` (C-contiguous). A uint16
+        array is read as bf16 bit patterns (kept for bfloat16 matrices, else widened).
     final_norm : ndarray of shape (dim,), optional
         RMSNorm weight (Llama family).
     pos_embed : ndarray of shape (max_seq_len, dim), optional
@@ -280,8 +293,8 @@ class Transformer:
                  head: np.ndarray, final_norm: np.ndarray | None = None,
                  pos_embed: np.ndarray | None = None) -> None:
         self.config = config
-        dt, wdt = np.dtype(config.dtype), np.dtype(config.matrix_dtype)
-        cast = lambda a, t=dt: None if a is None else np.ascontiguousarray(a, dtype=t)  # noqa: E731
+        dt, wdt = config.dtype, config.matrix_dtype
+        cast = lambda a, t=dt: None if a is None else as_storage(a, t)  # noqa: E731
         self.embed = cast(embed, wdt)
         self.layers = [LayerWeights(**{k: cast(v, wdt if k in _MATRICES else dt)
                                        for k, v in lw.arrays().items()}) for lw in layers]
@@ -295,7 +308,7 @@ class Transformer:
         else:
             self.rope_cos = self.rope_sin = None
         self._runners = threading.local()
-        self._wide = None  # float16 matrices widened for the NumPy path (see _numpy_weights)
+        self._wide = None  # 16-bit matrices widened for the NumPy path (see _numpy_weights)
 
     # --- construction -------------------------------------------------------------------
 
@@ -561,17 +574,25 @@ class Transformer:
         """Return ``embed, head, layers`` with every matrix in the compute dtype.
 
         The model's own arrays when ``weight_dtype`` is unset; otherwise float32 copies of the
-        float16 matrices, made once (exact) and kept: the NumPy path then does the float32
-        model's arithmetic on them.
+        16-bit matrices, made once (exact) and kept: the NumPy path then does the float32
+        model's arithmetic on them. For bfloat16 the products' matrices (``head`` and the
+        projections) come as :class:`fastspec._bf16.RoundingMatrix`, whose ``x @ m`` rounds
+        ``x`` to bf16 first (the bf16 compute rule); ``embed`` (a lookup) is a plain array.
         """
         if self.config.weight_dtype is None:
             return self.embed, self.head, self.layers
         wide = self._wide
         if wide is None:
             dt = np.dtype(self.config.dtype)
-            layers = [LayerWeights(**{k: v.astype(dt) if k in _MATRICES else v
+            if self.config.weight_dtype == BF16:
+                widen = lambda a: RoundingMatrix(from_bits(a))  # noqa: E731
+                embed = from_bits(self.embed)
+            else:
+                widen = lambda a: a.astype(dt)  # noqa: E731
+                embed = self.embed.astype(dt)
+            layers = [LayerWeights(**{k: widen(v) if k in _MATRICES else v
                                       for k, v in lw.arrays().items()}) for lw in self.layers]
-            wide = self._wide = (self.embed.astype(dt), self.head.astype(dt), layers)
+            wide = self._wide = (embed, widen(self.head), layers)
         return wide
 
     def with_weight_dtype(self, weight_dtype: str | None) -> "Transformer":
@@ -579,10 +600,11 @@ class Transformer:
 
         Parameters
         ----------
-        weight_dtype : {None, "float16", "float32", "float64"}
+        weight_dtype : {None, "float16", "bfloat16", "float32", "float64"}
             See :class:`ModelConfig`; None or the compute dtype stores the matrices in it.
-            float16 -> float32 is exact; float32 -> float16 rounds to nearest (values beyond
-            the float16 range become infinite).
+            float16/bfloat16 -> float32 is exact; float32 -> float16 or bfloat16 rounds to
+            nearest even (values beyond the range become infinite; bfloat16 from float16 or
+            float64 goes through float32).
 
         Returns
         -------
@@ -776,9 +798,11 @@ class Transformer:
         path : path-like
         dtype : {"float32", "float64"}, optional
             Compute dtype; default: the file's (float32 for a Hugging Face folder).
-        weight_dtype : {"float16", "float32", "float64"}, optional
+        weight_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
             Storage dtype of the matrices (see :class:`ModelConfig`); default: the file's
-            ``weight_dtype`` when it fits ``dtype`` (float16 needs float32), else ``dtype``.
+            ``weight_dtype`` when it fits ``dtype`` (float16 and bfloat16 need float32), else
+            ``dtype``. A bf16 Hugging Face checkpoint loaded with ``"bfloat16"`` keeps its bit
+            patterns (no widening, no rounding).
         """
         path = Path(path)
         if path.is_dir():
@@ -786,9 +810,13 @@ class Transformer:
             return load_hf(path, dtype=dtype, weight_dtype=weight_dtype)
         from fastspec._npz import read_npz  # bounded: validates every header before reading
         cfg, sd = read_npz(path, "model")
+        bits = sorted(k for k, a in sd.items() if a.dtype == np.uint16)
+        if bits and cfg.get("weight_dtype") != BF16:
+            raise ValueError(f"{path}: tensors {bits[:3]} hold uint16 (bf16 bit patterns) but the "
+                             "config's weight_dtype is not 'bfloat16'")
         if dtype is not None:
             cfg["dtype"] = dtype
-            if cfg.get("weight_dtype") == "float16" and dtype != "float32":
+            if cfg.get("weight_dtype") in ("float16", BF16) and dtype != "float32":
                 cfg["weight_dtype"] = None
         if weight_dtype is not None:
             cfg["weight_dtype"] = weight_dtype
