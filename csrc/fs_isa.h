@@ -93,7 +93,7 @@ static inline int fs_isa_supported(const fs_isa_features *f, int p)
 {
     switch (p) {
     case FS_ISA_PORTABLE: return 1;
-    case FS_ISA_AVX2: return f->avx2 && f->f16c;
+    case FS_ISA_AVX2: return f->avx2 && f->fma && f->f16c;
     case FS_ISA_AVX512: return f->avx512f && f->f16c;
     case FS_ISA_AVX512BF16: return f->avx512bf16;
     case FS_ISA_AMX: return f->amx_tile && f->amx_bf16;

@@ -16,10 +16,11 @@
  *
  * Float kernels (the hot path): W is packed once, when a runner is built, into panels of 32
  * columns stored k after k, so that a register tile of up to FS_LIN_MAXR rows x 32 columns
+ * (AVX-512; AVX2: up to 6 rows x 16 columns, FS_LIN_MAXR_AVX2, to fit its 16 registers)
  * reads its weights as one sequential stream and keeps its sums in registers over the whole
- * `in` axis. One row (a decode step) streams four panels at once and is bandwidth bound; a
- * verification block of up to 10 rows reads W once and is bound by the multiply-adds, which
- * overlap the stream instead of following it. Every output takes its products in
+ * `in` axis. One row (a decode step) streams several panels at once and is bandwidth bound; a
+ * verification block of up to one tile of rows reads W once and is bound by the multiply-adds,
+ * which overlap the stream instead of following it. Every output takes its products in
  * k order, one multiply-add at a time, for any row count: decode and verification agree bit
  * for bit.
  *
@@ -37,14 +38,16 @@
  * values) forces the packed float kernels onto one variant (the FASTSPEC_ISA switch); the
  * caller checks that the CPU runs it.
  *
- * Bit-identical float16 weights: the float kernels (f32 and f32h) come from ONE macro body that
- * differs only in how 16 weights are loaded, and all their arithmetic is on 16-lane float
- * vectors (the last, partial vector of a row too: packing pads it with zero weights). GCC
+ * Bit-identical float16 weights: the float kernels (f32, f32h, f32b) come from ONE macro body
+ * that differs only in how 16 weights are loaded, and all their arithmetic is on the variant's
+ * float vectors (16 lanes; two 8-lane ymm vectors in the AVX2 variant, whose 64-byte generic
+ * vectors spilled every accumulator; the last, partial vector of a row too: packing pads it
+ * with zero weights). GCC
  * contracts a*b+c into FMA where the target has it; with identical statements on identical
  * vector types the two instantiations are contracted identically, so f32h == f32 on widened
- * weights in every variant. The float16 variants need F16C, which target_clones cannot add to
- * its "avx2" clone, so both float kernels use explicit target attributes and a dispatch on
- * __builtin_cpu_supports.
+ * weights in every variant (the AVX2 variant is AVX2+FMA+F16C). The float16 variants need F16C,
+ * which target_clones cannot add to its "avx2" clone, so the float kernels use explicit target
+ * attributes and a dispatch on __builtin_cpu_supports.
  */
 #ifndef FS_LINEAR_H
 #define FS_LINEAR_H
@@ -84,6 +87,10 @@ static int fs_lin_path = -1;
 
 /* Most rows of x handled in one pass over W (accumulators: rows x 2 vectors <= 20 zmm). */
 #define FS_LIN_MAXR 10
+/* ... in the AVX2 variants (16 registers; see FS_LINF_V8). */
+#ifndef FS_LIN_MAXR_AVX2
+#define FS_LIN_MAXR_AVX2 6
+#endif
 /* Products with at least this many weights are split between OpenMP threads. */
 #ifndef FS_LIN_PARALLEL_MIN
 #define FS_LIN_PARALLEL_MIN 65536
@@ -247,14 +254,15 @@ FS_DEFINE_TILE(double, f64, fs_lin_vf64, 8)
 #define FS_LINF_SIMD 1
 #include <immintrin.h>
 #define FS_LINF_AVX512_F32 __attribute__((target("avx512f")))
-#define FS_LINF_AVX2_F32 __attribute__((target("avx2")))
+#define FS_LINF_AVX2_F32 __attribute__((target("avx2,fma")))
 #define FS_LINF_AVX512_F32H __attribute__((target("avx512f,f16c")))
-#define FS_LINF_AVX2_F32H __attribute__((target("avx2,f16c")))
+#define FS_LINF_AVX2_F32H __attribute__((target("avx2,fma,f16c")))
 #else
 #define FS_LINF_SIMD 0
 #endif
 
 typedef union { fs_lin_vf32 v; float f[16]; } fs_linf_u;
+typedef float fs_lin_vf8 __attribute__((vector_size(32), aligned(4)));
 
 /* Loads of 16 weights into *dst (LOADW). */
 #define FS_LINF_LOAD_F32(dst, p) (*(dst) = *(const fs_lin_vf32 *)(const void *)(p))
@@ -275,14 +283,14 @@ FS_LIN_INLINE void fs_linf_load_h_def(fs_lin_vf32 *dst, const uint16_t *p)
 #if FS_LINF_SIMD
 #define FS_LINF_LOAD_F32H_AVX512(dst, p) \
     (*(dst) = (fs_lin_vf32)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(p))))
-#define FS_LINF_LOAD_F32H_AVX2(dst, p) fs_linf_load_h_avx2(dst, p)
-FS_LIN_INLINE FS_LINF_AVX2_F32H void fs_linf_load_h_avx2(fs_lin_vf32 *dst, const uint16_t *p)
-{
-    __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
-    __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 8)));
-    *dst = (fs_lin_vf32)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                12, 13, 14, 15);
-}
+/* AVX2 variants work on native 8-lane vectors (fs_lin_vf8): 16 weights are two of them. */
+#define FS_LINF_LOAD_F32_AVX2(dst, p)                                                          \
+    ((dst)[0] = *(const fs_lin_vf8 *)(const void *)(p),                                        \
+     (dst)[1] = *(const fs_lin_vf8 *)(const void *)((p) + 8))
+#define FS_LINF_LOAD_F32H_AVX2(dst, p)                                                         \
+    ((dst)[0] = (fs_lin_vf8)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p))), \
+     (dst)[1] = (fs_lin_vf8)_mm256_cvtph_ps(                                                   \
+         _mm_loadu_si128((const __m128i *)(const void *)((p) + 8))))
 #endif
 /* bfloat16: 16 bits up into the float's upper half. */
 #define FS_LINF_LOAD_BF16_DEF(dst, p) fs_linf_load_b_def(dst, p)
@@ -296,60 +304,75 @@ FS_LIN_INLINE void fs_linf_load_b_def(fs_lin_vf32 *dst, const uint16_t *p)
 #define FS_LINF_LOAD_BF16_AVX512(dst, p)                                                      \
     (*(dst) = (fs_lin_vf32)_mm512_castsi512_ps(_mm512_slli_epi32(                             \
          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(p))), 16)))
-#define FS_LINF_LOAD_BF16_AVX2(dst, p) fs_linf_load_b_avx2(dst, p)
-FS_LIN_INLINE FS_LINF_AVX2_F32 void fs_linf_load_b_avx2(fs_lin_vf32 *dst, const uint16_t *p)
-{
-    __m256i lo = _mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16);
-    __m256i hi = _mm256_slli_epi32(
-        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(p + 8))), 16);
-    __m256 l = _mm256_castsi256_ps(lo), h = _mm256_castsi256_ps(hi);
-    *dst = (fs_lin_vf32)__builtin_shufflevector(l, h, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11,
-                                                12, 13, 14, 15);
-}
+#define FS_LINF_WIDEN_B8(q)                                                                    \
+    ((fs_lin_vf8)_mm256_castsi256_ps(_mm256_slli_epi32(                                        \
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(q))), 16)))
+#define FS_LINF_LOAD_BF16_AVX2(dst, p)                                                         \
+    ((dst)[0] = FS_LINF_WIDEN_B8(p), (dst)[1] = FS_LINF_WIDEN_B8((p) + 8))
 #endif
 /* The float kernels for weight type WT, variant V (name suffix), target attribute ATTR, on a
- * packed W (see fs_pack_f32). LOADW(dst, p) loads 16 weights. */
-#define FS_DEFINE_LINEAR_F(V, WT, ATTR, LOADW)                                                 \
-/* A tile of R rows x NP panels x NV vectors of y at column c0 (NP consecutive panels of 32     \
- * columns, or one of 16 when NV = 1), accumulated in registers over the whole `in` axis while \
+ * packed W (see fs_pack_f32). Arithmetic on vectors of type VT, NL of them per 16 columns
+ * (64-byte vectors: NL = 1; AVX2's 8-lane vectors: NL = 2, so that every accumulator is a
+ * register). LOADW(dst, p) loads 16 weights into dst[0 .. NL-1]. Rows pass through in tiles
+ * of at most MAXR; a tile of 1 row reads NP1 panels at once, of 2 rows NP2, of more rows 1,
+ * and tiles of more than HALFR rows take each panel as two halves of 16 columns (the second
+ * half re-reads the panel from L2: the weights still stream from memory once per tile). */
+#define FS_DEFINE_LINEAR_F(V, WT, ATTR, LOADW, VT, NL, MAXR, NP1, NP2, HALFR)                          \
+/* y[c0 + i] for i < min(m, lanes), zero past m (m may be <= 0), and its inverse. */           \
+FS_LIN_INLINE ATTR void fs_linf_ld_##V(VT *dst, const float *p, int m)                          \
+{                                                                                              \
+    union { VT v; float f[sizeof(VT) / sizeof(float)]; } u;                                    \
+    const int lanes = (int)(sizeof(VT) / sizeof(float));                                       \
+    memset(&u, 0, sizeof u);                                                                   \
+    if (m > 0) memcpy(u.f, p, (size_t)(m < lanes ? m : lanes) * sizeof(float));                \
+    *dst = u.v;                                                                                \
+}                                                                                              \
+FS_LIN_INLINE ATTR void fs_linf_st_##V(float *p, VT v, int m)                                  \
+{                                                                                              \
+    union { VT v; float f[sizeof(VT) / sizeof(float)]; } u = {v};                              \
+    const int lanes = (int)(sizeof(VT) / sizeof(float));                                       \
+    if (m > 0) memcpy(p, u.f, (size_t)(m < lanes ? m : lanes) * sizeof(float));                \
+}                                                                                              \
+                                                                                               \
+/* A tile of R rows x NP panels x NV vectors of 16 columns at column c0 + 16 V0 (NP consecutive \
+ * panels of PW = 32 columns, or one of 16; NP = 1 when NV * 16 < PW), accumulated in          \
+ * registers over the whole `in` axis while \
  * the panels stream in sequentially. Each y[c] takes its products in k order, one            \
  * multiply-add at a time, whatever R and NP are: a row gives the same bits alone (decode) as  \
  * inside a block (verification). */                                                          \
 FS_LIN_INLINE ATTR void fs_linf_tile_##V(const float *FS_LIN_RESTRICT x,                       \
                                          const WT *FS_LIN_RESTRICT P,                          \
                                          float *FS_LIN_RESTRICT y, const int R, const int NP,  \
-                                         const int NV, int in, int out, int c0,                \
-                                         int accumulate)                                       \
+                                         const int NV, const int PW, const int V0, int in,     \
+                                         int out, int c0, int accumulate)                      \
 {                                                                                              \
-    fs_lin_vf32 acc[FS_LIN_MAXR * 2];                                                          \
+    VT acc[FS_LIN_MAXR * 2 * (NL)];                                                            \
+    const int VL = (int)(sizeof(VT) / sizeof(float)), NJ = NP * NV * (NL);                     \
     const size_t ps = (size_t)in * 32;                                                         \
     FS_LIN_UNROLL for (int r = 0; r < R; r++)                                                  \
-        FS_LIN_UNROLL for (int j = 0; j < NP * NV; j++) {                                      \
-            int c = c0 + j * 16;                                                               \
-            if (accumulate) fs_linf_part_f32(&acc[r * NP * NV + j], y + (size_t)r * out + c,   \
-                                             out - c);                                         \
-            else acc[r * NP * NV + j] = (fs_lin_vf32){0};                                      \
+        FS_LIN_UNROLL for (int j = 0; j < NJ; j++) {                                           \
+            int c = c0 + V0 * 16 + j * VL;                                                     \
+            if (accumulate) fs_linf_ld_##V(&acc[r * NJ + j], y + (size_t)r * out + c, out - c);\
+            else acc[r * NJ + j] = (VT){0};                                                    \
         }                                                                                      \
     for (int k = 0; k < in; k++) {                                                             \
-        fs_lin_vf32 wv[8];                                                                     \
+        VT wv[8 * (NL)];                                                                       \
         FS_LIN_UNROLL for (int p = 0; p < NP; p++) {                                           \
-            const WT *w = P + p * ps + (size_t)k * NV * 16;                                    \
+            const WT *w = P + p * ps + (size_t)k * PW + V0 * 16;                               \
             FS_LIN_UNROLL for (int v = 0; v < NV; v++) {                                       \
-                if (FS_LIN_PF_K) __builtin_prefetch(w + (FS_LIN_PF_K * NV + v) * 16, 0, 3);    \
-                LOADW(&wv[p * NV + v], w + v * 16);                                            \
+                if (FS_LIN_PF_K) __builtin_prefetch(w + FS_LIN_PF_K * PW + v * 16, 0, 3);     \
+                LOADW(&wv[(p * NV + v) * (NL)], w + v * 16);                                   \
             }                                                                                  \
         }                                                                                      \
         FS_LIN_UNROLL for (int r = 0; r < R; r++) {                                            \
             const float a = x[(size_t)r * in + k];                                             \
-            FS_LIN_UNROLL for (int j = 0; j < NP * NV; j++) acc[r * NP * NV + j] += a * wv[j]; \
+            FS_LIN_UNROLL for (int j = 0; j < NJ; j++) acc[r * NJ + j] += a * wv[j];           \
         }                                                                                      \
     }                                                                                          \
     FS_LIN_UNROLL for (int r = 0; r < R; r++)                                                  \
-        FS_LIN_UNROLL for (int j = 0; j < NP * NV; j++) {                                      \
-            int c = c0 + j * 16;                                                               \
-            fs_linf_u t = {acc[r * NP * NV + j]};                                              \
-            memcpy(y + (size_t)r * out + c, t.f, sizeof(float) * (out - c < 16 ? out - c : 16));\
+        FS_LIN_UNROLL for (int j = 0; j < NJ; j++) {                                           \
+            int c = c0 + V0 * 16 + j * VL;                                                     \
+            fs_linf_st_##V(y + (size_t)r * out + c, acc[r * NJ + j], out - c);                 \
         }                                                                                      \
 }                                                                                              \
                                                                                                \
@@ -360,51 +383,69 @@ FS_LIN_INLINE ATTR void fs_linf_rows_##V(const float *x, const WT *P, float *y, 
                                          int accumulate)                                       \
 {                                                                                              \
     int end = hi == out ? (out + 15) / 16 * 16 : hi, c0 = lo;                                  \
+    if (R > (HALFR)) {                                                                         \
+        for (; c0 + 32 <= end; c0 += 32) {                                                     \
+            fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 1, 32, 0, in, out, c0, accumulate);\
+            fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 1, 32, 1, in, out, c0, accumulate);\
+        }                                                                                      \
+    }                                                                                          \
     for (; c0 + 32 * NP <= end; c0 += 32 * NP)                                                 \
-        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, NP, 2, in, out, c0, accumulate);        \
+        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, NP, 2, 32, 0, in, out, c0, accumulate); \
     for (; c0 + 32 <= end; c0 += 32)                                                           \
-        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 2, in, out, c0, accumulate);         \
-    if (c0 < end) fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 1, in, out, c0, accumulate);\
+        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 2, 32, 0, in, out, c0, accumulate);  \
+    if (c0 < end)                                                                              \
+        fs_linf_tile_##V(x, P + (size_t)c0 * in, y, R, 1, 1, 16, 0, in, out, c0, accumulate);  \
 }                                                                                              \
                                                                                                \
-/* All n rows, columns [lo, hi). One row reads four panels at once (eight independent sums     \
- * hide the multiply-add latency), two rows two panels, more rows one panel. */                \
+/* All n rows, columns [lo, hi), in passes of at most MAXR rows (as even as possible). With   \
+ * 64-byte vectors one row reads four panels at once (eight independent sums hide the         \
+ * multiply-add latency), two rows two panels, more rows one panel. */                         \
 static ATTR void fs_linf_part_##V(const float *x, const WT *P, float *y, int n, int in,        \
                                   int out, int lo, int hi, int accumulate)                     \
 {                                                                                              \
-    /* Split n rows into passes of at most FS_LIN_MAXR, as even as possible. */                \
-    int passes = (n + FS_LIN_MAXR - 1) / FS_LIN_MAXR;                                          \
+    int passes = (n + (MAXR) - 1) / (MAXR);                                                    \
     int r0 = 0;                                                                                \
     for (int p = 0; p < passes; p++) {                                                         \
         int R = (n - r0 + (passes - p) - 1) / (passes - p);                                    \
         const float *xp = x + (size_t)r0 * in;                                                 \
         float *yp = y + (size_t)r0 * out;                                                      \
         switch (R) {                                                                           \
-        case 1: fs_linf_rows_##V(xp, P, yp, 1, 4, in, out, lo, hi, accumulate); break;         \
-        case 2: fs_linf_rows_##V(xp, P, yp, 2, 2, in, out, lo, hi, accumulate); break;         \
-        case 3: fs_linf_rows_##V(xp, P, yp, 3, 1, in, out, lo, hi, accumulate); break;         \
-        case 4: fs_linf_rows_##V(xp, P, yp, 4, 1, in, out, lo, hi, accumulate); break;         \
-        case 5: fs_linf_rows_##V(xp, P, yp, 5, 1, in, out, lo, hi, accumulate); break;         \
-        case 6: fs_linf_rows_##V(xp, P, yp, 6, 1, in, out, lo, hi, accumulate); break;         \
-        case 7: fs_linf_rows_##V(xp, P, yp, 7, 1, in, out, lo, hi, accumulate); break;         \
-        case 8: fs_linf_rows_##V(xp, P, yp, 8, 1, in, out, lo, hi, accumulate); break;         \
-        case 9: fs_linf_rows_##V(xp, P, yp, 9, 1, in, out, lo, hi, accumulate); break;         \
-        default: fs_linf_rows_##V(xp, P, yp, 10, 1, in, out, lo, hi, accumulate); break;       \
+        case 1: fs_linf_rows_##V(xp, P, yp, 1, NP1, in, out, lo, hi, accumulate); break;       \
+        case 2: fs_linf_rows_##V(xp, P, yp, 2, NP2, in, out, lo, hi, accumulate); break;       \
+        FS_LINF_CASE(V, 3, MAXR) FS_LINF_CASE(V, 4, MAXR) FS_LINF_CASE(V, 5, MAXR)              \
+        FS_LINF_CASE(V, 6, MAXR) FS_LINF_CASE(V, 7, MAXR) FS_LINF_CASE(V, 8, MAXR)              \
+        FS_LINF_CASE(V, 9, MAXR)                                                               \
+        default: fs_linf_rows_##V(xp, P, yp, (MAXR) < 10 ? (MAXR) : 10, 1, in, out, lo, hi,    \
+                                  accumulate); break;                                          \
         }                                                                                      \
         r0 += R;                                                                               \
     }                                                                                          \
 }
 
-FS_DEFINE_LINEAR_F(f32_def, float, , FS_LINF_LOAD_F32)
-FS_DEFINE_LINEAR_F(f32h_def, uint16_t, , FS_LINF_LOAD_F32H_DEF)
-FS_DEFINE_LINEAR_F(f32b_def, uint16_t, , FS_LINF_LOAD_BF16_DEF)
+/* A tile of R rows, compiled only where R <= MAXR (else the default case, never reached). */
+#define FS_LINF_CASE(V, R, MAXR)                                                               \
+    case R: if ((R) <= (MAXR)) { fs_linf_rows_##V(xp, P, yp, (R) <= (MAXR) ? (R) : 1, 1, in,    \
+                                                  out, lo, hi, accumulate); break; }
+
+/* (the vector parameters come as one macro: expand it before FS_DEFINE_LINEAR_F counts them) */
+#define FS_DEFINE_LINEAR_FX(...) FS_DEFINE_LINEAR_F(__VA_ARGS__)
+#define FS_LINF_V64 fs_lin_vf32, 1, FS_LIN_MAXR, 4, 2, FS_LIN_MAXR
+FS_DEFINE_LINEAR_FX(f32_def, float, , FS_LINF_LOAD_F32, FS_LINF_V64)
+FS_DEFINE_LINEAR_FX(f32h_def, uint16_t, , FS_LINF_LOAD_F32H_DEF, FS_LINF_V64)
+FS_DEFINE_LINEAR_FX(f32b_def, uint16_t, , FS_LINF_LOAD_BF16_DEF, FS_LINF_V64)
 #if FS_LINF_SIMD
-FS_DEFINE_LINEAR_F(f32_avx2, float, FS_LINF_AVX2_F32, FS_LINF_LOAD_F32)
-FS_DEFINE_LINEAR_F(f32_avx512, float, FS_LINF_AVX512_F32, FS_LINF_LOAD_F32)
-FS_DEFINE_LINEAR_F(f32h_avx2, uint16_t, FS_LINF_AVX2_F32H, FS_LINF_LOAD_F32H_AVX2)
-FS_DEFINE_LINEAR_F(f32h_avx512, uint16_t, FS_LINF_AVX512_F32H, FS_LINF_LOAD_F32H_AVX512)
-FS_DEFINE_LINEAR_F(f32b_avx2, uint16_t, FS_LINF_AVX2_F32, FS_LINF_LOAD_BF16_AVX2)
-FS_DEFINE_LINEAR_F(f32b_avx512, uint16_t, FS_LINF_AVX512_F32, FS_LINF_LOAD_BF16_AVX512)
+/* AVX2: 16 ymm registers hold at most 12 accumulators beside the broadcast input (2 x 8-lane
+ * vectors per 16 columns): one row reads two panels, 2-3 rows one panel, 4-6 rows half a
+ * panel. */
+#define FS_LINF_V8 fs_lin_vf8, 2, FS_LIN_MAXR_AVX2, 2, 1, 3
+FS_DEFINE_LINEAR_FX(f32_avx2, float, FS_LINF_AVX2_F32, FS_LINF_LOAD_F32_AVX2, FS_LINF_V8)
+FS_DEFINE_LINEAR_FX(f32_avx512, float, FS_LINF_AVX512_F32, FS_LINF_LOAD_F32, FS_LINF_V64)
+FS_DEFINE_LINEAR_FX(f32h_avx2, uint16_t, FS_LINF_AVX2_F32H, FS_LINF_LOAD_F32H_AVX2, FS_LINF_V8)
+FS_DEFINE_LINEAR_FX(f32h_avx512, uint16_t, FS_LINF_AVX512_F32H, FS_LINF_LOAD_F32H_AVX512,
+                   FS_LINF_V64)
+FS_DEFINE_LINEAR_FX(f32b_avx2, uint16_t, FS_LINF_AVX2_F32, FS_LINF_LOAD_BF16_AVX2, FS_LINF_V8)
+FS_DEFINE_LINEAR_FX(f32b_avx512, uint16_t, FS_LINF_AVX512_F32, FS_LINF_LOAD_BF16_AVX512,
+                   FS_LINF_V64)
 #endif
 
 /* The widest variant the CPU runs (same choice for every weight type: AVX-512F CPUs all have
@@ -414,7 +455,9 @@ FS_DEFINE_LINEAR_F(f32b_avx512, uint16_t, FS_LINF_AVX512_F32, FS_LINF_LOAD_BF16_
 static inline int fs_linf_auto(void)
 {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c")) return FS_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return FS_ISA_AVX2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+        && __builtin_cpu_supports("f16c"))
+        return FS_ISA_AVX2;
     return FS_ISA_PORTABLE;
 }
 #define FS_LINF_DISPATCH(SFX, args)                                                            \
