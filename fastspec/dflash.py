@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from fastspec._bf16 import as_storage
 from fastspec._checks import check_index
 from fastspec._npz import read_npz
 from fastspec.cache import KVCache
@@ -269,10 +270,10 @@ class DFlashModel:
                     f"forward yet (only {default}); DFlashModel.block_logits shows the math")
         dt = np.dtype(target.config.dtype)
         self.dtype = dt
-        # The layers' projections follow the target's weight_dtype (float16: half the bytes
-        # per block forward); fc and the norms stay in the compute dtype.
-        wdt = np.dtype(target.config.matrix_dtype)
-        cast = lambda a, t=dt: None if a is None else np.ascontiguousarray(a, dtype=t)  # noqa: E731
+        # The layers' projections follow the target's weight_dtype (float16/bfloat16: half the
+        # bytes per block forward); fc and the norms stay in the compute dtype.
+        wdt = target.config.matrix_dtype
+        cast = lambda a, t=dt.name: None if a is None else as_storage(a, t)  # noqa: E731
         self.fc = cast(fc)
         self.hidden_norm = cast(hidden_norm)
         self.layers = [LayerWeights(**{k: cast(v, wdt if k in MATRICES else dt)

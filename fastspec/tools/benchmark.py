@@ -20,7 +20,8 @@ import fastspec as fs
 from fastspec._progress import Progress
 
 __all__ = ["timeit", "machine_limits", "attention_rates", "kernel_ratios", "decode_bound",
-           "stream_rate", "context_scaling", "gamma_scaling", "peers", "run", "bench_main"]
+           "stream_rate", "context_scaling", "gamma_scaling", "peers", "run", "bench_main",
+           "storage_costs", "smollm_config"]
 
 
 # --- timing ---------------------------------------------------------------------------------
@@ -183,7 +184,7 @@ def decode_bound(model, limits: dict, step_s: float) -> dict:
     L2); the cache-resident and DRAM rates are reported beside it.
     """
     n_params = model.n_params
-    weight_bytes = n_params * np.dtype(model.config.matrix_dtype).itemsize  # norms: negligible
+    weight_bytes = n_params * model.config.matrix_itemsize  # norms: negligible
     flops = 2 * n_params
     footprint = stream_rate(weight_bytes)
     t_mem = weight_bytes / (footprint * 1e9)
@@ -258,6 +259,71 @@ def round_costs(target, draft, dflash, context: int = 300,
     return {"context": context, "decode_s": decode,
             "pieces": [{"piece": k, "seconds": v, "over_decode": v / decode}
                        for k, v in seconds.items()]}
+
+
+def smollm_config(max_seq_len: int = 512 + 32, **overrides) -> "fs.ModelConfig":
+    """Return a config shaped like SmolLM-135M (vocab 49152, dim 576, 30 layers, 9/3 heads of
+    64, ffn 1536, tied, RMSNorm/RoPE/SwiGLU, rope_theta 10000) for random-weight benchmarks."""
+    fields = dict(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
+                  ffn_dim=1536, tie_embeddings=True, rope_theta=10000.0, norm_eps=1e-5,
+                  max_seq_len=max_seq_len)
+    fields.update(overrides)
+    return fs.ModelConfig(**fields)
+
+
+def storage_costs(model, context: int = 300, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16),
+                  weight_dtypes: Sequence[str] = ("float32", "float16", "bfloat16"),
+                  min_time: float = 0.05, repeats: int = 5) -> list[dict]:
+    """Verification cost vs weight storage: ``verify_n`` in decode steps per ``weight_dtype``.
+
+    For each storage dtype, ``model`` is converted (:meth:`~fastspec.Transformer.with_weight_dtype`)
+    and timed on the active backend at ``context`` committed positions: a decode step (one
+    position) and target forwards of ``n`` positions for each ``n`` in ``sizes``, plus the
+    decode step against the stream bound at the weights' footprint (weight bytes over the
+    streaming rate measured at that many bytes, :func:`stream_rate`).
+
+    Returns
+    -------
+    list of dict
+        One row per dtype: ``weight_dtype``, ``weight_bytes``, ``decode_s``,
+        ``stream_footprint_GBps``, ``stream_bound_s``, ``fraction_of_bound`` (bound / decode:
+        1 means the step streams its weights at the measured rate) and ``verify`` = {n:
+        seconds / decode_s}.
+    """
+    rows = []
+    for wdt in weight_dtypes:
+        m = model.with_weight_dtype(wdt)
+        cache = m.new_cache(context + max(sizes) + 1)
+        m.forward(_prompt_tokens(context, m.config.vocab_size), cache)
+        times = {}
+        for n in sorted(set(sizes) | {1}):
+            block = np.full(n, 1)
+
+            def verify(block=block):
+                m.forward(block, cache)
+                cache.crop(context)
+            times[n] = timeit(verify, min_time=min_time, repeats=repeats)
+        weight_bytes = m.n_params * m.config.matrix_itemsize
+        rate = stream_rate(weight_bytes)
+        bound = weight_bytes / (rate * 1e9)
+        rows.append({"weight_dtype": wdt, "weight_bytes": weight_bytes, "context": context,
+                     "decode_s": times[1], "stream_footprint_GBps": rate,
+                     "stream_bound_s": bound, "fraction_of_bound": bound / times[1],
+                     "verify": {n: times[n] / times[1] for n in sizes}})
+        del m, cache
+    return rows
+
+
+def storage_costs_text(rows: list[dict], label: str) -> list[str]:
+    """Lines of a :func:`storage_costs` table (verify_n in decode steps)."""
+    sizes = list(rows[0]["verify"]) if rows else []
+    lines = [f"{label}: weights  decode_ms  GB/s(footprint)  of-bound  "
+             + "  ".join(f"v{n:<3d}" for n in sizes)]
+    for r in rows:
+        lines.append(f"{label}: {r['weight_dtype']:<8} {1e3 * r['decode_s']:9.2f}  "
+                     f"{r['stream_footprint_GBps']:15.1f}  {r['fraction_of_bound']:8.0%}  "
+                     + "  ".join(f"{r['verify'][n]:4.2f}" for n in sizes))
+    return lines
 
 
 def _per_token(run: Callable[[int], object], new_tokens: int, vanilla: bool = False,
@@ -469,6 +535,12 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
         fastest = "cython" if "cython" in backends else "numpy"
         fs.set_backend(fastest)
         report["round_costs"] = {"backend": fastest, **round_costs(target, draft, dflash)}
+        # verify_n per weight storage; the SmolLM-135M shape (random, built in bf16) with --full
+        report["storage_costs"] = {"target": storage_costs(target, 300)}
+        if full:
+            smol = fs.Transformer.random(smollm_config(weight_dtype="bfloat16"), seed=0)
+            report["storage_costs"]["smollm135m_shape"] = storage_costs(smol, 512)
+            del smol
         tick("round costs")
         report["context_scaling"] = context_scaling(target, draft, contexts, progress=bar)
         report["gamma_scaling"] = gamma_scaling(target, draft, dflash, gammas, progress=bar)
@@ -535,6 +607,8 @@ def summary_text(report: dict) -> str:
     for r in report["decode_bound"]:
         lines.append(f"decode step {r['backend']:>6}: {1e6 * r['step_s']:.0f} us, {r['binding']}-bound, "
                      f"{r['achieved_fraction']:.0%} of the bound")
+    for name, rows in report.get("storage_costs", {}).items():
+        lines += storage_costs_text(rows, f"verify_n/decode [{name}]")
     for r in report.get("peers", []) if isinstance(report.get("peers"), list) else []:
         for row in r["rows"]:
             lines.append(f"peers [{r['models']}] {row['pair']:<24} fastspec/transformers "
