@@ -12,7 +12,7 @@ from fastspec.decoding import DecodeStats, GenerationResult, generate, speculati
 from fastspec.dflash import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
 from fastspec.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
-from fastspec.checkpoints import load_pretrained
+from fastspec.pretrained import load_pretrained
 from fastspec.hf_tokenizer import HFTokenizer
 from fastspec import pretrained
 

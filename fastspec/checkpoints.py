@@ -18,7 +18,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, NamedTuple
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from fastspec.schema import hf_layer_keys, layer_attrs
 if TYPE_CHECKING:  # the model builds itself from read_hf; no import cycle at run time
     from fastspec.model import Transformer
 
-__all__ = ["read_hf", "save_hf", "load_pretrained", "Pretrained", "read_safetensors",
+__all__ = ["read_hf", "save_hf", "read_safetensors",
            "write_safetensors", "hf_config"]
 
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
@@ -357,60 +357,3 @@ def save_hf(model: Transformer, folder: str | os.PathLike) -> None:
 
 
 # --- model + tokenizer -------------------------------------------------------------------
-
-class Pretrained(NamedTuple):
-    """A Hugging Face folder's model and tokenizer (from :func:`load_pretrained`).
-
-    Attributes
-    ----------
-    model : Transformer
-    tokenizer : HFTokenizer or None
-        None when loaded with ``tokenizer=False``.
-    """
-
-    model: "Transformer"
-    tokenizer: "object"
-
-
-def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
-                    weight_dtype: str | None = None, tokenizer: bool = True) -> Pretrained:
-    """Load a Llama/Qwen2/Qwen3 folder's model and its ``tokenizer.json`` in one call.
-
-    Parameters
-    ----------
-    folder : path-like
-        A Hugging Face checkpoint folder (``config.json``, safetensors, ``tokenizer.json``,
-        optionally ``generation_config.json`` for the stop ids).
-    dtype, weight_dtype : str, optional
-        As in :func:`read_hf`.
-    tokenizer : bool, default True
-        False skips the tokenizer (for callers that pass token ids).
-
-    Returns
-    -------
-    Pretrained
-        ``model, tokenizer = fastspec.load_pretrained(folder)``.
-
-    Raises
-    ------
-    FileNotFoundError
-        No ``tokenizer.json`` (the message says to pass token ids instead).
-    ValueError
-        Malformed files, or a tokenizer with more ids than the model's vocabulary.
-    """
-    from fastspec.hf_tokenizer import HFTokenizer
-    from fastspec.model import Transformer
-
-    folder = Path(folder)
-    tok = HFTokenizer.from_folder(folder) if tokenizer else None  # before the slow part
-    model = Transformer.from_state_dict(*read_hf(folder, dtype=dtype, weight_dtype=weight_dtype))
-    if tok is not None:
-        V = model.config.vocab_size
-        if tok.vocab_size > V:
-            raise ValueError(f"{tok.source}: {tok.vocab_size} tokens, more than the model's "
-                             f"vocab_size {V} ({folder / 'config.json'})")
-        bad = [i for i in (tok.bos_id, *tok.stop_ids) if i is not None and i >= V]
-        if bad:
-            raise ValueError(f"{folder}: special token ids {bad} are outside the model's "
-                             f"vocab_size {V}")
-    return Pretrained(model, tok)

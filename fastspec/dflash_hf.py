@@ -28,14 +28,19 @@ import math
 import os
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fastspec.checkpoints import _rope_theta, _weight_files, read_safetensors, write_safetensors
-from fastspec.dflash import MAX_BLOCK_SIZE, DFlashConfig, DFlashModel
+from fastspec.dflash_config import MAX_BLOCK_SIZE, DFlashConfig
 from fastspec.model import Transformer
 from fastspec.schema import hf_layer_keys, layer_attrs
 
-__all__ = ["load_dflash_folder", "save_dflash_folder", "target_fingerprint", "fingerprint_array",
+if TYPE_CHECKING:  # DFlashModel builds itself from read_dflash_folder; no import cycle
+    from fastspec.dflash import DFlashModel
+
+__all__ = ["read_dflash_folder", "save_dflash_folder", "target_fingerprint", "fingerprint_array",
            "check_fingerprint_array"]
 
 #: Keys of a DFlash 2 config (candidate selector, dynamic convolutions).
@@ -174,8 +179,10 @@ def read_dflash_config(folder: Path, target: Transformer) -> DFlashConfig:
         final_logit_softcapping=scale("final_logit_softcapping", 0.0))
 
 
-def load_dflash_folder(folder: str | os.PathLike, target: Transformer) -> DFlashModel:
-    """Load a z-lab DFlash drafter folder for ``target`` (see the module notes).
+def read_dflash_folder(folder: str | os.PathLike,
+                       target: Transformer) -> tuple[DFlashConfig, dict[str, np.ndarray]]:
+    """Read a z-lab DFlash drafter folder for ``target``: its config and tensors (see the
+    module notes); :meth:`fastspec.DFlashModel.load` builds the drafter from them.
 
     Raises
     ------
@@ -210,10 +217,10 @@ def load_dflash_folder(folder: str | os.PathLike, target: Transformer) -> DFlash
     sd: dict[str, np.ndarray] = {}
     for path, names in by_file.items():
         sd.update(read_safetensors(path, names, dtype=target.config.dtype))
-    return DFlashModel.from_state_dict(config, target, sd)
+    return config, sd
 
 
-def save_dflash_folder(model: DFlashModel, folder: str | os.PathLike) -> None:
+def save_dflash_folder(model: "DFlashModel", folder: str | os.PathLike) -> None:
     """Write ``model`` as a z-lab folder (``config.json`` + ``model.safetensors``).
 
     Raises
