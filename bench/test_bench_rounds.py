@@ -1,6 +1,6 @@
 """What one speculative round costs on the embedded models, in target decode steps.
 
-Every piece of a round (``fastspec.tools.benchmark.round_costs``) on the embedded target and
+Every piece of a round (``fastspec.tools.rounds.round_costs``) on the embedded target and
 drafters (float16 weights, Cython backend) at a context of 300 committed positions::
 
     OPENBLAS_NUM_THREADS=1 pytest bench/test_bench_rounds.py --benchmark-only -s
@@ -16,7 +16,7 @@ import os
 import pytest
 
 import fastspec as fs
-from fastspec.tools.benchmark import round_costs, smollm_config, storage_costs, storage_costs_text
+from fastspec.tools.rounds import round_costs, smollm_config, storage_costs, storage_costs_text
 
 needs_models = pytest.mark.skipif(
     "cython" not in fs.available_backends() or not fs.pretrained.available(),
