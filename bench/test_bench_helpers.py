@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.tools import benchmark
+from fastspec.tools import benchmark, machine, markdown, rounds
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_per_token_excludes_prefill_and_counts_vanilla_first_token(models):
 
 
 def test_attention_rates_compare_with_a_stream_of_the_same_bytes():
-    rows = benchmark.attention_rates(lengths=(64,), n_heads=2, head_dim=16)
+    rows = machine.attention_rates(lengths=(64,), n_heads=2, head_dim=16)
     assert {r["backend"] for r in rows} == set(fs.available_backends())
     for r in rows:
         assert r["bytes"] == 2 * 2 * 64 * 16 * 4
@@ -64,7 +64,7 @@ def test_round_costs_report_every_piece_in_decode_steps(backend):
                                                              n_kv_heads=2, ffn_dim=48), seed=0)
     draft = fs.Transformer.random(target.config.replace(n_layers=1), seed=1)
     dflash = fs.DFlashModel.random(fs.DFlashConfig(block_size=4), target, seed=2)
-    rc = benchmark.round_costs(target, draft, dflash, context=20, verify_sizes=(1, 3),
+    rc = rounds.round_costs(target, draft, dflash, context=20, verify_sizes=(1, 3),
                                block_sizes=(2, 4))
     names = [r["piece"] for r in rc["pieces"]]
     assert names == ["verify_1", "verify_3", "dflash_block_2", "dflash_block_4",
@@ -81,6 +81,6 @@ def test_round_costs_report_every_piece_in_decode_steps(backend):
               "attention_fraction_of_stream": 0.5, "kernels": [], "decode_bound": [],
               "round_costs": {"backend": fs.backend(), **rc}, "context_scaling": [],
               "gamma_scaling": []}
-    md = benchmark.performance_markdown(report)
+    md = markdown.performance_markdown(report)
     assert "What a speculative round costs (context 20" in md
     assert "| dflash_commit_4 |" in md

@@ -118,3 +118,41 @@ def test_verify_greedy(benchmark, backend):
     draft = np.argmax(logits[:8], axis=1)
     draft[6] = (draft[6] + 1) % V  # six accepted, a mismatch at 6
     benchmark(kernel(backend, "verify_greedy"), draft, logits)
+
+
+# ---- probs and the sampled round at a real vocabulary (Qwen2/Qwen3: 151936) -----------------
+
+V_QWEN = 151936
+PROBS_QWEN_CASES = [(0, 1.0), (50, 1.0), (50, 0.9), (0, 0.9)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("top_k, top_p", PROBS_QWEN_CASES,
+                         ids=[f"k{k}-p{p}" for k, p in PROBS_QWEN_CASES])
+def test_probs_qwen_vocab(benchmark, backend, top_k, top_p):
+    """Top-k selects (heap / partition), it does not sort the vocabulary."""
+    benchmark.group = f"probs V={V_QWEN} top_k={top_k} top_p={top_p}"
+    benchmark.extra_info.update(backend=backend)
+    logits = (3 * np.random.default_rng(0).standard_normal((1, V_QWEN))).astype(np.float32)
+    benchmark(kernel(backend, "probs"), logits, 0.8, top_k, top_p)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampled_round_qwen_vocab(benchmark, backend):
+    """The sampled path of one round at gamma 7: the target's 8 rows of p (top-k 50, top-p
+    0.9) and verify_rejection against the drafter's q; compare with a decode step of the
+    model (a Qwen3-0.6B step streams ~1.2 GB of 16-bit weights: ~60 ms at 20 GB/s)."""
+    benchmark.group = f"sampled round g=7 V={V_QWEN} top_k=50 top_p=0.9"
+    benchmark.extra_info.update(backend=backend)
+    rng = np.random.default_rng(0)
+    probs, verify = kernel(backend, "probs"), kernel(backend, "verify_rejection")
+    logits = (3 * rng.standard_normal((8, V_QWEN))).astype(np.float32)
+    q = fs.kernels.module("numpy").probs((3 * rng.standard_normal((7, V_QWEN))).astype(np.float32),
+                                         0.8, 50, 0.9)
+    draft = q.argmax(axis=1)
+    uniforms = rng.random(8)
+
+    def round_():
+        return verify(draft, probs(logits, 0.8, 50, 0.9), q, uniforms)
+
+    benchmark(round_)

@@ -10,7 +10,7 @@ targets' ratios in one run, interleaved, and records them in ``extra_info``:
 - tiny Llama 9-token verification step <= 2x a 1-token decode step (Cython).
 
 Weight storage (``ModelConfig.weight_dtype``): the embedded target (when installed) and the
-tiny Llama with float16 matrices beside the same model in float32, Cython backend, one decode
+tiny Llama with float16 (and bfloat16) matrices beside the same model in float32, Cython backend, one decode
 step at cache length 300 and a 9-token verification step (groups ``weights-<model>-<case>``);
 ``test_weight_dtype_ratio`` records the interleaved f32/f16 time ratios (goal: float16 decode
 step >= 1.3x faster for the embedded target; bandwidth bound, so it depends on the machine).
@@ -154,7 +154,7 @@ needs_cython = pytest.mark.skipif("cython" not in fs.available_backends(),
 
 
 @needs_cython
-@pytest.mark.parametrize("weight_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("weight_dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("case", sorted(WEIGHT_CASES))
 @pytest.mark.parametrize("name", sorted(WEIGHT_MODELS))
 def test_weight_dtype_step(benchmark, restore_backend, name, case, weight_dtype):

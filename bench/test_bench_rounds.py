@@ -1,6 +1,6 @@
 """What one speculative round costs on the embedded models, in target decode steps.
 
-Every piece of a round (``fastspec.tools.benchmark.round_costs``) on the embedded target and
+Every piece of a round (``fastspec.tools.rounds.round_costs``) on the embedded target and
 drafters (float16 weights, Cython backend) at a context of 300 committed positions::
 
     OPENBLAS_NUM_THREADS=1 pytest bench/test_bench_rounds.py --benchmark-only -s
@@ -11,10 +11,12 @@ records every piece's ratio to a decode step and, for the DFlash goal of the iss
 default" (tau >= 4.5 and >= 2.5x at block size 8, gamma 7), the speedup that tau 4.5 allows at
 these costs.
 """
+import os
+
 import pytest
 
 import fastspec as fs
-from fastspec.tools.benchmark import round_costs
+from fastspec.tools.rounds import round_costs, smollm_config, storage_costs, storage_costs_text
 
 needs_models = pytest.mark.skipif(
     "cython" not in fs.available_backends() or not fs.pretrained.available(),
@@ -46,5 +48,58 @@ def test_round_costs(benchmark):
             b.target.forward([1], tcache)
             tcache.crop(299)
         benchmark.pedantic(decode_step, rounds=5, iterations=20)
+    finally:
+        fs.set_backend(previous)
+
+
+# --- verify_n per weight storage (float32 / float16 / bfloat16) ---------------------------------
+
+needs_cython = pytest.mark.skipif("cython" not in fs.available_backends(),
+                                  reason="needs the Cython extension")
+
+
+def _storage_model(name):
+    if name == "embedded":
+        if not fs.pretrained.available():
+            pytest.skip("embedded models missing")
+        return fs.pretrained.load().target, 300
+    if not os.environ.get("FASTSPEC_BENCH_FULL"):
+        pytest.skip("the SmolLM-135M shape (~1 GB while built) runs with FASTSPEC_BENCH_FULL=1")
+    return fs.Transformer.random(smollm_config(weight_dtype="bfloat16"), seed=0), 512
+
+
+@needs_cython
+@pytest.mark.parametrize("name", ["embedded", "smollm135m_shape"])
+def test_storage_round_costs(benchmark, name):
+    """verify_n (n = 1, 2, 4, 8, 12, 16) in decode steps per storage dtype, and the decode step
+    against the stream bound at the weights' footprint (Cython backend, one run)::
+
+        FASTSPEC_BENCH_FULL=1 OPENBLAS_NUM_THREADS=1 \\
+            pytest bench/test_bench_rounds.py -k storage --benchmark-only -s
+
+    With --benchmark-disable every piece runs once (a smoke test of the table)."""
+    benchmark.group = f"storage-{name}"
+    previous = fs.backend()
+    fs.set_backend("cython")
+    try:
+        model, context = _storage_model(name)
+        quick = dict(min_time=0.0, repeats=1) if benchmark.disabled else {}
+        rows = storage_costs(model, context, **quick)
+        print("\n" + "\n".join(storage_costs_text(rows, name)))
+        for r in rows:
+            w = r["weight_dtype"]
+            benchmark.extra_info[f"{w}_decode_ms"] = 1e3 * r["decode_s"]
+            benchmark.extra_info[f"{w}_fraction_of_stream_bound"] = r["fraction_of_bound"]
+            for n, v in r["verify"].items():
+                benchmark.extra_info[f"{w}_verify_{n}_over_decode"] = v
+        assert [r["weight_dtype"] for r in rows] == ["float32", "float16", "bfloat16"]
+        m = model.with_weight_dtype("bfloat16")
+        cache = m.new_cache(context + 2)
+        m.forward([i % 200 for i in range(context)], cache)
+
+        def decode_step():
+            m.forward([1], cache)
+            cache.crop(context)
+        benchmark.pedantic(decode_step, rounds=5, iterations=5)
     finally:
         fs.set_backend(previous)

@@ -4,7 +4,7 @@ Each pair (greedy, assisted generation / draft model, prompt lookup / n-gram) is
 benchmark group with a transformers case beside the fastspec case; ``extra_info`` records
 target forward calls and whether the outputs are identical. The tiny Llama of the model
 benchmarks is exported with ``Transformer.save(folder)`` and loaded by transformers
-(:class:`fastspec.tools.benchmark.HFPair`).
+(:class:`fastspec.tools.peers.HFPair`).
 
     pytest bench/test_vs_transformers.py --benchmark-only --benchmark-json peers.json
 
@@ -19,7 +19,7 @@ import fastspec as fs
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
-from fastspec.tools.benchmark import HFPair  # noqa: E402
+from fastspec.tools.peers import HFPair  # noqa: E402
 
 NEW_TOKENS = int(os.environ.get("FASTSPEC_BENCH_TOKENS", "256"))
 PROMPT = np.random.default_rng(0).integers(0, 256, 64)

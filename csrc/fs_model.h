@@ -2,7 +2,8 @@
  *
  * Everything here runs without the GIL and cannot fail: the Cython runner checks shapes,
  * ranges and capacity first and hands over raw pointers to weights, cache and scratch.
- * The float, double and float-on-float16-weights versions are generated from fs_model_impl.h.
+ * The float, double, float-on-float16-weights and float-on-bfloat16-weights versions are
+ * generated from fs_model_impl.h.
  *
  * Layouts (all C-contiguous):
  *   linear weights (in, out) so that a projection is x @ W   (fastspec's internal layout)
@@ -52,12 +53,21 @@ typedef struct {
     double eps;
 } fs_dims;
 
+/* Widest input of a product: the rows of xb, the bf16-rounded copy of a product's input. */
+static inline size_t fs_scratch_in(const fs_dims *d)
+{
+    size_t w = (size_t)d->dim, hd = (size_t)d->n_heads * d->head_dim;
+    if (hd > w) w = hd;
+    return (size_t)d->ffn_dim > w ? (size_t)d->ffn_dim : w;
+}
+
 /* Scratch rows per position, in elements of the model dtype:
- * x, h (dim each); q, att (H*D each); k, v (Hkv*D each); f1, f2 (ffn each). */
+ * x, h (dim each); q, att (H*D each); k, v (Hkv*D each); f1, f2 (ffn each); xb. */
 static inline size_t fs_scratch_row(const fs_dims *d)
 {
     return 2 * (size_t)d->dim + 2 * (size_t)d->n_heads * d->head_dim
-           + 2 * (size_t)d->n_kv_heads * d->head_dim + 2 * (size_t)d->ffn_dim;
+           + 2 * (size_t)d->n_kv_heads * d->head_dim + 2 * (size_t)d->ffn_dim
+           + fs_scratch_in(d);
 }
 
 #define FS_CAT_(a, b) a##_##b
@@ -66,12 +76,15 @@ static inline size_t fs_scratch_row(const fs_dims *d)
 /* FS_T: compute dtype; FS_W: dtype of the big matrices (wq .. w_down, embed, head); FS_SFX:
  * suffix of the model functions; FS_TSFX: suffix of what depends on FS_T only (scratch, norms,
  * activations, attention), defined by the FS_W == FS_T instantiation. FS_WHALF: FS_W is
- * binary16 bits (uint16_t), widened by fs_h2f / fs_linear_f32h. */
+ * 16-bit storage (uint16_t) widened by FS_WIDEN (embedding rows) and the fs_linear_<FS_SFX>
+ * kernel; FS_WBF16: that storage is bfloat16 and every product rounds its input rows to bf16
+ * first (fs_linear_f32b_round, into the scratch rows xb). */
 #define FS_T float
 #define FS_W float
 #define FS_SFX f32
 #define FS_TSFX f32
 #define FS_WHALF 0
+#define FS_WBF16 0
 #include "fs_model_impl.h"
 
 #define FS_T double
@@ -79,6 +92,7 @@ static inline size_t fs_scratch_row(const fs_dims *d)
 #define FS_SFX f64
 #define FS_TSFX f64
 #define FS_WHALF 0
+#define FS_WBF16 0
 #include "fs_model_impl.h"
 
 /* float compute on float16 weights: bit-identical to the f32 model on the widened weights. */
@@ -87,6 +101,19 @@ static inline size_t fs_scratch_row(const fs_dims *d)
 #define FS_SFX f32h
 #define FS_TSFX f32
 #define FS_WHALF 1
+#define FS_WBF16 0
+#define FS_WIDEN fs_h2f
+#include "fs_model_impl.h"
+
+/* float compute on bfloat16 weights, inputs of every product rounded to bf16: bit-identical to
+ * the f32 model on the widened weights whose products' inputs are rounded the same way. */
+#define FS_T float
+#define FS_W uint16_t
+#define FS_SFX f32b
+#define FS_TSFX f32
+#define FS_WHALF 1
+#define FS_WBF16 1
+#define FS_WIDEN fs_bf2f
 #include "fs_model_impl.h"
 
 #endif /* FS_MODEL_H */

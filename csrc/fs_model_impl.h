@@ -1,9 +1,16 @@
 /* Template body of fs_model.h: included once per variant with FS_T (float/double), FS_W (the
- * matrices' element type), FS_SFX, FS_TSFX and FS_WHALF defined (see fs_model.h). No include
- * guard on purpose. */
+ * matrices' element type), FS_SFX, FS_TSFX, FS_WHALF, FS_WBF16 (and FS_WIDEN when FS_WHALF)
+ * defined (see fs_model.h). No include guard on purpose. */
 
 #define FS_FN(name) FS_CAT(name, FS_SFX)
 #define FS_TFN(name) FS_CAT(name, FS_TSFX)
+/* A product y (n, out) [+]= x (n, in) @ W of a weight-dtype matrix (s: the scratch). */
+#if FS_WBF16
+#define FS_LINEAR(s, x, W, b, y, n, in, out, acc) \
+    fs_linear_f32b_round(x, W, b, y, n, in, out, acc, (s)->xb)
+#else
+#define FS_LINEAR(s, x, W, b, y, n, in, out, acc) FS_FN(fs_linear)(x, W, b, y, n, in, out, acc)
+#endif
 
 /* Weights of one decoder layer; absent ones are NULL. */
 typedef struct {
@@ -27,6 +34,7 @@ typedef struct {
  * buffer of at least capacity doubles for attention scores. */
 typedef struct {
     FS_T *x, *h, *q, *k, *v, *att, *f1, *f2;
+    FS_T *xb;  /* (rows, fs_scratch_in): a product's input rounded to bf16 (bf16 weights) */
     double *scores;
 } FS_TFN(fs_scratch);
 
@@ -41,7 +49,8 @@ static inline void FS_TFN(fs_scratch_init)(FS_TFN(fs_scratch) *s, const fs_dims 
     s->k = buf;             buf += rows * KD;
     s->v = buf;             buf += rows * KD;
     s->f1 = buf;            buf += rows * d->ffn_dim;
-    s->f2 = buf;
+    s->f2 = buf;            buf += rows * d->ffn_dim;
+    s->xb = buf;
     s->scores = dbuf;
 }
 
@@ -145,7 +154,7 @@ static void FS_FN(fs_embed)(const FS_FN(fs_model) *m, const int64_t *ids, int n,
         FS_T *xi = x + (size_t)i * dim;
 #if FS_WHALF
         const FS_W *e = m->embed + (size_t)ids[i] * dim;
-        for (int j = 0; j < dim; j++) xi[j] = fs_h2f(e[j]);
+        for (int j = 0; j < dim; j++) xi[j] = FS_WIDEN(e[j]);
 #else
         memcpy(xi, m->embed + (size_t)ids[i] * dim, (size_t)dim * sizeof(FS_T));
 #endif
@@ -170,26 +179,26 @@ static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s, in
         const FS_FN(fs_layer) *L = &m->layers[l];
         FS_T *kc = k_cache + (size_t)l * layer_stride, *vc = v_cache + (size_t)l * layer_stride;
         FS_TFN(fs_norm_rows)(d, s->x, L->attn_norm, s->h, n, dim, d->rmsnorm);
-        FS_FN(fs_linear)(s->h, L->wq, L->bq, s->q, n, dim, HD, 0);
-        FS_FN(fs_linear)(s->h, L->wk, L->bk, s->k, n, dim, KD, 0);
-        FS_FN(fs_linear)(s->h, L->wv, L->bv, s->v, n, dim, KD, 0);
+        FS_LINEAR(s, s->h, L->wq, L->bq, s->q, n, dim, HD, 0);
+        FS_LINEAR(s, s->h, L->wk, L->bk, s->k, n, dim, KD, 0);
+        FS_LINEAR(s, s->h, L->wv, L->bv, s->v, n, dim, KD, 0);
         if (d->qk_norm) FS_TFN(fs_norm_rows)(d, s->q, L->q_norm, s->q, n * H, D, 1);
         if (d->rope) FS_FN(fs_rope)(m, s->q, n, H, pos0);
         FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, kc, vc, capacity);
         FS_TFN(fs_attention)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n, causal,
                              s->scores);
-        FS_FN(fs_linear)(s->att, L->wo, NULL, s->x, n, HD, dim, 1);
+        FS_LINEAR(s, s->att, L->wo, NULL, s->x, n, HD, dim, 1);
         FS_TFN(fs_norm_rows)(d, s->x, L->mlp_norm, s->h, n, dim, d->rmsnorm);
         size_t nf = (size_t)n * F;
         if (d->act == FS_ACT_SWIGLU) {
-            FS_FN(fs_linear)(s->h, L->w_gate, NULL, s->f1, n, dim, F, 0);
-            FS_FN(fs_linear)(s->h, L->w_up, NULL, s->f2, n, dim, F, 0);
+            FS_LINEAR(s, s->h, L->w_gate, NULL, s->f1, n, dim, F, 0);
+            FS_LINEAR(s, s->h, L->w_up, NULL, s->f2, n, dim, F, 0);
             FS_TFN(fs_swiglu)(s->f1, s->f2, nf);
         } else {
-            FS_FN(fs_linear)(s->h, L->w_up, NULL, s->f1, n, dim, F, 0);
+            FS_LINEAR(s, s->h, L->w_up, NULL, s->f1, n, dim, F, 0);
             FS_TFN(fs_act)(s->f1, nf, d->act == FS_ACT_GELU);
         }
-        FS_FN(fs_linear)(s->f1, L->w_down, NULL, s->x, n, F, dim, 1);
+        FS_LINEAR(s, s->f1, L->w_down, NULL, s->x, n, F, dim, 1);
         if (hidden && hidden[l])
             memcpy(hidden[l], s->x, (size_t)n * dim * sizeof(FS_T));
     }
@@ -200,7 +209,7 @@ static void FS_FN(fs_head)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s, int 
 {
     const fs_dims *d = &m->d;
     FS_TFN(fs_norm_rows)(d, s->x, m->final_norm, s->h, n, d->dim, d->rmsnorm);
-    FS_FN(fs_linear)(s->h, m->head, NULL, logits, n, d->dim, d->vocab, 0);
+    FS_LINEAR(s, s->h, m->head, NULL, logits, n, d->dim, d->vocab, 0);
 }
 
 /* DFlash context injection: for layers [l0, l1), k = feat @ Wk (+bk) -> k-norm -> RoPE,
@@ -213,8 +222,8 @@ static void FS_FN(fs_context_kv)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s
     int KD = d->n_kv_heads * d->head_dim;
     for (int l = l0; l < l1; l++) {
         const FS_FN(fs_layer) *L = &m->layers[l];
-        FS_FN(fs_linear)(feat, L->wk, L->bk, s->k, n, d->dim, KD, 0);
-        FS_FN(fs_linear)(feat, L->wv, L->bv, s->v, n, d->dim, KD, 0);
+        FS_LINEAR(s, feat, L->wk, L->bk, s->k, n, d->dim, KD, 0);
+        FS_LINEAR(s, feat, L->wv, L->bv, s->v, n, d->dim, KD, 0);
         FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, k_cache + (size_t)l * layer_stride,
                            v_cache + (size_t)l * layer_stride, capacity);
     }
@@ -243,3 +252,6 @@ static void FS_FN(fs_context_kv_taps)(const FS_FN(fs_model) *m, FS_TFN(fs_scratc
 #undef FS_SFX
 #undef FS_TSFX
 #undef FS_WHALF
+#undef FS_WBF16
+#undef FS_WIDEN
+#undef FS_LINEAR

@@ -11,7 +11,9 @@ from fastspec.drafters import Drafter, Proposal, Target, DraftModelDrafter, Ngra
 from fastspec.decoding import DecodeStats, GenerationResult, generate, speculative_generate
 from fastspec.dflash import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
-from fastspec.tokenizer import ByteTokenizer
+from fastspec.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
+from fastspec.pretrained import load_pretrained
+from fastspec.hf_tokenizer import HFTokenizer
 from fastspec import pretrained
 
 __version__ = "0.1.0"
@@ -21,5 +23,6 @@ __all__ = [
     "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
     "Drafter", "Proposal", "Target", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
     "DecodeStats", "GenerationResult", "generate", "speculative_generate",
-    "DFlashConfig", "DFlashModel", "DFlashDrafter", "ByteTokenizer", "pretrained",
+    "DFlashConfig", "DFlashModel", "DFlashDrafter", "ByteTokenizer", "StreamDecoder", "Tokenizer",
+    "HFTokenizer", "load_pretrained", "pretrained",
 ]

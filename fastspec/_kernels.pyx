@@ -320,6 +320,48 @@ cdef struct _Scratch:
     uint64_t *tmp_key
     int32_t *idx
     int32_t *tmp_idx
+    int32_t *kept
+
+
+cdef inline void _sift_down(double *heap, Py_ssize_t k, Py_ssize_t i) noexcept nogil:
+    """Restore the min-heap property of heap[0:k) below index i."""
+    cdef double v = heap[i]
+    cdef Py_ssize_t c
+    while True:
+        c = 2 * i + 1
+        if c >= k:
+            break
+        if c + 1 < k and heap[c + 1] < heap[c]:
+            c += 1
+        if not heap[c] < v:
+            break
+        heap[i] = heap[c]
+        i = c
+    heap[i] = v
+
+
+cdef double _kth_largest(const double *z,   # IN  (n,)
+                         Py_ssize_t n, Py_ssize_t k,
+                         double *spare      # scratch (n,)
+                         ) noexcept nogil:
+    """The k-th largest of z[0:n) (duplicates counted), 0 < k < n: the same value as
+    fs_select_kth(copy of z, n, n - k). A small k keeps the k largest in a min-heap, one
+    compare per token for most of a large vocabulary (quickselect's data-dependent branches
+    cost ~8x more at V = 151936, k = 50); a large k uses the quickselect."""
+    cdef Py_ssize_t j
+    if k * 64 > n:
+        memcpy(spare, z, n * sizeof(double))
+        return fs_select_kth(spare, n, n - k)
+    memcpy(spare, z, k * sizeof(double))
+    j = k // 2
+    while j > 0:
+        j -= 1
+        _sift_down(spare, k, j)
+    for j in range(k, n):
+        if z[j] > spare[0]:
+            spare[0] = z[j]
+            _sift_down(spare, k, 0)
+    return spare[0]
 
 
 cdef void _probs_rows(const floating[:, ::1] logits,      # IN  (rows, V)
@@ -333,7 +375,7 @@ cdef void _probs_rows(const floating[:, ::1] logits,      # IN  (rows, V)
 cdef void _probs_rows_nogil(const floating[:, ::1] logits, floating[:, ::1] out,
                             double temperature, Py_ssize_t top_k, double top_p,
                             _Scratch *s) noexcept nogil:
-    cdef Py_ssize_t rows = logits.shape[0], vocab = logits.shape[1], r, j
+    cdef Py_ssize_t rows = logits.shape[0], vocab = logits.shape[1], r, j, m
     cdef double zmax, kth, total
     cdef long best
     for r in range(rows):
@@ -349,11 +391,24 @@ cdef void _probs_rows_nogil(const floating[:, ::1] logits, floating[:, ::1] out,
         else:
             zmax = fs_scale_row_f64(&logits[r, 0], vocab, temperature, s.z)
         if 0 < top_k < vocab:
-            memcpy(s.spare, s.z, vocab * sizeof(double))
-            kth = fs_select_kth(s.spare, vocab, vocab - top_k)
+            kth = _kth_largest(s.z, vocab, top_k, s.spare)
+            # Only the kept tokens go on, in index order: every sum below is the full row's
+            # minus exact zeros (bit-identical results), for k instead of V tokens.
+            m = 0
             for j in range(vocab):
-                if not s.z[j] >= kth:
-                    s.z[j] = -INFINITY  # weight exactly 0
+                if s.z[j] >= kth:
+                    s.kept[m] = <int32_t>j
+                    s.spare[m] = s.z[j]
+                    m += 1
+            total = fs_attn_exp_sum(s.spare, <int>m, zmax)
+            if top_p < 1.0:
+                for j in range(m):
+                    s.spare[j] = s.spare[j] / total
+                fs_top_p(s.spare, m, top_p, s.key, s.idx, s.tmp_key, s.tmp_idx)
+                total = 1.0
+            for j in range(m):  # out is zero-filled; fs_store_scaled's rounding
+                out[r, s.kept[j]] = <floating>(s.spare[j] / total)
+            continue
         total = fs_attn_exp_sum(s.z, <int>vocab, zmax)
         if top_p < 1.0:
             for j in range(vocab):
@@ -400,18 +455,19 @@ def probs(logits, temperature=1.0, top_k=0, top_p=1.0):
     cdef Py_ssize_t vocab = rows.shape[1]
     cdef double t = temperature, tp = top_p
     cdef Py_ssize_t k = min(top_k, vocab)
-    cdef _Scratch s = _Scratch(NULL, NULL, NULL, NULL, NULL, NULL)
+    cdef _Scratch s = _Scratch(NULL, NULL, NULL, NULL, NULL, NULL, NULL)
     # one per-thread block for every scratch array, obtained with the GIL
     cdef unsigned char *block = NULL
     if t != 0.0:
         block = _scratch(vocab * (2 * sizeof(double) + 2 * sizeof(uint64_t)
-                                  + 2 * sizeof(int32_t)))
+                                  + 3 * sizeof(int32_t)))
         s.z = <double *>block
         s.spare = s.z + vocab
         s.key = <uint64_t *>(s.spare + vocab)
         s.tmp_key = s.key + vocab
         s.idx = <int32_t *>(s.tmp_key + vocab)
         s.tmp_idx = s.idx + vocab
+        s.kept = s.tmp_idx + vocab
     if logits.dtype == np.float32:
         _probs_rows[float](rows, out, t, k, tp, &s)
     else:

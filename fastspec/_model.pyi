@@ -1,15 +1,17 @@
 """Type stub of the compiled fused forward :mod:`fastspec._model`."""
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 from typing_extensions import disjoint_base
 
 from fastspec.model import Transformer
 
-__all__ = ["TransformerRunner", "set_threads", "get_threads"]
+__all__ = ["TransformerRunner", "set_threads", "get_threads", "isa_info", "set_isa"]
 
 def set_threads(n: int) -> None: ...
 def get_threads() -> int: ...
+def isa_info() -> dict[str, Any]: ...
+def set_isa(name: str | None) -> None: ...
 def linear_weights(a: np.ndarray) -> np.ndarray: ...
 
 @disjoint_base

@@ -16,7 +16,13 @@ from libc.stdlib cimport calloc, free
 
 cnp.import_array()
 
-__all__ = ["TransformerRunner", "set_threads", "get_threads"]
+__all__ = ["TransformerRunner", "set_threads", "get_threads", "isa_info", "set_isa"]
+
+cdef extern from "fs_isa.h" nogil:
+    ctypedef struct fs_isa_features:
+        int avx2, fma, f16c, avx512f, avx512bf16, amx_cpu, amx_tile, amx_bf16
+    void fs_isa_detect(fs_isa_features *f)
+    int fs_isa_supported(const fs_isa_features *f, int p)
 
 cdef extern from "fs_model.h" nogil:
     ctypedef struct fs_dims:
@@ -118,6 +124,20 @@ cdef extern from "fs_model.h" nogil:
     void fs_embed_f32(const fs_model_f32 *m, const int64_t *ids, int n, int pos0, float *x)
     void fs_embed_f64(const fs_model_f64 *m, const int64_t *ids, int n, int pos0, double *x)
     void fs_embed_f32h(const fs_model_f32h *m, const int64_t *ids, int n, int pos0, float *x)
+    # bfloat16 storage: the same structs as f32h (uint16_t matrices), another instantiation
+    ctypedef fs_model_f32h fs_model_f32b
+    void fs_embed_f32b(const fs_model_f32b *m, const int64_t *ids, int n, int pos0, float *x)
+    void fs_layers_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, int pos0, int causal,
+                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
+                        float **hidden)
+    void fs_head_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, float *logits)
+    void fs_context_kv_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, const float *feat,
+                            int n, int pos0, float *k_cache, float *v_cache,
+                            size_t layer_stride, int capacity, int l0, int l1)
+    void fs_context_kv_taps_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, const float *taps,
+                                 int n, int n_in, const float *fc, const float *hidden_norm,
+                                 int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                                 int capacity)
     void fs_layers_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, int pos0, int causal,
                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
                        float **hidden)
@@ -157,6 +177,8 @@ cdef extern from "fs_model.h" nogil:
     void fs_pack_f32h(const uint16_t *W, int rows, int cols, uint16_t *P)
     void fs_linear_set_threads(int n)
     int fs_linear_get_threads()
+    int fs_linear_set_path(int p)
+    int fs_linear_get_path()
 
 def set_threads(int n):
     """Set the OpenMP threads of the runner's large matrix products (default 1).
@@ -172,6 +194,96 @@ def set_threads(int n):
 def get_threads():
     """Return the thread count set by :func:`set_threads`."""
     return fs_linear_get_threads()
+
+
+# --- matrix-product paths (FASTSPEC_ISA) ----------------------------------------------------
+
+#: Path names in fs_isa.h's order (FS_ISA_PORTABLE .. FS_ISA_AMX).
+_ISA_NAMES = ("portable", "avx2", "avx512", "avx512bf16", "amx")
+#: Paths with kernels in this build (the others are detected and reported only).
+_ISA_KERNELS = ("portable", "avx2", "avx512")
+
+
+def isa_info():
+    """Return the CPU features and the matrix-product path of the runners.
+
+    Returns
+    -------
+    dict
+        ``features``: {name: bool} for avx2, fma, f16c, avx512f, avx512bf16, amx_tile,
+        amx_bf16 (CPUID, enabled by the OS; AMX also needs the Linux tile-data grant, asked
+        for only when the CPU has AMX) and ``amx_cpu`` (AMX in CPUID, granted or not);
+        ``available``: the paths this CPU could run, best first; ``kernels``: the paths this
+        build has kernels for; ``selected``: the path every product runs now; ``forced``: the
+        name given to :func:`set_isa` or ``FASTSPEC_ISA``, or None.
+    """
+    cdef fs_isa_features f
+    fs_isa_detect(&f)
+    feats = {"avx2": f.avx2, "fma": f.fma, "f16c": f.f16c, "avx512f": f.avx512f,
+             "avx512bf16": f.avx512bf16, "amx_tile": f.amx_tile, "amx_bf16": f.amx_bf16,
+             "amx_cpu": f.amx_cpu}
+    available = [n for i, n in enumerate(_ISA_NAMES) if fs_isa_supported(&f, i)][::-1]
+    return {"features": {k: bool(v) for k, v in feats.items()}, "available": available,
+            "kernels": list(_ISA_KERNELS), "selected": _ISA_NAMES[fs_linear_get_path()],
+            "forced": _forced}
+
+
+_forced = None
+
+
+def set_isa(name):
+    """Force every matrix product onto path ``name``, or back to the automatic choice (None).
+
+    Parameters
+    ----------
+    name : {"amx", "avx512bf16", "avx512", "avx2", "portable"} or None
+        ``portable`` is the baseline build (no AVX); None (or ``"auto"``) picks the widest path
+        the CPU runs. Process-wide; do not call while another thread runs a forward.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name.
+    RuntimeError
+        When the CPU (or the OS) lacks the instructions of ``name``, or when this build has no
+        kernel for it yet (``amx``, ``avx512bf16``); the message names the ISA.
+    """
+    global _forced
+    if name is None or name == "auto":
+        fs_linear_set_path(-1)
+        _forced = None
+        return
+    if name not in _ISA_NAMES:
+        raise ValueError(f"ISA must be one of {', '.join(_ISA_NAMES)} or 'auto', got {name!r}")
+    cdef fs_isa_features f
+    fs_isa_detect(&f)
+    cdef int path = _ISA_NAMES.index(name)
+    if not fs_isa_supported(&f, path):
+        have = [n for i, n in enumerate(_ISA_NAMES) if fs_isa_supported(&f, i)]
+        why = (" (the CPU has AMX but Linux refused the tile-data permission)"
+               if name == "amx" and f.amx_cpu else "")
+        raise RuntimeError(f"ISA {name!r} was requested but this CPU lacks it{why}; "
+                           f"available here: {', '.join(have)}")
+    if name not in _ISA_KERNELS:
+        raise RuntimeError(f"ISA {name!r} is available on this CPU but fastspec has no {name} "
+                           "kernel yet; use 'avx512', 'avx2' or 'portable'")
+    if fs_linear_set_path(path) != 0:  # the build's own check (__builtin_cpu_supports)
+        raise RuntimeError(f"ISA {name!r} is not available in this build")
+    _forced = name
+
+
+def _isa_from_env():
+    """Apply ``FASTSPEC_ISA`` at import: an unknown or unavailable ISA fails the import."""
+    import os
+    name = os.environ.get("FASTSPEC_ISA", "").strip().lower()
+    if name:
+        try:
+            set_isa(name)
+        except (ValueError, RuntimeError) as exc:
+            raise RuntimeError(f"FASTSPEC_ISA={name}: {exc}") from None
+
+
+_isa_from_env()
 
 
 cdef enum:
@@ -233,11 +345,14 @@ cdef class TransformerRunner:
         new runner: call ``model.invalidate()`` after changing weights. With
         ``config.weight_dtype == "float16"`` the matrices are float16, widened to float32 in
         registers; the result is bit-identical to the float32 model on the widened weights.
+        With ``"bfloat16"`` they are bf16 bit patterns (uint16), widened by a 16-bit shift,
+        and every product first rounds its input rows to bf16 (docs/FORMATS.md).
     """
 
     cdef fs_dims dims
     cdef bint is64
-    cdef bint half
+    cdef bint half  # 16-bit matrices (float16 or bfloat16), in m16 / layers16
+    cdef bint bf16  # ... bfloat16 (m16 read as the identical fs_model_f32b)
     cdef fs_model_f32 m32
     cdef fs_model_f64 m64
     cdef fs_model_f32h m16
@@ -264,12 +379,15 @@ cdef class TransformerRunner:
         dt = np.dtype(c.dtype)
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise TypeError(f"model dtype must be float32 or float64, got {dt}")
-        wdt = np.dtype(getattr(c, "weight_dtype", None) or dt)
-        if wdt != dt and (dt, wdt) != (np.dtype(np.float32), np.dtype(np.float16)):
-            raise TypeError(f"weight dtype {wdt} is not supported with model dtype {dt}")
+        wname = getattr(c, "weight_dtype", None) or str(dt)
+        self.bf16 = wname == "bfloat16"
+        wdt = np.dtype(np.uint16) if self.bf16 else np.dtype(wname)  # bf16: raw bit patterns
+        if wdt != dt and (dt != np.dtype(np.float32) or wdt not in (np.dtype(np.float16),
+                                                                  np.dtype(np.uint16))):
+            raise TypeError(f"weight dtype {wname} is not supported with model dtype {dt}")
         self.dtype = dt
         self.is64 = dt == np.dtype(np.float64)
-        self.half = wdt == np.dtype(np.float16)
+        self.half = wdt != dt
         self._typenum = cnp.NPY_FLOAT64 if self.is64 else cnp.NPY_FLOAT32
         d = &self.dims
         d.vocab, d.dim, d.n_layers = c.vocab_size, c.dim, c.n_layers
@@ -487,13 +605,22 @@ cdef class TransformerRunner:
         else:
             with nogil:
                 if mode == MODE_IDS:
-                    if self.half:
+                    if self.bf16:
+                        fs_embed_f32b(<const fs_model_f32b *>&self.m16, <const int64_t *>sp, n,
+                                      start, s32.x)
+                    elif self.half:
                         fs_embed_f32h(&self.m16, <const int64_t *>sp, n, start, s32.x)
                     else:
                         fs_embed_f32(&self.m32, <const int64_t *>sp, n, start, s32.x)
                 else:
                     memcpy(s32.x, sp, <size_t>n * self.dims.dim * sizeof(float))
-                if self.half:
+                if self.bf16:
+                    fs_layers_f32b(<const fs_model_f32b *>&self.m16, &s32, n, start, causal,
+                                   <float *>kp, <float *>vp, stride, capacity,
+                                   <float **>self.hidden_ptrs)
+                    if logits:
+                        fs_head_f32b(<const fs_model_f32b *>&self.m16, &s32, n, <float *>rp)
+                elif self.half:
                     fs_layers_f32h(&self.m16, &s32, n, start, causal, <float *>kp, <float *>vp,
                                    stride, capacity, <float **>self.hidden_ptrs)
                     if logits:
@@ -614,7 +741,12 @@ cdef class TransformerRunner:
                                        <double *>kp, <double *>vp, stride, capacity)
         else:
             with nogil:
-                if self.half:
+                if self.bf16:
+                    fs_context_kv_taps_f32b(<const fs_model_f32b *>&self.m16, &s32,
+                                            <const float *>tp, n, n_in, <const float *>fp,
+                                            <const float *>wp, start, <float *>kp,
+                                            <float *>vp, stride, capacity)
+                elif self.half:
                     fs_context_kv_taps_f32h(&self.m16, &s32, <const float *>tp, n, n_in,
                                             <const float *>fp, <const float *>wp, start,
                                             <float *>kp, <float *>vp, stride, capacity)
@@ -665,7 +797,11 @@ cdef class TransformerRunner:
                                   <double *>vp, stride, capacity, layer_lo, layer_hi)
         else:
             with nogil:
-                if self.half:
+                if self.bf16:
+                    fs_context_kv_f32b(<const fs_model_f32b *>&self.m16, &s32,
+                                       <const float *>fp, n, start, <float *>kp, <float *>vp,
+                                       stride, capacity, layer_lo, layer_hi)
+                elif self.half:
                     fs_context_kv_f32h(&self.m16, &s32, <const float *>fp, n, start,
                                        <float *>kp, <float *>vp, stride, capacity, layer_lo,
                                        layer_hi)

@@ -40,13 +40,13 @@ def read_npz(path, kind: str, required: tuple[str, ...] = ()) -> tuple[dict, dic
     config : dict
         The decoded JSON object.
     tensors : dict of str to ndarray
-        Every other member, a float16/32/64 array.
+        Every other member, a float16/32/64 array, or uint16 (bfloat16 bit patterns).
 
     Raises
     ------
     ValueError
         Not a zip/npz file, truncated, no ``config``, config not a JSON object, a member that
-        is not a float array (object, int, string, complex...), or whose header declares more
+        is not a float or uint16 array (object, int, string, complex...), or whose header declares more
         bytes than the member holds.
     OSError
         The file cannot be opened.
@@ -106,8 +106,9 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, file_size: int,
         if is_config:
             if dtype.kind != "U" or shape != ():
                 raise ValueError(f"config must be a 0-d unicode string, got {dtype} {shape}")
-        elif dtype.kind != "f":
-            raise ValueError(f"tensors must be floating point, got dtype {dtype}")
+        elif dtype.kind != "f" and dtype != np.dtype("<u2"):
+            raise ValueError(f"tensors must be floating point or uint16 (bf16 bits), got dtype "
+                             f"{dtype}")
         nbytes = math.prod(shape) * dtype.itemsize
         header = f.tell()
         if nbytes != info.file_size - header:

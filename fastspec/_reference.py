@@ -195,15 +195,18 @@ def _probs_row(row, temperature, top_k, top_p):
     z = row.astype(np.float64) / temperature
     keep = np.ones(vocab, dtype=bool)
     if 0 < top_k < vocab:
-        kth = np.sort(z)[vocab - top_k]
+        kth = np.partition(z, vocab - top_k)[vocab - top_k]  # a selection, not a full sort
         keep = z >= kth
     e = np.where(keep, np.exp(z - z[keep].max()), 0.0)
     p = e / e.sum()
     if top_p < 1.0:
-        order = np.lexsort((np.arange(vocab), -p))  # descending p, then ascending index
+        # Only the kept tokens can enter the nucleus, and the dropped ones (p = 0) sort after
+        # every positive p: ordering the kept ones alone gives the same prefix sums.
+        kept = np.flatnonzero(keep)
+        order = kept[np.lexsort((kept, -p[kept]))]  # descending p, then ascending index
         mass_before = np.concatenate(([0.0], np.cumsum(p[order])[:-1]))
         nucleus = np.zeros(vocab, dtype=bool)
-        nucleus[order] = (mass_before < top_p) & keep[order]
+        nucleus[order] = mass_before < top_p
         p = np.where(nucleus, p, 0.0)
         p /= p.sum()
     return p

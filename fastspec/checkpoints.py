@@ -2,8 +2,9 @@
 
 :func:`read_hf` reads ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``
 folders (one ``model.safetensors`` or shards listed in ``model.safetensors.index.json``),
-converting bf16/f16/f32 weights to the model dtype. :func:`save_hf` writes the same layout so
-that ``transformers`` loads a fastspec model.
+converting bf16/f16/f32 weights to the model dtype (a bf16 checkpoint loaded with
+``weight_dtype="bfloat16"`` keeps its bit patterns). :func:`save_hf` writes the same layout so
+that ``transformers`` loads a fastspec model (bfloat16 matrices as BF16 tensors).
 
 The safetensors files are parsed here, with NumPy only (fastspec's one runtime dependency):
 the header is length-checked against the file size before it is read, every tensor's dtype,
@@ -27,7 +28,8 @@ from fastspec.schema import hf_layer_keys, layer_attrs
 if TYPE_CHECKING:  # the model builds itself from read_hf; no import cycle at run time
     from fastspec.model import Transformer
 
-__all__ = ["read_hf", "save_hf", "read_safetensors", "write_safetensors", "hf_config"]
+__all__ = ["read_hf", "save_hf", "read_safetensors",
+           "write_safetensors", "hf_config"]
 
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
 MAX_HEADER_BYTES = 100 * 2**20
@@ -95,7 +97,8 @@ def _to_float(raw: np.ndarray, code: str, dtype: np.dtype) -> np.ndarray:
 
 
 def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None,
-                     dtype: str | np.dtype | None = None) -> dict[str, np.ndarray]:
+                     dtype: str | np.dtype | None = None,
+                     bf16_bits: bool = False) -> dict[str, np.ndarray]:
     """Read tensors from a ``.safetensors`` file.
 
     Parameters
@@ -106,6 +109,9 @@ def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None
     dtype : dtype, optional
         Convert floating tensors (F64/F32/F16/BF16) to this dtype. Without it BF16 becomes
         float32 and other dtypes are kept.
+    bf16_bits : bool, default False
+        Return BF16 tensors as their raw uint16 bit patterns instead (``dtype`` then applies
+        to the other floating tensors only).
 
     Returns
     -------
@@ -133,7 +139,7 @@ def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None
             if raw.size != count:
                 raise ValueError(f"{path}: tensor {name!r} is truncated")
             raw = raw.reshape(shape)
-            if code in _FLOAT_CODES:
+            if code in _FLOAT_CODES and not (bf16_bits and code == "BF16"):
                 raw = _to_float(raw, code, np.dtype(dtype) if dtype is not None
                                 else np.dtype(np.float32) if code == "BF16" else raw.dtype)
             out[name] = raw
@@ -142,8 +148,11 @@ def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
                       metadata: dict[str, str] | None = None) -> None:
-    """Write float32/float64/float16 (and integer) arrays to a ``.safetensors`` file."""
-    codes = {(v.kind, v.itemsize): k for k, v in _DTYPES.items() if k != "BF16"}
+    """Write float32/float64/float16 (and integer) arrays to a ``.safetensors`` file.
+
+    uint16 arrays are bfloat16 bit patterns (fastspec's bf16 storage) and are written as BF16.
+    """
+    codes = {(v.kind, v.itemsize): k for k, v in _DTYPES.items()}
     header: dict = {"__metadata__": dict(metadata or {"format": "pt"})}
     offset = 0
     arrays = []
@@ -286,8 +295,10 @@ def read_hf(folder: str | os.PathLike, dtype: str | None = None,
         ``model.safetensors.index.json``).
     dtype : {"float32", "float64"}, optional
         Model dtype (default float32); bf16/f16 weights are converted.
-    weight_dtype : {"float16", "float32", "float64"}, optional
+    weight_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
         Storage dtype of the matrices (:class:`~fastspec.ModelConfig`); default ``dtype``.
+        With ``"bfloat16"`` BF16 tensors are read as bit patterns, never widened (other
+        tensors are rounded to bf16 once); norms and biases are widened to ``dtype``.
 
     Returns
     -------
@@ -322,7 +333,13 @@ def read_hf(folder: str | os.PathLike, dtype: str | None = None,
         by_file.setdefault(files[name], []).append(name)
     sd: dict[str, np.ndarray] = {}
     for path, names in by_file.items():
-        sd.update(read_safetensors(path, names, dtype=config.dtype))  # float16: one rounding
+        sd.update(read_safetensors(path, names, dtype=config.dtype,  # float16: one rounding
+                                   bf16_bits=config.weight_dtype == "bfloat16"))
+    for name, a in sd.items():  # uint16 here only ever comes from BF16 (bf16_bits)
+        if a.dtype.kind != "f" and a.dtype != np.uint16:
+            code = next(k for k, v in _DTYPES.items() if v == a.dtype)
+            raise ValueError(f"{folder}: tensor {name!r} has dtype {code}; weights must be "
+                             "F16, BF16, F32 or F64")
     return config, sd
 
 
@@ -337,3 +354,6 @@ def save_hf(model: Transformer, folder: str | os.PathLike) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     write_safetensors(folder / "model.safetensors", model.state_dict())
+
+
+# --- model + tokenizer -------------------------------------------------------------------

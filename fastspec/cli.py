@@ -20,6 +20,28 @@ def _add_info(sub) -> None:
 def _run_info(args) -> int:
     print(f"fastspec {fs.__version__}; backend {fs.backend()}; "
           f"available {', '.join(fs.available_backends())}")
+    isa = fs.kernels.isa_info()
+    if isa["selected"] is None:
+        print("matrix products: NumPy only (compiled extension not built)")
+        return 0
+    feats = " ".join(k for k, v in isa["features"].items() if v) or "none"
+    how = f"forced by FASTSPEC_ISA/set_isa ({isa['forced']})" if isa["forced"] else "automatic"
+    path = isa["selected"]
+    print(f"CPU features: {feats}")
+    print(f"matrix products: {path} kernels ({how}); paths on this CPU: "
+          f"{', '.join(isa['available'])}; with kernels: {', '.join(isa['kernels'])}")
+    print(f"weight storage -> compute path (compiled backend, {path}):")
+    print("  float32   packed float32 panels, float32 multiply-adds")
+    print("  float16   binary16 panels widened to float32 in registers (F16C), float32 "
+          "multiply-adds; bit-identical to float32 on the widened weights")
+    print("  bfloat16  bf16 bit patterns widened by a 16-bit shift in registers; every product's "
+          "input rounded to bf16 (nearest even), float32 multiply-adds")
+    missing = [n for n in ("avx512bf16", "amx") if n not in isa["kernels"]]
+    if missing:
+        have = [n for n in missing if n in isa["available"]]
+        print(f"  (no {'/'.join(missing)} kernels in this build"
+              + (f"; this CPU has {', '.join(have)})" if have else
+                 f"; this CPU lacks {', '.join(missing)} anyway)"))
     return 0
 
 
@@ -85,6 +107,40 @@ def _run_demo(args) -> int:
     from fastspec.tools.demo import demo_main
 
     return demo_main(args)
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="generate text from a prompt, streamed as it is accepted",
+        description="Speculative decoding of a prompt with the embedded models, or with a "
+                    "Llama/Qwen2/Qwen3 Hugging Face folder (--model DIR, its tokenizer.json "
+                    "needs the [hf] extra). Streams the text to stdout, then prints tokens/s, "
+                    "tau and target calls to stderr.")
+    p.add_argument("--model", metavar="DIR", help="Hugging Face folder (default: embedded)")
+    p.add_argument("--drafter", metavar="SPEC",
+                   help="none | ngram | draft:DIR | dflash:DIR (embedded: draft, dflash); "
+                        "default dflash (embedded) or ngram (--model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text (default: read stdin)")
+    src.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma separated "
+                     "(no tokenizer needed; the output is printed as ids)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=128, metavar="N",
+                   help="tokens to generate (default 128)")
+    p.add_argument("--temperature", type=_non_negative_float, default=0.0,
+                   help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="1 = off (default)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--gamma", type=_gamma, default=None, metavar="G",
+                   help="draft tokens per round, an int or 'adaptive' (default: per drafter)")
+    p.add_argument("--json", action="store_true", help="print the text and figures as JSON")
+    p.set_defaults(run=_run_generate)
+
+
+def _run_generate(args) -> int:
+    from fastspec.textgen import generate_main
+
+    return generate_main(args)
 
 
 def _add_eval(sub) -> None:
@@ -222,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_info(sub)
     _add_audit(sub)
     _add_demo(sub)
+    _add_generate(sub)
     _add_eval(sub)
     _add_bench(sub)
     _add_train(sub)

@@ -5,6 +5,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from fastspec._bf16 import BF16
 from fastspec._checks import check_index
 
 __all__ = ["ModelConfig"]
@@ -29,7 +32,11 @@ class ModelConfig:
     layer): None (default) means ``dtype``; ``"float16"`` (only with ``dtype="float32"``) keeps
     them in float16, which halves the bytes a decode step streams. Float16 weights are widened
     to float32 exactly, in registers, and the result is bit-identical to a float32 model whose
-    weights are those float16 values. Norms, biases, rope tables and ``pos_embed`` stay in
+    weights are those float16 values. ``"bfloat16"`` (only with ``dtype="float32"``) stores
+    them as bf16 bit patterns in uint16 arrays (NumPy has no bf16; a uint16 weight array
+    passed to :class:`Transformer` is always read as bf16 bits) and changes the arithmetic:
+    every matrix product rounds its input rows to bf16 (nearest even) and accumulates in
+    float32 (docs/FORMATS.md). Norms, biases, rope tables and ``pos_embed`` stay in
     ``dtype``. A ``weight_dtype`` equal to ``dtype`` is stored as None.
     """
 
@@ -79,16 +86,18 @@ class ModelConfig:
             raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        if self.weight_dtype not in (None, "float16", "float32", "float64"):
-            raise ValueError("weight_dtype must be None, 'float16', 'float32' or 'float64', got "
-                             f"{self.weight_dtype!r}")
+        if self.weight_dtype not in (None, "float16", BF16, "float32", "float64"):
+            raise ValueError("weight_dtype must be None, 'float16', 'bfloat16', 'float32' or "
+                             f"'float64', got {self.weight_dtype!r}")
         if self.weight_dtype == self.dtype:
             object.__setattr__(self, "weight_dtype", None)
-        elif self.weight_dtype == "float16" and self.dtype != "float32":
-            raise ValueError(f"weight_dtype 'float16' needs dtype 'float32', got {self.dtype!r}")
-        elif self.weight_dtype is not None and self.weight_dtype != "float16":
+        elif self.weight_dtype in ("float16", BF16) and self.dtype != "float32":
+            raise ValueError(f"weight_dtype {self.weight_dtype!r} needs dtype 'float32', got "
+                             f"{self.dtype!r}")
+        elif self.weight_dtype not in (None, "float16", BF16):
             raise ValueError(f"weight_dtype {self.weight_dtype!r} does not match dtype "
-                             f"{self.dtype!r} (only float16 weights with float32 compute)")
+                             f"{self.dtype!r} (only float16/bfloat16 weights with float32 "
+                             "compute)")
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
         if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
@@ -115,6 +124,11 @@ class ModelConfig:
     def matrix_dtype(self) -> str:
         """Storage dtype of the large matrices: ``weight_dtype``, or ``dtype`` when None."""
         return self.weight_dtype or self.dtype
+
+    @property
+    def matrix_itemsize(self) -> int:
+        """Bytes per stored matrix element (2 for float16 and bfloat16)."""
+        return 2 if self.matrix_dtype == BF16 else np.dtype(self.matrix_dtype).itemsize
 
     def to_dict(self) -> dict:
         """Return the config as a JSON-serialisable dict (``weight_dtype`` only when set)."""

@@ -15,177 +15,27 @@ next append overwrites) and never kept. The exact math and the ``.npz`` layout a
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from fastspec._bf16 import as_storage
 from fastspec._checks import check_index
 from fastspec._npz import read_npz
 from fastspec.cache import KVCache
 from fastspec.config import ModelConfig
+from fastspec.dflash_config import MAX_BLOCK_SIZE, DFlashConfig, default_tap_layers
+from fastspec.dflash_hf import (check_fingerprint_array, fingerprint_array, read_dflash_folder,
+                                save_dflash_folder)
 from fastspec.functional import apply_rope, rms_norm, rope_tables, silu
 from fastspec.model import Transformer
 from fastspec.schema import (MATRICES, LayerWeights, check_layer, layer_attrs, layer_from_state,
                              layer_shapes, layer_state, random_layer)
-from fastspec.tokenizer import ByteTokenizer
 
-__all__ = ["DFlashConfig", "DFlashModel", "MAX_BLOCK_SIZE"]
-
-#: Largest supported block (the paper uses 8 to 16).
-MAX_BLOCK_SIZE = 16
-
-def default_tap_layers(n_target_layers: int, n_draft_layers: int = 1) -> tuple[int, ...]:
-    """Return ``k = min(L, max(2, n_draft_layers))`` target layers spread evenly, ending at L-1.
-
-    This is the rule of ``fastspec.training.dflash_config`` (the torch trainer), so a config
-    written without explicit taps resolves the same way on both sides.
-    """
-    L = check_index(n_target_layers, "n_target_layers", 1, 2**31 - 1)
-    k = min(L, max(2, n_draft_layers))
-    return tuple(sorted({round((i + 1) * L / k) - 1 for i in range(k)}))
-
-
-@dataclass(frozen=True)
-class DFlashConfig:
-    """Shape of a DFlash drafter; fields left as None are taken from the target.
-
-    Every field has a default, so ``DFlashConfig(block_size=8)`` is a valid config;
-    :meth:`resolve` fills the None fields from a target's :class:`ModelConfig`.
-
-    Parameters
-    ----------
-    block_size : int, default 8
-        Block length B (bonus token + B-1 masks), ``2 <= B <= 16``; one round drafts up to B-1.
-    n_layers : int, default 1
-        Number of draft layers.
-    tap_layers : tuple of int, optional
-        Target layers whose outputs feed the context features, in concatenation order.
-        Default: :func:`default_tap_layers` (spread over the target, always the last layer).
-        Negative indices count from the end and are normalised by :meth:`resolve`.
-    n_heads, n_kv_heads, head_dim, ffn_dim : int, optional
-        Attention/MLP shape of the draft layers (default: the target's, as the torch trainer
-        does; ``n_kv_heads`` falls back to ``n_heads`` when the target's does not divide it).
-    qk_norm : bool, optional
-        Per-head RMSNorm on queries and keys (Qwen3 style); default: as the target.
-    rope_theta, norm_eps : float, optional
-        Default: the target's.
-    mask_token_id : int, optional
-        Id of the MASK token (an embedding row of the target). Default: 258 (the byte
-        tokenizer's MASK) when the target vocabulary has 260 entries, else ``vocab_size - 1``.
-        The latter is a convention for toy targets without a dedicated MASK token: the id is
-        then also an ordinary token, which is harmless (drafts are verified) but wastes the
-        drafter's capacity; give an explicit id for real vocabularies.
-    """
-
-    block_size: int = 8
-    n_layers: int = 1
-    tap_layers: tuple[int, ...] | None = None
-    n_heads: int | None = None
-    n_kv_heads: int | None = None
-    head_dim: int | None = None
-    ffn_dim: int | None = None
-    qk_norm: bool | None = None
-    rope_theta: float | None = None
-    norm_eps: float | None = None
-    mask_token_id: int | None = None
-
-    def __post_init__(self) -> None:
-        check_index(self.block_size, "block_size", 2, MAX_BLOCK_SIZE)
-        check_index(self.n_layers, "n_layers", 1, 1024)
-        if self.tap_layers is not None:
-            taps = tuple(check_index(t, "tap_layers", -2**31, 2**31 - 1) for t in self.tap_layers)
-            if not taps:
-                raise ValueError("tap_layers must not be empty")
-            object.__setattr__(self, "tap_layers", taps)
-        for name in ("n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
-            if getattr(self, name) is not None:
-                check_index(getattr(self, name), name, 1, 2**31 - 1)
-        if self.mask_token_id is not None:
-            check_index(self.mask_token_id, "mask_token_id", 0, 2**31 - 1)
-        if self.qk_norm is not None and not isinstance(self.qk_norm, (bool, np.bool_)):
-            raise TypeError(f"qk_norm must be a bool or None, got {self.qk_norm!r}")
-        for name in ("rope_theta", "norm_eps"):
-            v = getattr(self, name)
-            if v is not None and not (math.isfinite(float(v)) and float(v) > 0):
-                raise ValueError(f"{name} must be positive, got {v}")
-
-    @property
-    def resolved(self) -> bool:
-        """True when no field is None (the config of a built :class:`DFlashModel`)."""
-        return all(getattr(self, f.name) is not None for f in dataclasses.fields(self))
-
-    def resolve(self, target: ModelConfig) -> "DFlashConfig":
-        """Return a copy with every None field taken from ``target`` and checked against it.
-
-        Raises
-        ------
-        ValueError
-            If a tap layer, the MASK id or the head geometry does not fit the target.
-        """
-        if not isinstance(target, ModelConfig):
-            raise TypeError(f"target must be a ModelConfig, got {type(target).__name__}")
-        L = target.n_layers
-        taps = self.tap_layers if self.tap_layers is not None else default_tap_layers(L, self.n_layers)
-        taps = tuple(check_index(t, "tap_layers", -L, L - 1) % L for t in taps)
-        if len(set(taps)) != len(taps):
-            raise ValueError(f"tap_layers must not repeat a layer, got {list(taps)}")
-        n_heads = self.n_heads if self.n_heads is not None else target.n_heads
-        if self.n_kv_heads is not None:
-            n_kv = self.n_kv_heads
-        elif n_heads % target.n_kv_heads == 0:
-            n_kv = target.n_kv_heads
-        else:
-            n_kv = n_heads
-        head_dim = self.head_dim if self.head_dim is not None else target.head_dim
-        if n_heads % n_kv:
-            raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv}")
-        if head_dim % 2:
-            raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
-        if self.mask_token_id is not None:
-            mask = self.mask_token_id
-        elif target.vocab_size == ByteTokenizer.vocab_size:  # the embedded models' vocabulary
-            mask = ByteTokenizer.mask_id
-        else:
-            mask = target.vocab_size - 1
-        if mask >= target.vocab_size:
-            raise ValueError(f"mask_token_id {mask} is outside the target vocabulary "
-                             f"(vocab_size {target.vocab_size})")
-        return dataclasses.replace(
-            self, tap_layers=taps, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
-            ffn_dim=self.ffn_dim if self.ffn_dim is not None else target.ffn_dim,
-            qk_norm=bool(target.qk_norm if self.qk_norm is None else self.qk_norm),
-            rope_theta=float(target.rope_theta if self.rope_theta is None else self.rope_theta),
-            norm_eps=float(target.norm_eps if self.norm_eps is None else self.norm_eps),
-            mask_token_id=mask)
-
-    def to_dict(self) -> dict:
-        """Return the config as a JSON-serialisable dict (``tap_layers`` as a list)."""
-        d = dataclasses.asdict(self)
-        if d["tap_layers"] is not None:
-            d["tap_layers"] = list(d["tap_layers"])
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> "DFlashConfig":
-        """Build a config from :meth:`to_dict` output; unknown keys raise ValueError."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown DFlashConfig keys: {unknown}")
-        d = dict(d)
-        if d.get("tap_layers") is not None:
-            d["tap_layers"] = tuple(d["tap_layers"])
-        return cls(**d)
-
-    def replace(self, **changes) -> "DFlashConfig":
-        """Return a copy with some fields changed."""
-        return dataclasses.replace(self, **changes)
-
+__all__ = ["DFlashConfig", "DFlashModel", "MAX_BLOCK_SIZE", "default_tap_layers"]
 
 def _draft_layer_schema(c: DFlashConfig, dim: int) -> tuple[dict, tuple[str, ...]]:
     """Shapes and fields of a draft layer (SwiGLU, RMSNorm, optional QK-norm, no biases)."""
@@ -227,12 +77,18 @@ class DFlashModel:
             raise TypeError(f"config must be a DFlashConfig, got {type(config).__name__}")
         self.target = target
         self.config = c = config.resolve(target.config)
+        for name, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                              ("final_logit_softcapping", 0.0)):
+            if float(getattr(c, name)) != default:
+                raise NotImplementedError(
+                    f"{name} = {getattr(c, name)} is not supported by fastspec's DFlash block "
+                    f"forward yet (only {default}); DFlashModel.block_logits shows the math")
         dt = np.dtype(target.config.dtype)
         self.dtype = dt
-        # The layers' projections follow the target's weight_dtype (float16: half the bytes
-        # per block forward); fc and the norms stay in the compute dtype.
-        wdt = np.dtype(target.config.matrix_dtype)
-        cast = lambda a, t=dt: None if a is None else np.ascontiguousarray(a, dtype=t)  # noqa: E731
+        # The layers' projections follow the target's weight_dtype (float16/bfloat16: half the
+        # bytes per block forward); fc and the norms stay in the compute dtype.
+        wdt = target.config.matrix_dtype
+        cast = lambda a, t=dt.name: None if a is None else as_storage(a, t)  # noqa: E731
         self.fc = cast(fc)
         self.hidden_norm = cast(hidden_norm)
         self.layers = [LayerWeights(**{k: cast(v, wdt if k in MATRICES else dt)
@@ -327,26 +183,42 @@ class DFlashModel:
         return cls(c, target, fc_t.T, get("hidden_norm.weight"), layers, get("norm.weight"))
 
     def save(self, path: str | Path) -> None:
-        """Write the drafter (resolved config + own weights, no embedding/head) to an ``.npz``."""
+        """Write the drafter (resolved config + own weights, no embedding/head).
+
+        A path ending in ``.npz`` gets fastspec's file; any other path becomes a folder in
+        z-lab's format (``config.json`` + ``model.safetensors``, see
+        :mod:`fastspec.dflash_hf`) that ``dflash.DFlashDraftModel.from_pretrained`` loads.
+        """
         path = Path(path)
         if path.suffix != ".npz":
-            raise ValueError(f"path must end in .npz, got {str(path)!r}")
-        np.savez(path, config=np.array(json.dumps(self.config.to_dict())), **self.state_dict())
+            save_dflash_folder(self, path)
+            return
+        np.savez(path, config=np.array(json.dumps(self.config.to_dict())),
+                 target_fingerprint=fingerprint_array(self.target), **self.state_dict())
 
     @classmethod
     def load(cls, path: str | Path, target: Transformer) -> "DFlashModel":
-        """Load a drafter written by :meth:`save` (or the torch trainer) for ``target``.
+        """Load a drafter for ``target``: an ``.npz`` written by :meth:`save` (or the torch
+        trainer), or a folder in z-lab's format (their published DFlash drafters).
 
         Raises
         ------
         ValueError
-            If the file is not a DFlash file, or its width, taps or MASK id do not fit ``target``.
+            If the file is not a DFlash file, or its width, vocabulary, taps or MASK id do not
+            fit ``target``, or it was saved for another target (file and field named).
         """
         if not isinstance(target, Transformer):
             raise TypeError(f"target must be a Transformer, got {type(target).__name__}")
         path = Path(path)
+        if path.is_dir():
+            config, sd = read_dflash_folder(path, target)
+            return cls.from_state_dict(config, target, sd)
         cfg, sd = read_npz(path, "DFlash", required=("fc.weight",))  # bounded, no pickle
-        return cls.from_state_dict(DFlashConfig.from_dict(cfg), target, sd)
+        fingerprint = sd.pop("target_fingerprint", None)
+        model = cls.from_state_dict(DFlashConfig.from_dict(cfg), target, sd)  # shapes first
+        if fingerprint is not None:  # files saved before it have none (the embedded one)
+            check_fingerprint_array(fingerprint, target, str(path))
+        return model
 
     @property
     def n_params(self) -> int:
@@ -403,6 +275,8 @@ class DFlashModel:
             if n is not None and a.shape[0] != n:
                 raise ValueError(f"hidden[{t}] must have {n} rows, got {a.shape[0]}")
             n = a.shape[0]
+            if self.config.last_tap_normed and t == self.target.config.n_layers - 1:
+                a = self.target.norm(a.astype(self.dtype, copy=False), self.target.final_norm)
             parts.append(a.astype(self.dtype, copy=False))
         return np.concatenate(parts, axis=1)
 
@@ -528,22 +402,29 @@ class DFlashModel:
         return self.forward_block(cache, self.mask_block(bonus_token))
 
     def draft_block_reference(self, hidden: Mapping[int, np.ndarray], block_tokens) -> np.ndarray:
-        """Slow, explicit block forward from raw target hidden states (no cache, no kernels).
+        """Same as :meth:`block_logits` (its former name)."""
+        return self.block_logits(hidden, block_tokens)
+
+    def block_logits(self, hidden: Mapping[int, np.ndarray], block_tokens) -> np.ndarray:
+        """Return a block's logits from raw target hidden states: slow, explicit, no cache.
 
         Builds the context features of all ``P`` context positions, each layer's full key/value
         matrices ``[context ; block]`` and the non-causal softmax attention head by head, as
-        written in docs/FORMATS.md. The test oracle of :meth:`forward_block`.
+        written in docs/FORMATS.md (and as z-lab's ``DFlashDraftModel`` does). The test oracle
+        of :meth:`forward_block`.
 
         Parameters
         ----------
         hidden : dict[int, ndarray of shape (P, dim)]
-            Target hidden states of the context positions ``0 .. P-1`` (P may be 0).
+            Target hidden states (layer outputs, before the final norm) of the context
+            positions ``0 .. P-1`` (P may be 0), for every tapped layer.
         block_tokens : sequence of int, length n
             The block at positions ``P .. P+n-1``.
 
         Returns
         -------
         logits : ndarray of shape (n - 1, vocab_size)
+            Row ``j`` scores the token at position ``P + 1 + j``.
         """
         c = self.config
         ids = self.check_block(block_tokens)
@@ -553,7 +434,7 @@ class DFlashModel:
         H, Hkv, D, eps = c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps
         cos, sin = rope_tables(P + n, D, c.rope_theta, self.dtype)
         embed, head, layers = self._stack._numpy_weights()  # matrices in the compute dtype
-        x = embed[ids]
+        x = embed[ids] * np.asarray(c.input_embedding_scale, dtype=self.dtype)
         for lw in layers:
             h = rms_norm(x, lw.attn_norm, eps)
             q = (h @ lw.wq).reshape(n, H, D)
@@ -573,4 +454,7 @@ class DFlashModel:
             x = x + a.astype(self.dtype).reshape(n, H * D) @ lw.wo
             h = rms_norm(x, lw.mlp_norm, eps)
             x = x + (silu(h @ lw.w_gate) * (h @ lw.w_up)) @ lw.w_down
-        return rms_norm(x[1:], self.norm, eps) @ head
+        logits = (rms_norm(x[1:], self.norm, eps) @ head) * np.asarray(c.output_multiplier,
+                                                                         dtype=self.dtype)
+        cap = c.final_logit_softcapping
+        return np.tanh(logits / cap) * cap if cap > 0 else logits

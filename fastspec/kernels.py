@@ -14,7 +14,7 @@ from typing import Any
 
 from fastspec import _reference
 
-__all__ = ["KERNEL_NAMES", "backend", "set_backend", "available_backends", "module",
+__all__ = ["KERNEL_NAMES", "backend", "set_backend", "available_backends", "module", "isa_info",
            "attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
            "tree_attention", "compact_kv"]
 
@@ -73,6 +73,19 @@ def set_backend(name: str) -> None:
     _active = name
     for kernel in KERNEL_NAMES:
         globals()[kernel] = getattr(_BACKENDS[name], kernel)
+
+
+def isa_info() -> dict[str, Any]:
+    """Return the CPU features and the matrix-product path of the compiled model runner.
+
+    See :func:`fastspec._model.isa_info` (``FASTSPEC_ISA`` forces a path). Without the
+    compiled extension: ``{"selected": None, "available": [], ...}``.
+    """
+    try:
+        from fastspec import _model
+    except ImportError:
+        return {"features": {}, "available": [], "kernels": [], "selected": None, "forced": None}
+    return _model.isa_info()
 
 
 def _initial_backend() -> str:

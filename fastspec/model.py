@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from fastspec import kernels
+from fastspec._bf16 import BF16, RoundingMatrix, as_storage, from_bits
 from fastspec._checks import check_index
 from fastspec.cache import KVCache
 from fastspec.checkpoints import read_hf, save_hf
@@ -63,7 +64,8 @@ class Transformer:
     head : ndarray of shape (dim, vocab_size)
         Output projection in ``(in, out)`` layout (for tied embeddings, ``embed.T`` copied).
         ``embed``, ``head`` and the layers' projections are converted to
-        ``config.matrix_dtype``, everything else to ``config.dtype`` (C-contiguous).
+        ``config.matrix_dtype``, everything else to ``config.dtype`` (C-contiguous). A uint16
+        array is read as bf16 bit patterns (kept for bfloat16 matrices, else widened).
     final_norm : ndarray of shape (dim,), optional
         RMSNorm weight (Llama family).
     pos_embed : ndarray of shape (max_seq_len, dim), optional
@@ -74,8 +76,8 @@ class Transformer:
                  head: np.ndarray, final_norm: np.ndarray | None = None,
                  pos_embed: np.ndarray | None = None) -> None:
         self.config = config
-        dt, wdt = np.dtype(config.dtype), np.dtype(config.matrix_dtype)
-        cast = lambda a, t=dt: None if a is None else np.ascontiguousarray(a, dtype=t)  # noqa: E731
+        dt, wdt = config.dtype, config.matrix_dtype
+        cast = lambda a, t=dt: None if a is None else as_storage(a, t)  # noqa: E731
         self.embed = cast(embed, wdt)
         self.layers = [LayerWeights(**{k: cast(v, wdt if k in _MATRICES else dt)
                                        for k, v in lw.arrays().items()}) for lw in layers]
@@ -90,7 +92,7 @@ class Transformer:
             self.rope_cos = self.rope_sin = None
         self._runners = threading.local()
         self._packed_fc = None  # (fc, packed fc) of write_context_taps' compiled path
-        self._wide = None  # float16 matrices widened for the NumPy path (see _numpy_weights)
+        self._wide = None  # 16-bit matrices widened for the NumPy path (see _numpy_weights)
 
     # --- construction -------------------------------------------------------------------
 
@@ -410,17 +412,25 @@ class Transformer:
         """Return ``embed, head, layers`` with every matrix in the compute dtype.
 
         The model's own arrays when ``weight_dtype`` is unset; otherwise float32 copies of the
-        float16 matrices, made once (exact) and kept: the NumPy path then does the float32
-        model's arithmetic on them.
+        16-bit matrices, made once (exact) and kept: the NumPy path then does the float32
+        model's arithmetic on them. For bfloat16 the products' matrices (``head`` and the
+        projections) come as :class:`fastspec._bf16.RoundingMatrix`, whose ``x @ m`` rounds
+        ``x`` to bf16 first (the bf16 compute rule); ``embed`` (a lookup) is a plain array.
         """
         if self.config.weight_dtype is None:
             return self.embed, self.head, self.layers
         wide = self._wide
         if wide is None:
             dt = np.dtype(self.config.dtype)
-            layers = [LayerWeights(**{k: v.astype(dt) if k in _MATRICES else v
+            if self.config.weight_dtype == BF16:
+                widen = lambda a: RoundingMatrix(from_bits(a))  # noqa: E731
+                embed = from_bits(self.embed)
+            else:
+                widen = lambda a: a.astype(dt)  # noqa: E731
+                embed = self.embed.astype(dt)
+            layers = [LayerWeights(**{k: widen(v) if k in _MATRICES else v
                                       for k, v in lw.arrays().items()}) for lw in self.layers]
-            wide = self._wide = (self.embed.astype(dt), self.head.astype(dt), layers)
+            wide = self._wide = (embed, widen(self.head), layers)
         return wide
 
     def with_weight_dtype(self, weight_dtype: str | None) -> "Transformer":
@@ -428,10 +438,11 @@ class Transformer:
 
         Parameters
         ----------
-        weight_dtype : {None, "float16", "float32", "float64"}
+        weight_dtype : {None, "float16", "bfloat16", "float32", "float64"}
             See :class:`ModelConfig`; None or the compute dtype stores the matrices in it.
-            float16 -> float32 is exact; float32 -> float16 rounds to nearest (values beyond
-            the float16 range become infinite).
+            float16/bfloat16 -> float32 is exact; float32 -> float16 or bfloat16 rounds to
+            nearest even (values beyond the range become infinite; bfloat16 from float16 or
+            float64 goes through float32).
 
         Returns
         -------
@@ -631,18 +642,24 @@ class Transformer:
         path : path-like
         dtype : {"float32", "float64"}, optional
             Compute dtype; default: the file's (float32 for a Hugging Face folder).
-        weight_dtype : {"float16", "float32", "float64"}, optional
+        weight_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
             Storage dtype of the matrices (see :class:`ModelConfig`); default: the file's
-            ``weight_dtype`` when it fits ``dtype`` (float16 needs float32), else ``dtype``.
+            ``weight_dtype`` when it fits ``dtype`` (float16 and bfloat16 need float32), else
+            ``dtype``. A bf16 Hugging Face checkpoint loaded with ``"bfloat16"`` keeps its bit
+            patterns (no widening, no rounding).
         """
         path = Path(path)
         if path.is_dir():
             return cls.from_state_dict(*read_hf(path, dtype=dtype, weight_dtype=weight_dtype))
         from fastspec._npz import read_npz  # bounded: validates every header before reading
         cfg, sd = read_npz(path, "model")
+        bits = sorted(k for k, a in sd.items() if a.dtype == np.uint16)
+        if bits and cfg.get("weight_dtype") != BF16:
+            raise ValueError(f"{path}: tensors {bits[:3]} hold uint16 (bf16 bit patterns) but the "
+                             "config's weight_dtype is not 'bfloat16'")
         if dtype is not None:
             cfg["dtype"] = dtype
-            if cfg.get("weight_dtype") == "float16" and dtype != "float32":
+            if cfg.get("weight_dtype") in ("float16", BF16) and dtype != "float32":
                 cfg["weight_dtype"] = None
         if weight_dtype is not None:
             cfg["weight_dtype"] = weight_dtype

@@ -1,19 +1,24 @@
-"""The embedded default models, shipped as package data (``fastspec/data/*.npz``).
+"""Pretrained models: the embedded defaults, and Hugging Face folders with their tokenizer.
 
-``fastspec.pretrained.load()`` returns the byte-level target, its 1-layer draft model, the
-DFlash drafter trained against the target, and the tokenizer. See ``docs/MODELS.md`` for how
-they were trained and what they score.
+``fastspec.pretrained.load()`` returns the byte-level target shipped as package data
+(``fastspec/data/*.npz``), its 1-layer draft model, the DFlash drafter trained against the
+target, and the tokenizer (see ``docs/MODELS.md`` for how they were trained and what they
+score). ``fastspec.load_pretrained(folder)`` loads a folder's model and tokenizer together.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
+from fastspec.checkpoints import read_hf
+from fastspec.hf_tokenizer import HFTokenizer
 from fastspec.model import Transformer
 from fastspec.tokenizer import ByteTokenizer
 
-__all__ = ["Bundle", "load", "available", "data_dir"]
+__all__ = ["Bundle", "load", "available", "data_dir", "Pretrained", "load_pretrained"]
 
 _FILES = {"target": "target.npz", "draft": "draft.npz", "dflash": "dflash.npz"}
 
@@ -82,3 +87,60 @@ def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
     # (block included); see DFlashDrafter's context_window.
     dflash.context_window = 256 - dflash.config.block_size
     return Bundle(target=target, draft=draft, dflash=dflash, tokenizer=ByteTokenizer())
+
+
+# --- Hugging Face folders -------------------------------------------------------------
+
+class Pretrained(NamedTuple):
+    """A Hugging Face folder's model and tokenizer (from :func:`load_pretrained`).
+
+    Attributes
+    ----------
+    model : Transformer
+    tokenizer : HFTokenizer or None
+        None when loaded with ``tokenizer=False``.
+    """
+
+    model: "Transformer"
+    tokenizer: "object"
+
+
+def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
+                    weight_dtype: str | None = None, tokenizer: bool = True) -> Pretrained:
+    """Load a Llama/Qwen2/Qwen3 folder's model and its ``tokenizer.json`` in one call.
+
+    Parameters
+    ----------
+    folder : path-like
+        A Hugging Face checkpoint folder (``config.json``, safetensors, ``tokenizer.json``,
+        optionally ``generation_config.json`` for the stop ids).
+    dtype, weight_dtype : str, optional
+        As in :func:`read_hf`.
+    tokenizer : bool, default True
+        False skips the tokenizer (for callers that pass token ids).
+
+    Returns
+    -------
+    Pretrained
+        ``model, tokenizer = fastspec.load_pretrained(folder)``.
+
+    Raises
+    ------
+    FileNotFoundError
+        No ``tokenizer.json`` (the message says to pass token ids instead).
+    ValueError
+        Malformed files, or a tokenizer with more ids than the model's vocabulary.
+    """
+    folder = Path(folder)
+    tok = HFTokenizer.from_folder(folder) if tokenizer else None  # before the slow part
+    model = Transformer.from_state_dict(*read_hf(folder, dtype=dtype, weight_dtype=weight_dtype))
+    if tok is not None:
+        V = model.config.vocab_size
+        if tok.vocab_size > V:
+            raise ValueError(f"{tok.source}: {tok.vocab_size} tokens, more than the model's "
+                             f"vocab_size {V} ({folder / 'config.json'})")
+        bad = [i for i in (tok.bos_id, *tok.stop_ids) if i is not None and i >= V]
+        if bad:
+            raise ValueError(f"{folder}: special token ids {bad} are outside the model's "
+                             f"vocab_size {V}")
+    return Pretrained(model, tok)

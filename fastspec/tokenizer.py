@@ -1,14 +1,91 @@
-"""Byte-level tokenizer shared by every embedded fastspec model.
+"""Tokenizers: the :class:`Tokenizer` protocol, the byte tokenizer of the embedded models and
+:class:`StreamDecoder`, the incremental decoder that streams text as tokens are accepted.
 
-Ids 0..255 are the UTF-8 bytes of the text; four special ids follow:
-256 = BOS, 257 = EOS, 258 = MASK (the DFlash block filler), 259 = PAD.
+:class:`ByteTokenizer`: ids 0..255 are the UTF-8 bytes of the text; four special ids follow:
+256 = BOS, 257 = EOS, 258 = MASK (the DFlash block filler), 259 = PAD. Hugging Face folders
+get :class:`fastspec.hf_tokenizer.HFTokenizer` (``tokenizer.json``, ``[hf]`` extra) behind the
+same protocol.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Protocol, runtime_checkable
 
-__all__ = ["ByteTokenizer"]
+__all__ = ["Tokenizer", "ByteTokenizer", "StreamDecoder"]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What fastspec needs from a tokenizer (ByteTokenizer, HFTokenizer).
+
+    Attributes
+    ----------
+    vocab_size : int
+        Number of ids the tokenizer can produce (at most the model's ``vocab_size``).
+    bos_id, eos_id : int or None
+        Beginning/end-of-sequence ids (None when the model has none).
+    stop_ids : tuple of int
+        Ids that end a generation (EOS first, then any other stop ids).
+    """
+
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]: ...
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]: ...
+
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+
+class StreamDecoder:
+    """Incremental decoding: feed ids as they are accepted, get the new text of each call.
+
+    Decodes a short window of ids before the new ones and returns only the text past it, so
+    that tokenizers whose pieces depend on their neighbours (SentencePiece's leading space,
+    byte-fallback tokens, UTF-8 split over several byte ids) stream the same text as one
+    :meth:`Tokenizer.decode` of everything. Text ending in an incomplete character (U+FFFD)
+    is held back until the next call completes it.
+
+    Parameters
+    ----------
+    tokenizer : Tokenizer
+
+    Examples
+    --------
+    >>> dec = StreamDecoder(ByteTokenizer())
+    >>> dec.push(list("é".encode())[:1]), dec.push(list("é".encode())[1:])
+    ('', 'é')
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0  # ids[prefix:read] is the already-emitted context window
+        self._read = 0
+
+    def push(self, ids: Iterable[int]) -> str:
+        """Append ``ids`` and return the text they complete (may be empty)."""
+        self.ids.extend(int(i) for i in ids)
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self._prefix:self._read])
+        text = decode(self.ids[self._prefix:])
+        if len(text) <= len(before) or text.endswith("\ufffd"):
+            return ""  # nothing new, or an incomplete character: wait for more ids
+        self._prefix, self._read = self._read, len(self.ids)
+        return text[len(before):]
+
+    def flush(self) -> str:
+        """Return whatever text is still held back (an incomplete character as U+FFFD)."""
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self._prefix:self._read])
+        text = decode(self.ids[self._prefix:])
+        self._prefix = self._read = len(self.ids)
+        return text[len(before):]
 
 
 class ByteTokenizer:
@@ -84,6 +161,15 @@ class ByteTokenizer:
             if i < self.n_bytes:
                 out.append(i)
         return out.decode("utf-8", errors="replace")
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Return the ids of a prompt as the embedded models expect it: BOS, then the bytes."""
+        return self.encode(text, add_bos=True)
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """``(eos_id,)``: generation stops after EOS."""
+        return (self.eos_id,)
 
     def is_special(self, token_id: int) -> bool:
         """Return True when `token_id` is BOS, EOS, MASK or PAD."""

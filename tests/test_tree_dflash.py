@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.dflash import DFlashConfig, DFlashModel
+from fastspec import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import best_first_tree
 from fastspec.tree import MAX_TREE_NODES, TreeProposal, check_parents
 

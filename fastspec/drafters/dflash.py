@@ -94,7 +94,7 @@ class DFlashDrafter:
         the kept positions through attention. Measured on 8 held-out prompts with an embedded
         drafter: greedy tau 3.08 -> 3.02 at gamma 3 and 2.62 -> 2.59 at gamma 2, for a block
         forward of 0.72 instead of 1.09 target decode steps at gamma 3 (``round_costs`` in
-        :mod:`fastspec.tools.benchmark`).
+        :mod:`fastspec.tools.rounds`).
     tree_budget : int, optional
         Propose a tree of up to this many nodes, grown best-first over the block's
         per-position distributions (:func:`best_first_tree`; the product of probabilities),

@@ -59,6 +59,15 @@ class DraftModelDrafter:
     def vocab_size(self) -> int:
         return self._vocab
 
+    def check_target(self, target) -> None:
+        """Raise ValueError unless ``target`` has the draft model's vocabulary size (the two must
+        share a tokenizer). Called by :func:`fastspec.speculative_generate` before any work."""
+        got = getattr(getattr(target, "config", None), "vocab_size", None)
+        if got != self._vocab:
+            raise ValueError(f"the draft model's vocabulary ({self._vocab} ids) differs from the "
+                             f"target's ({got} ids): a draft model must share the target's "
+                             "tokenizer")
+
     def _scratch(self, gamma: int) -> None:
         if self._tokens.shape[0] < gamma:
             self._tokens = np.empty(gamma, dtype=np.int64)
