@@ -56,16 +56,23 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
     out : ndarray of shape (n, n_heads, head_dim)
     """
     n, n_heads, head_dim, n_kv_heads = check_attention_args(q, k_cache, v_cache, length, out)
-    group = n_heads // n_kv_heads
-    scale = 1.0 / np.sqrt(head_dim)
-    # float64 accumulation keeps float32 results within ~1e-6 of an exact computation.
-    keys = k_cache[:, :length].astype(np.float64)
-    values = v_cache[:, :length].astype(np.float64)
-    keys = np.repeat(keys, group, axis=0)  # (H, L, D)
-    values = np.repeat(values, group, axis=0)
-    scores = np.einsum("nhd,hld->hnl", q.astype(np.float64), keys) * scale
+    visible = None
     if causal:
         visible = np.arange(length)[None, :] <= (length - n + np.arange(n))[:, None]
+    return _attend(q, k_cache, v_cache, length, visible, out)
+
+
+def _attend(q, k_cache, v_cache, length, visible, out):
+    """Softmax attention of ``q`` over keys ``[0, length)`` where ``visible`` (n, length) is
+    True (None: every key), in float64; the body of both attention twins."""
+    n_heads, head_dim = q.shape[1], q.shape[2]
+    group = n_heads // k_cache.shape[0]
+    scale = 1.0 / np.sqrt(head_dim)
+    # float64 accumulation keeps float32 results within ~1e-6 of an exact computation.
+    keys = np.repeat(k_cache[:, :length].astype(np.float64), group, axis=0)  # (H, L, D)
+    values = np.repeat(v_cache[:, :length].astype(np.float64), group, axis=0)
+    scores = np.einsum("nhd,hld->hnl", q.astype(np.float64), keys) * scale
+    if visible is not None:
         scores = np.where(visible[None], scores, -np.inf)
     scores -= scores.max(axis=-1, keepdims=True)
     weights = np.exp(scores)
@@ -99,21 +106,9 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
     """
     n, n_heads, head_dim, n_kv_heads = check_attention_args(q, k_cache, v_cache, length, out)
     check_tree_mask(tree_mask, n)
-    group = n_heads // n_kv_heads
-    keys = np.repeat(k_cache[:, :length].astype(np.float64), group, axis=0)
-    values = np.repeat(v_cache[:, :length].astype(np.float64), group, axis=0)
-    scores = np.einsum("nhd,hld->hnl", q.astype(np.float64), keys) / np.sqrt(head_dim)
     visible = np.ones((n, length), dtype=bool)
     visible[:, length - n:] = tree_mask
-    scores = np.where(visible[None], scores, -np.inf)
-    scores -= scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores)
-    weights /= weights.sum(axis=-1, keepdims=True)
-    result = np.einsum("hnl,hld->nhd", weights, values).astype(q.dtype, copy=False)
-    if out is None:
-        return np.ascontiguousarray(result)
-    out[...] = result
-    return out
+    return _attend(q, k_cache, v_cache, length, visible, out)
 
 
 def compact_kv(k, v, start, rows):

@@ -1,11 +1,9 @@
 """Transformer: causal decoders (toy and Llama/Qwen-style) over a KV cache."""
 from __future__ import annotations
 
-import json
 import math
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -14,12 +12,11 @@ from fastspec import kernels
 from fastspec._bf16 import BF16, RoundingMatrix, as_storage, from_bits
 from fastspec._checks import check_index
 from fastspec.cache import KVCache
-from fastspec.checkpoints import read_hf, save_hf
 from fastspec.config import ModelConfig
-from fastspec.functional import (apply_rope, gelu_tanh, layer_norm, linear, rms_norm, rope_tables,
-                                 silu)
-from fastspec.schema import (MATRICES, LayerWeights, check_layer, layer_attrs, layer_from_state,
-                             layer_shapes, layer_state, random_layer)
+from fastspec.model_io import ModelIO, layer_schema
+from fastspec.model_numpy import NumpyForward
+from fastspec.functional import rms_norm, rope_tables
+from fastspec.schema import MATRICES, LayerWeights, check_layer, random_layer
 
 try:  # the fused forward; without it every model runs on the NumPy path
     from fastspec import _model as _model_ext
@@ -46,14 +43,7 @@ class ForwardOutput:
     hidden: dict[int, np.ndarray] = field(default_factory=dict)
 
 
-def _layer_schema(c: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[str, ...]]:
-    """Shapes and present fields of a layer of ``c`` (see :mod:`fastspec.schema`)."""
-    return (layer_shapes(c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim),
-            layer_attrs(swiglu=c.activation == "swiglu", rmsnorm=c.norm == "rmsnorm",
-                        qk_norm=c.qk_norm, qkv_bias=c.qkv_bias))
-
-
-class Transformer:
+class Transformer(NumpyForward, ModelIO):
     """A causal decoder over a preallocated KV cache.
 
     Parameters
@@ -105,7 +95,7 @@ class Transformer:
         toy = c.norm == "layernorm"
         embed = rng.normal(0.0, 0.3 if toy else 1.0, (c.vocab_size, d))
         pos = rng.normal(0.0, 0.1, (c.max_seq_len, d)) if c.positional == "learned" else None
-        shapes, attrs = _layer_schema(c)
+        shapes, attrs = layer_schema(c)
         layers = [random_layer(rng, shapes, attrs) for _ in range(c.n_layers)]
         final = 1.0 + 0.1 * rng.normal(size=d) if c.norm == "rmsnorm" else None
         if c.tie_embeddings:
@@ -124,7 +114,7 @@ class Transformer:
                 raise ValueError(f"{name} must have shape {shape}, got {getattr(self, name).shape}")
         if len(self.layers) != c.n_layers:
             raise ValueError(f"expected {c.n_layers} layers, got {len(self.layers)}")
-        shapes, attrs = _layer_schema(c)
+        shapes, attrs = layer_schema(c)
         for i, lw in enumerate(self.layers):
             check_layer(lw, f"layer {i}", shapes, attrs)
         if c.norm == "rmsnorm" and (self.final_norm is None or self.final_norm.shape != (d,)):
@@ -471,35 +461,6 @@ class Transformer:
             raise ValueError(f"cache (layers, kv heads, head_dim, dtype) = {got} does not match "
                              f"the model's {want}")
 
-    def _check_step(self, cache: KVCache, start: int, n: int,
-                    hidden_layers: Iterable[int]) -> tuple[int, ...]:
-        """The NumPy path's checks of a step (the compiled runner makes the same ones)."""
-        layers = self.check_hidden_layers(hidden_layers)
-        self.check_cache(cache)
-        self._check_room(cache, start, n)
-        return layers
-
-    def _check_room(self, cache: KVCache, start: int, n: int) -> None:
-        if start + n > cache.capacity:
-            raise ValueError(f"cache holds {start} positions; {n} more exceed its capacity {cache.capacity}")
-        if start + n > self.config.max_seq_len:
-            raise ValueError(f"positions up to {start + n} exceed max_seq_len {self.config.max_seq_len}")
-
-    def _check_rows(self, x, name: str) -> np.ndarray:
-        dt, d = np.dtype(self.config.dtype), self.config.dim
-        if not isinstance(x, np.ndarray) or x.dtype != dt or x.ndim != 2 or x.shape[1] != d or x.shape[0] < 1:
-            raise ValueError(f"{name} must be a {dt} array of shape (n >= 1, {d})")
-        return x
-
-    def _check_out(self, out, n: int):
-        if out is None:
-            return None
-        dt, V = np.dtype(self.config.dtype), self.config.vocab_size
-        if (not isinstance(out, np.ndarray) or out.dtype != dt or out.shape != (n, V)
-                or not out.flags.c_contiguous or not out.flags.writeable):
-            raise ValueError(f"out must be a writable C-contiguous {dt} array of shape ({n}, {V})")
-        return out
-
     def _tree_layout(self, ids, cache: KVCache, tree_parents, causal: bool):
         """Check a tree step; return ``(positions, ancestor mask)``, or ``(None, None)`` for a
         chain (the plain causal step computes it)."""
@@ -512,158 +473,6 @@ class Transformer:
         if np.array_equal(depths, np.arange(1, n + 1)):
             return None, None
         return cache.length + depths - 1, ancestor_mask(tree_parents)
-
-    def _rope_rows(self, start: int, n: int):
-        if self.rope_cos is None:
-            return None, None
-        return self.rope_cos[start:start + n], self.rope_sin[start:start + n]
-
-    # --- the NumPy twin of the fused runner ----------------------------------------------
-
-    def _layers_numpy(self, x, cache, start, causal, hidden_layers, out, positions=None,
-                      tree_mask=None):
-        n = x.shape[0]
-        if tree_mask is None or self.rope_cos is None:
-            cos, sin = self._rope_rows(start, n)
-        else:
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        _, head, layers = self._numpy_weights()
-        hidden = {}
-        for i, lw in enumerate(layers):
-            x = self.layer_forward(x, lw, cache.k[i], cache.v[i], start, cos, sin, causal,
-                                   tree_mask)
-            if i in hidden_layers:
-                hidden[i] = x.copy()
-        logits = self.norm(x, self.final_norm) @ head
-        if out is not None:
-            out[...] = logits
-            logits = out
-        return logits, hidden
-
-    def norm(self, x: np.ndarray, weight: np.ndarray | None) -> np.ndarray:
-        """Apply the family's normalisation (RMSNorm with ``weight``, or plain LayerNorm)."""
-        if self.config.norm == "rmsnorm":
-            return rms_norm(x, weight, self.config.norm_eps)
-        return layer_norm(x, self.config.norm_eps)
-
-    def _store_kv(self, h, lw: LayerWeights, k_cache, v_cache, start, cos, sin) -> None:
-        """Project ``h`` (n, dim) to keys/values (k-norm, RoPE) and write them at ``start ..``."""
-        c = self.config
-        n = h.shape[0]
-        k = linear(h, lw.wk, lw.k_bias).reshape(n, c.n_kv_heads, c.head_dim)
-        v = linear(h, lw.wv, lw.v_bias).reshape(n, c.n_kv_heads, c.head_dim)
-        if c.qk_norm:
-            k = rms_norm(k, lw.k_norm, c.norm_eps)
-        if cos is not None:
-            k = apply_rope(k, cos, sin)
-        kernels.cache_write(k_cache, np.ascontiguousarray(k), start)
-        kernels.cache_write(v_cache, np.ascontiguousarray(v), start)
-
-    def layer_forward(self, x, lw: LayerWeights, k_cache, v_cache, start, cos, sin, causal=True,
-                      tree_mask=None):
-        """One decoder layer on ``x`` (n, dim) at positions ``start ..``; returns the new x.
-
-        Writes the new keys/values into ``k_cache``/``v_cache`` (n_kv_heads, C, head_dim) at
-        ``start ..`` and attends over positions ``[0, start + n)``. ``lw`` holds matrices in the
-        compute dtype (for float16 weights: an entry of ``_numpy_weights()[2]``).
-        """
-        c = self.config
-        n = x.shape[0]
-        h = self.norm(x, lw.attn_norm)
-        q = linear(h, lw.wq, lw.q_bias).reshape(n, c.n_heads, c.head_dim)
-        if c.qk_norm:
-            q = rms_norm(q, lw.q_norm, c.norm_eps)
-        if cos is not None:
-            q = apply_rope(q, cos, sin)
-        self._store_kv(h, lw, k_cache, v_cache, start, cos, sin)
-        if tree_mask is None:
-            a = kernels.attention(np.ascontiguousarray(q), k_cache, v_cache, start + n, causal)
-        else:  # each tree node sees the cache and its ancestors (tree_mask, n x n)
-            a = kernels.tree_attention(np.ascontiguousarray(q), k_cache, v_cache, start + n,
-                                       tree_mask)
-        x = x + a.reshape(n, -1) @ lw.wo
-        h = self.norm(x, lw.mlp_norm)
-        if c.activation == "swiglu":
-            f = silu(h @ lw.w_gate) * (h @ lw.w_up)
-        elif c.activation == "tanh":
-            f = np.tanh(h @ lw.w_up)
-        else:
-            f = gelu_tanh(h @ lw.w_up)
-        return x + f @ lw.w_down
-
-    # --- persistence (npz; Hugging Face folders live in fastspec.checkpoints) -------------
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Return the weights under Hugging Face names and layout (see docs/FORMATS.md)."""
-        c = self.config
-        sd = {"model.embed_tokens.weight": self.embed}
-        if self.pos_embed is not None:
-            sd["model.embed_positions.weight"] = self.pos_embed
-        for i, lw in enumerate(self.layers):
-            sd.update(layer_state(lw, f"model.layers.{i}."))
-        if self.final_norm is not None:
-            sd["model.norm.weight"] = self.final_norm
-        if not c.tie_embeddings:
-            sd["lm_head.weight"] = self.head.T
-        return {k: np.ascontiguousarray(v) for k, v in sd.items()}
-
-    @classmethod
-    def from_state_dict(cls, config: ModelConfig, sd: dict[str, np.ndarray]) -> "Transformer":
-        """Build a model from Hugging Face names and layout; missing tensors raise KeyError."""
-        def get(key):
-            if key not in sd:
-                raise KeyError(f"missing tensor {key!r}")
-            return np.asarray(sd[key])
-
-        c = config
-        attrs = _layer_schema(c)[1]
-        layers = [layer_from_state(get, f"model.layers.{i}.", attrs) for i in range(c.n_layers)]
-        embed = get("model.embed_tokens.weight")
-        head = embed.T if c.tie_embeddings else get("lm_head.weight").T
-        final = get("model.norm.weight") if c.norm == "rmsnorm" else None
-        pos = get("model.embed_positions.weight") if c.positional == "learned" else None
-        return cls(c, embed, layers, head, final, pos)
-
-    def save(self, path: str | Path) -> None:
-        """Write the model to ``path``: an ``.npz`` file, or a Hugging Face folder otherwise."""
-        path = Path(path)
-        if path.suffix == ".npz":
-            np.savez(path, config=np.array(json.dumps(self.config.to_dict())), **self.state_dict())
-        else:
-            save_hf(self, path)
-
-    @classmethod
-    def load(cls, path: str | Path, dtype: str | None = None,
-             weight_dtype: str | None = None) -> "Transformer":
-        """Load an ``.npz`` written by :meth:`save` or a Hugging Face checkpoint folder.
-
-        Parameters
-        ----------
-        path : path-like
-        dtype : {"float32", "float64"}, optional
-            Compute dtype; default: the file's (float32 for a Hugging Face folder).
-        weight_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
-            Storage dtype of the matrices (see :class:`ModelConfig`); default: the file's
-            ``weight_dtype`` when it fits ``dtype`` (float16 and bfloat16 need float32), else
-            ``dtype``. A bf16 Hugging Face checkpoint loaded with ``"bfloat16"`` keeps its bit
-            patterns (no widening, no rounding).
-        """
-        path = Path(path)
-        if path.is_dir():
-            return cls.from_state_dict(*read_hf(path, dtype=dtype, weight_dtype=weight_dtype))
-        from fastspec._npz import read_npz  # bounded: validates every header before reading
-        cfg, sd = read_npz(path, "model")
-        bits = sorted(k for k, a in sd.items() if a.dtype == np.uint16)
-        if bits and cfg.get("weight_dtype") != BF16:
-            raise ValueError(f"{path}: tensors {bits[:3]} hold uint16 (bf16 bit patterns) but the "
-                             "config's weight_dtype is not 'bfloat16'")
-        if dtype is not None:
-            cfg["dtype"] = dtype
-            if cfg.get("weight_dtype") in ("float16", BF16) and dtype != "float32":
-                cfg["weight_dtype"] = None
-        if weight_dtype is not None:
-            cfg["weight_dtype"] = weight_dtype
-        return cls.from_state_dict(ModelConfig.from_dict(cfg), sd)
 
     @property
     def n_params(self) -> int:

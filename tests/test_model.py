@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.model import ModelConfig, Transformer, apply_rope, rms_norm
+from fastspec.functional import apply_rope, rms_norm
+from fastspec.model import ModelConfig, Transformer
 
 from _helpers import RTOL, needs_cython, needs_openmp
 

@@ -25,13 +25,16 @@ its first ``len(prompt) - 1`` positions (the target's prefill).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 
 from fastspec.cache import KVCache
-from fastspec.model import ForwardOutput, ModelConfig
 from fastspec.sampling import SamplingParams
+
+if TYPE_CHECKING:  # annotations only: the model module does not import the protocols
+    from fastspec.config import ModelConfig
+    from fastspec.model import ForwardOutput
 
 __all__ = ["Drafter", "Proposal", "Target"]
 
