@@ -17,12 +17,12 @@ step >= 1.3x faster for the embedded target; bandwidth bound, so it depends on t
 
 Run: ``pytest bench/test_bench_model.py --benchmark-only -s``.
 """
-import time
 
 import numpy as np
 import pytest
 
 import fastspec as fs
+from _timing import median_time
 from fastspec.model import ModelConfig, Transformer
 
 MODELS = {
@@ -75,16 +75,6 @@ def test_model_step(benchmark, restore_backend, name, case, backend):
     benchmark(step)
 
 
-def _median_time(fn, number=20, repeat=7):
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - t0) / number)
-    return float(np.median(times))
-
-
 @pytest.mark.skipif("cython" not in fs.available_backends(), reason="Cython extension not built")
 def test_model_ratios(benchmark, restore_backend):
     """The three targets, measured interleaved in one run (medians of 3 rounds)."""
@@ -96,7 +86,7 @@ def test_model_ratios(benchmark, restore_backend):
     rounds = {k: [] for k in steps}
     for _ in range(3):
         for k, s in steps.items():
-            rounds[k].append(_median_time(s, number=5 if k[2] == "numpy" else 20))
+            rounds[k].append(median_time(s, number=5 if k[2] == "numpy" else 20))
     t = {k: float(np.median(v)) for k, v in rounds.items()}
     info = {f"{n}_{c}_{b}_us": v * 1e6 for (n, c, b), v in t.items()}
     info.update(
@@ -171,7 +161,7 @@ def test_weight_dtype_ratio(benchmark, restore_backend):
     rounds = {k: [] for k in steps}
     for _ in range(5):
         for k, s in steps.items():
-            rounds[k].append(_median_time(s, number=50))
+            rounds[k].append(median_time(s, number=50))
     t = {k: float(np.median(v)) for k, v in rounds.items()}
     info = {f"{n}_{c}_{w}_us": v * 1e6 for (n, c, w), v in t.items()}
     for n in WEIGHT_MODELS:

@@ -15,27 +15,18 @@ Goal: every ratio <= 1.05 (the public entry costs no more than the reach-around 
 
 Run: ``pytest bench/test_bench_step.py --benchmark-only -s``.
 """
-import time
 
 import numpy as np
 import pytest
 
 import fastspec as fs
+from _timing import median_time
 
 CONTEXT = 300
 
 pytestmark = pytest.mark.skipif(
     not fs.pretrained.available() or "cython" not in fs.available_backends(),
     reason="needs the embedded models and the compiled backend")
-
-
-def _median_time(fn, number: int) -> float:
-    times = []
-    for _ in range(number):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def _decode_pair(model):
@@ -102,7 +93,7 @@ def test_step_overhead(benchmark, cython_backend):
     rounds = {k: [] for k in steps}
     for _ in range(5):
         for k, s in steps.items():
-            rounds[k].append(_median_time(s, 30))
+            rounds[k].append(median_time(s, repeat=30))
     t = {k: float(np.median(v)) for k, v in rounds.items()}
     info = {f"{k}_us": v * 1e6 for k, v in t.items()}
     info.update(draft_step_ratio=t["draft_step"] / t["draft_bare"],

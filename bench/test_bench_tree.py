@@ -14,27 +14,18 @@ development machine (tree_8 518 decode steps instead of 13).
 
 Run: ``pytest bench/test_bench_tree.py --benchmark-only -s``.
 """
-import time
 
 import numpy as np
 import pytest
 
 import fastspec as fs
+from _timing import median_time
 from fastspec.tree import block_parents
 
 CONTEXT = 300
 NODES = (8, 16, 32, 64)
 
 pytestmark = pytest.mark.skipif(not fs.pretrained.available(), reason="needs the embedded models")
-
-
-def _median_time(fn, number: int) -> float:
-    times = []
-    for _ in range(number):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def _tree(n: int) -> np.ndarray:
@@ -74,7 +65,7 @@ def test_tree_step_cost(benchmark, backend_name):
         rounds = {k: [] for k in calls}
         for _ in range(5):
             for k, c in calls.items():
-                rounds[k].append(_median_time(c, 10))
+                rounds[k].append(median_time(c, repeat=10))
         t = {k: float(np.median(v)) for k, v in rounds.items()}
         info = {"decode_us": t["decode"] * 1e6}
         for n in NODES:
