@@ -120,3 +120,18 @@ def random_rows(rng, rows, vocab, dtype, zeros=0.3):
     p[rng.random((rows, vocab)) < zeros] = 0
     p[:, 0] += 1e-3
     return (p / p.sum(axis=1, keepdims=True)).astype(dtype)
+
+
+# Widths that are not multiples of 16 exercise the zero-padded column remainders of the kernels.
+#: Small model configs shared by the float16 and bfloat16 weight tests.
+MODEL_CONFIGS = {
+    "llama-gqa": dict(vocab_size=77, dim=48, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=100,
+                      max_seq_len=96),
+    "qwen3-untied": dict(vocab_size=37, dim=40, n_layers=3, n_heads=4, n_kv_heads=1, head_dim=12,
+                         ffn_dim=72, qk_norm=True, tie_embeddings=False, max_seq_len=96),
+    "qwen2-bias": dict(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176,
+                       qkv_bias=True, max_seq_len=96),
+    "toy": dict(vocab_size=11, dim=16, n_layers=2, n_heads=2, n_kv_heads=2, ffn_dim=32,
+                norm="layernorm", positional="learned", activation="tanh", tie_embeddings=False,
+                max_seq_len=96),
+}

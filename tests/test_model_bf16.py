@@ -22,7 +22,7 @@ from fastspec import _bf16
 from fastspec.checkpoints import read_safetensors, save_hf, write_safetensors
 from fastspec.model import ModelConfig, Transformer
 
-from conftest import BACKENDS
+from _helpers import BACKENDS, MODEL_CONFIGS
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_cython = pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
@@ -37,17 +37,7 @@ BF16_TOL = 1e-2
 def close(a, b):
     np.testing.assert_allclose(a, b, rtol=0, atol=BF16_TOL * max(np.abs(b).max(), 1e-30))
 
-CONFIGS = {
-    "llama-gqa": dict(vocab_size=77, dim=48, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=100,
-                      max_seq_len=96),
-    "qwen3-untied": dict(vocab_size=37, dim=40, n_layers=3, n_heads=4, n_kv_heads=1, head_dim=12,
-                         ffn_dim=72, qk_norm=True, tie_embeddings=False, max_seq_len=96),
-    "qwen2-bias": dict(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176,
-                       qkv_bias=True, max_seq_len=96),
-    "toy": dict(vocab_size=11, dim=16, n_layers=2, n_heads=2, n_kv_heads=2, ffn_dim=32,
-                norm="layernorm", positional="learned", activation="tanh", tie_embeddings=False,
-                max_seq_len=96),
-}
+CONFIGS = MODEL_CONFIGS
 
 
 def bf16_model(name="llama-gqa", seed=0):

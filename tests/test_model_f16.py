@@ -11,24 +11,13 @@ import pytest
 import fastspec as fs
 from fastspec.model import ModelConfig, Transformer
 
-from _helpers import needs_cython, needs_openmp
+from _helpers import MODEL_CONFIGS, needs_cython, needs_openmp
 
 needs_data = pytest.mark.skipif(not fs.pretrained.available(), reason="embedded models missing")
 
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
-# Widths that are not multiples of 16 exercise the zero-padded column remainders of the kernels.
-CONFIGS = {
-    "llama-gqa": dict(vocab_size=77, dim=48, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=100,
-                      max_seq_len=96),
-    "qwen3-untied": dict(vocab_size=37, dim=40, n_layers=3, n_heads=4, n_kv_heads=1, head_dim=12,
-                         ffn_dim=72, qk_norm=True, tie_embeddings=False, max_seq_len=96),
-    "qwen2-bias": dict(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=176,
-                       qkv_bias=True, max_seq_len=96),
-    "toy": dict(vocab_size=11, dim=16, n_layers=2, n_heads=2, n_kv_heads=2, ffn_dim=32,
-                norm="layernorm", positional="learned", activation="tanh", tie_embeddings=False,
-                max_seq_len=96),
-}
+CONFIGS = MODEL_CONFIGS
 
 
 def pair(name, seed=0):
