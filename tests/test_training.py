@@ -45,6 +45,21 @@ def test_one_step_of_each_trainer(tmp_path, capsys):
     res = fs.speculative_generate(t, fs.DFlashDrafter(f), [1, 2, 3, 4], 6)
     assert res.tokens == fs.generate(t, [1, 2, 3, 4], 6).tokens
 
+    # A drafter may start from another block size's weights (no weight depends on it), but
+    # not from another layer count.
+    wider = tmp_path / "f8.npz"
+    args = training.build_parser().parse_args(
+        ["dflash", "--target", str(target), "--out", str(wider), "--block-size", "8",
+         "--init", str(dflash), "--anchors", "2", "--episodes", "2", "--val-episodes", "2",
+         "--gen-batch", "2", "--prompt-min", "8", "--prompt-max", "12", "--eval-rows", "2",
+         "--final-eval-rows", "2", *LOOP])
+    args.name = "dflash"
+    training.train_dflash(args, data)
+    assert fs.DFlashModel.load(wider, t).config.block_size == 8
+    args.layers, args.out = 3, str(tmp_path / "bad.npz")
+    with pytest.raises(ValueError, match="--init"):
+        training.train_dflash(args, data)
+
 
 def test_export_checks_the_weight_schema(tmp_path):
     cfg = training.model_config(dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=32,

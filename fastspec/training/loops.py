@@ -132,9 +132,12 @@ def _lm_run(args, budget, prog, opt, model, cfg, val, step_fn) -> None:
              f"{prog.elapsed / 60:.1f} min")
 
 
-def _init_from(model, path, cfg, load) -> None:
+def _init_from(model, path, cfg, load, free=()) -> None:
+    """Load `path`'s weights into `model`; config keys in `free` may differ (no weight shape
+    depends on them, e.g. a DFlash drafter's block size)."""
     init, icfg = load(path)
-    if icfg != cfg:
+    if {k: v for k, v in icfg.items() if k not in free} != {
+            k: v for k, v in cfg.items() if k not in free}:
         raise ValueError(f"--init {path} has config {icfg}, expected {cfg}")
     model.load_state_dict(init.state_dict())
 
@@ -248,7 +251,8 @@ def train_dflash(args, data=None) -> None:
                          tap_layers=args.tap_layers or None)
     dmodel = build_dflash(dcfg, tcfg, seed=args.seed)
     if args.init:
-        _init_from(dmodel, args.init, dcfg, lambda path: load_dflash_npz(path, tcfg))
+        _init_from(dmodel, args.init, dcfg, lambda path: load_dflash_npz(path, tcfg),
+                   free=("block_size",))
     else:
         with torch.no_grad():  # start on the target's output scale (the head is the target's)
             dmodel.norm.weight.copy_(target.model.norm.weight)
