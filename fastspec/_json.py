@@ -1,11 +1,29 @@
-"""JSON-ready copies of reports: NumPy values as Python ones, non-finite floats as text."""
+"""JSON in and out: checked reads of JSON objects, and JSON-ready copies of reports."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 
-__all__ = ["jsonable"]
+__all__ = ["jsonable", "read_json_object"]
+
+
+def read_json_object(path: Path) -> dict | None:
+    """Return the JSON object in ``path``, None when the file does not exist.
+
+    Raises ValueError naming the file when it is not UTF-8 JSON or does not hold an object.
+    """
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: must hold a JSON object, got {type(data).__name__}")
+    return data
 
 
 def jsonable(x, drop_private: bool = False):

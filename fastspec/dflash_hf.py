@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from fastspec._json import read_json_object
 from fastspec.checkpoints import _rope_theta, _weight_files, read_safetensors, write_safetensors
 from fastspec.dflash_config import MAX_BLOCK_SIZE, DFlashConfig
 from fastspec.model import Transformer
@@ -112,14 +113,9 @@ def _field(cfg: dict, name: str, where: str, kind=int, default=None):
 def read_dflash_config(folder: Path, target: Transformer) -> DFlashConfig:
     """Map z-lab's ``config.json`` to a :class:`DFlashConfig`, checked against ``target``."""
     path = folder / "config.json"
-    if not path.is_file():
+    cfg = read_json_object(path)
+    if cfg is None:
         raise ValueError(f"{folder}: no config.json (not a DFlash drafter folder)")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: must hold a JSON object")
     archs = cfg.get("architectures") or []
     dc = cfg.get("dflash_config")
     if any("DFlash2" in str(a) for a in archs) or (
@@ -196,7 +192,7 @@ def read_dflash_folder(folder: str | os.PathLike,
     """
     folder = Path(folder)
     config = read_dflash_config(folder, target)
-    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    cfg = read_json_object(folder / "config.json") or {}
     if "fastspec_target" in cfg:
         _check_fingerprint(cfg["fastspec_target"], target, str(folder / "config.json"))
     files = _weight_files(folder)

@@ -6,25 +6,13 @@ stops on), then ``config.json``, then the special tokens named in ``tokenizer_co
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Iterable
 
+from fastspec._json import read_json_object
+
 __all__ = ["HFTokenizer", "special_token_ids"]
-
-
-def _read_json(path: Path) -> dict | None:
-    """Return the JSON object in ``path``, None when the file does not exist."""
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: must hold a JSON object, got {type(data).__name__}")
-    return data
 
 
 def _ids_field(data: dict, path: Path, name: str, vocab: int) -> list[int]:
@@ -64,13 +52,13 @@ def special_token_ids(folder: str | os.PathLike, vocab_size: int,
     stops: list[int] = []
     for name in ("generation_config.json", "config.json"):
         path = folder / name
-        data = _read_json(path)
+        data = read_json_object(path)
         if data is None:
             continue
         bos = bos or _ids_field(data, path, "bos_token_id", vocab_size)
         stops += [i for i in _ids_field(data, path, "eos_token_id", vocab_size) if i not in stops]
     path = folder / "tokenizer_config.json"
-    data = _read_json(path) if token_to_id is not None else None
+    data = read_json_object(path) if token_to_id is not None else None
     if data is not None:
         for field, target in (("bos_token", bos), ("eos_token", stops)):
             token = data.get(field)

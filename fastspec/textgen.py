@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 import fastspec as fs
+from fastspec._json import read_json_object
 from fastspec.drafters.base import Proposal
 from fastspec.tokenizer import StreamDecoder
 
@@ -114,7 +115,8 @@ def _load(args):
     from fastspec.checkpoints import hf_config
 
     folder = Path(args.model)
-    if not (folder / "config.json").is_file():
+    raw = read_json_object(folder / "config.json")
+    if raw is None:
         raise GenerateError(f"--model {folder}: no config.json (not a Hugging Face folder)")
     tok = None
     if args.prompt_ids is None:
@@ -122,7 +124,7 @@ def _load(args):
 
         tok = HFTokenizer.from_folder(folder)
     ids = _prompt_ids(args, tok)
-    config = hf_config(json.loads((folder / "config.json").read_text()))
+    config = hf_config(raw)
     _check_length(len(ids), args.max_new_tokens, config.max_seq_len, str(folder / "config.json"))
     return fs.Transformer.load(folder), tok, ids, None
 
