@@ -221,6 +221,13 @@ def test_sample_tree_bad_input():
         sample_tree_without_replacement(par, np.full((2, V), 0.25), np.zeros(3))
 
 
+def test_oracle_bad_arguments():
+    with pytest.raises(ValueError, match="siblings must be one of"):
+        tree_round_law(target, PREFIX, None, [-1], q_of=draft, siblings="with_replacement")
+    with pytest.raises(ValueError, match="report_base_q needs"):
+        tree_round_law(target, PREFIX, None, [-1], q_of=draft, report_base_q=True)
+
+
 def test_registered_without_replacement_audit_passes():
     name = "tree_exact_law_without_replacement"
     report = audit.run_audit(quick=True, names=[name])

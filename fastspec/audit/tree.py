@@ -100,6 +100,8 @@ def tree_round_law(p_of: Dist, prefix: tuple, tokens, parents, q_of: Callable | 
     """
     if siblings not in SIBLINGS:
         raise ValueError(f"siblings must be one of {SIBLINGS}, got {siblings!r}")
+    if report_base_q and (q_of is None or siblings != "without_replacement"):
+        raise ValueError("report_base_q needs q_of and siblings='without_replacement'")
     parents = list(parents)
     kids = _children(parents)
     out: dict[tuple, float] = defaultdict(float)
