@@ -50,7 +50,9 @@ def _add_audit(sub) -> None:
         "audit", help="run the correctness audits (exit status 1 on any failure)",
         description="Run fastspec's correctness audits: cache/block equivalence, causal "
                     "invariance, greedy equality, identity draft, rollback, the exact "
-                    "distribution audit and its negative controls. Prints a summary table; "
+                    "distribution audit and its negative controls, the exact laws of tree "
+                    "verification (group 'tree': deterministic, independent and "
+                    "without-replacement siblings). Prints a summary table; "
                     "exit status 1 if any check fails.")
     p.add_argument("--out", metavar="PATH", help="write the full report as JSON to PATH")
     p.add_argument("--quick", action="store_true",
