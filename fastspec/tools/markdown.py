@@ -101,7 +101,7 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
                 "node; each node sees its ancestors only) and over a causal chain of the same "
                 "N + 1 positions, in decode steps of the same backend. Trees run the layer-by-"
                 "layer path (the fused runner has no tree mask), which wants "
-                "`OPENBLAS_NUM_THREADS=1` next to the OpenMP runner (bench/README).", "",
+                "`OPENBLAS_NUM_THREADS=1` next to the OpenMP runner (README, tree proposals).", "",
                 "| backend | nodes | depth | tree (decode steps) | chain (decode steps) | "
                 "tree / chain |", "|---|---|---|---|---|---|"]
         for r in trees:
