@@ -80,7 +80,14 @@ def test_round_costs_report_every_piece_in_decode_steps(backend):
               "attention": [], "attention_fraction_of_cache_bandwidth": 0.5,
               "attention_fraction_of_stream": 0.5, "kernels": [], "decode_bound": [],
               "round_costs": {"backend": fs.backend(), **rc}, "context_scaling": [],
-              "gamma_scaling": []}
+              "gamma_scaling": [],
+              "tree_costs": [{"backend": fs.backend(), **r}
+                             for r in rounds.tree_costs(target, (4, 8), context=20,
+                                                        min_time=0.001, repeats=1)]}
     md = markdown.performance_markdown(report)
+    assert "| 8 | 4 |" in md and "tree verify" in markdown.summary_text(report)
+    for r in report["tree_costs"]:
+        assert r["tree_steps"] > 0 and r["chain_steps"] > 0
+        assert r["tree_over_chain"] == pytest.approx(r["tree_steps"] / r["chain_steps"])
     assert "What a speculative round costs (context 20" in md
     assert "| dflash_commit_4 |" in md

@@ -12,6 +12,8 @@ Run it with ``OPENBLAS_NUM_THREADS=1``: in one process with the OpenMP model run
 multi-threaded OpenBLAS made the layer path's matrix products 10-30x slower on the 2-core
 development machine (tree_8 518 decode steps instead of 13).
 
+``fastspec bench`` reports the same figures (:func:`fastspec.tools.rounds.tree_costs`).
+
 Run: ``pytest bench/test_bench_tree.py --benchmark-only -s``.
 """
 
@@ -20,24 +22,13 @@ import pytest
 
 import fastspec as fs
 from _timing import median_time
+from fastspec.tools.rounds import side_branch_tree
 from fastspec.tree import block_parents
 
 CONTEXT = 300
 NODES = (8, 16, 32, 64)
 
 pytestmark = pytest.mark.skipif(not fs.pretrained.available(), reason="needs the embedded models")
-
-
-def _tree(n: int) -> np.ndarray:
-    """A trunk of n // 2 nodes, each trunk node with one side child (parents, (n,))."""
-    parents = []
-    trunk = -1
-    while len(parents) < n:
-        parents.append(trunk)
-        trunk = len(parents) - 1
-        if len(parents) < n:
-            parents.append(parents[trunk])  # a sibling of the trunk node
-    return np.array(parents, dtype=np.int64)
 
 
 @pytest.mark.parametrize("backend_name", fs.available_backends())
@@ -58,7 +49,7 @@ def test_tree_step_cost(benchmark, backend_name):
         calls = {"decode": call(np.array([7], dtype=np.int64))}
         for n in NODES:
             ids = (np.arange(n + 1) * 7 % 256).astype(np.int64)
-            calls[f"tree_{n}"] = call(ids, block_parents(_tree(n)))
+            calls[f"tree_{n}"] = call(ids, block_parents(side_branch_tree(n)))
             calls[f"chain_{n}"] = call(ids)
         for c in calls.values():
             c()

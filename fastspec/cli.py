@@ -50,7 +50,9 @@ def _add_audit(sub) -> None:
         "audit", help="run the correctness audits (exit status 1 on any failure)",
         description="Run fastspec's correctness audits: cache/block equivalence, causal "
                     "invariance, greedy equality, identity draft, rollback, the exact "
-                    "distribution audit and its negative controls. Prints a summary table; "
+                    "distribution audit and its negative controls, the exact laws of tree "
+                    "verification (group 'tree': deterministic, independent and "
+                    "without-replacement siblings). Prints a summary table; "
                     "exit status 1 if any check fails.")
     p.add_argument("--out", metavar="PATH", help="write the full report as JSON to PATH")
     p.add_argument("--quick", action="store_true",
@@ -94,8 +96,10 @@ def _add_demo(sub) -> None:
                    help="tokens to generate (default 256)")
     p.add_argument("--temperature", type=_non_negative_float, default=0.0,
                    help="0 = greedy (default); > 0 samples")
-    p.add_argument("--drafter", choices=("all", "draft", "ngram", "dflash"), default="all",
-                   help="which drafter(s) to compare with vanilla (default all)")
+    p.add_argument("--drafter", choices=("all", "draft", "ngram", "ngram_tree", "dflash",
+                                         "dflash_tree"), default="all",
+                   help="which drafter(s) to compare with vanilla (default all; *_tree: the "
+                        "drafter proposing trees)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--repeats", type=_positive_int, default=1,
                    help="timed runs per method, fastest reported (default 1)")
@@ -146,8 +150,8 @@ def _run_generate(args) -> int:
 def _add_eval(sub) -> None:
     p = sub.add_parser(
         "eval", help="evaluate every drafter on held-out prompts (JSON + markdown)",
-        description="Run vanilla and every drafter on held-out prompts at the given "
-                    "temperatures; write per-run results and tau/speedup summaries as JSON, "
+        description="Run vanilla and every drafter, chain and tree, on held-out prompts at "
+                    "the given temperatures; write per-run results and tau/speedup summaries as JSON, "
                     "and optionally docs/RESULTS.md.")
     p.add_argument("--prompts", type=_positive_int, default=20, help="number of prompts (20)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=256, metavar="N")
@@ -155,6 +159,10 @@ def _add_eval(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="eval_results.json", help="JSON output path")
     p.add_argument("--markdown", metavar="PATH", help="also write a markdown summary here")
+    p.add_argument("--methods", nargs="+", metavar="M",
+                   choices=("draft", "ngram", "ngram_tree", "dflash", "dflash_tree"),
+                   help="drafters to run (default all: draft ngram ngram_tree dflash "
+                        "dflash_tree; *_tree propose trees); vanilla always runs")
     p.add_argument("--gamma", type=_gamma, default=None, metavar="G",
                    help="draft tokens per round for every drafter, an int or 'adaptive' "
                         "(default: each drafter's tuned default, "

@@ -457,4 +457,11 @@ def _check_proposal(proposal, g: int, vocab: int, room: int
                              f"{getattr(q, 'shape', type(q).__name__)}")
         if not q.flags.c_contiguous:
             q = np.ascontiguousarray(q)
+        if parents is not None and count:  # a node its own q cannot draw: a drafter's bug
+            bad = np.flatnonzero(~(q[np.arange(count), tokens] > 0))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(f"drafter proposal q[{i}, tokens[{i}]] = "
+                                 f"{float(q[i, tokens[i]])!r}: tree node {i} cannot have been "
+                                 f"drawn from q[{i}] (it must be > 0)")
     return tokens, q, parents

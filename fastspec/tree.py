@@ -12,9 +12,24 @@ verification walks down from the root:
   where ``p_res`` starts as the target's ``p`` at the node and, after each rejected sibling,
   becomes ``normalise(max(p_res - q_sibling, 0))`` (one-hot: ``p_res`` with that token
   zeroed). If every child is rejected the next token is drawn from the final ``p_res``;
-  after an accepted leaf the bonus is drawn from the leaf's ``p``. This keeps the target law
-  exactly when each sibling is deterministic or drawn independently from its own ``q``
-  (the audit in ``tests/test_tree_law.py`` enumerates it).
+  after an accepted leaf the bonus is drawn from the leaf's ``p``.
+
+This keeps the target law exactly whenever ``q[i]`` is the law node ``i`` was drawn from
+given its path and its earlier siblings: deterministic siblings (one-hot), siblings drawn
+independently, or siblings drawn *without replacement* (:func:`sample_tree_without_replacement`:
+sibling ``k`` from ``q`` with siblings ``1 .. k-1`` removed and renormalised, which is the row
+it reports). Proof, by induction on the number ``m`` of siblings still to test at a node whose
+residual is ``t``: with none left the draw is from ``t``. Otherwise the next sibling ``x`` is
+drawn from ``r`` (any law fixed by the draws so far), accepted with ``min(1, t(x) / r(x))``,
+and on rejection the rest runs on ``t' = normalise(max(t - r, 0))``, which does not depend on
+``x``; by induction it yields ``t'`` whatever the later siblings' laws (so they may depend on
+``x``, as without replacement they do), hence ``P(y) = min(t(y), r(y)) + (1 - sum min(t, r))
+t'(y) = t(y)``. A rejected ``x`` has ``t(x) < r(x)``, so ``t'(x) = 0``: a token is never
+emitted twice at one node and a without-replacement sibling needs no special case. The
+accepted child's subtree was drawn given its path only, so the argument repeats one level
+down. Whether a further sibling is drawn may depend on the draws so far (a stopping rule);
+it must not depend on the sibling's own value. The audit ``tree_exact_law_without_replacement``
+enumerates this law; reporting the un-removed ``q`` for every sibling is caught.
 
 A chain is the tree with ``parents[i] = i - 1``. Block layout used by the loop: row 0 of the
 target's logits is the root, row ``i + 1`` is node ``i``.
@@ -36,7 +51,8 @@ from fastspec._checks import check_uniforms
 from fastspec.drafters.base import Proposal
 
 __all__ = ["MAX_TREE_NODES", "TreeProposal", "check_parents", "tree_depths", "ancestor_mask",
-           "block_parents", "verify_tree_greedy", "verify_tree_rejection", "chain_parents"]
+           "block_parents", "verify_tree_greedy", "verify_tree_rejection", "chain_parents",
+           "sample_tree_without_replacement"]
 
 #: Largest tree (nodes, root excluded) the loop and the tree attention accept.
 MAX_TREE_NODES = 256
@@ -137,8 +153,9 @@ class TreeProposal(Proposal):
     ----------
     tokens : ndarray of shape (N,), int64
     q : ndarray of shape (N, V) or None
-        The distribution node ``i`` was drawn from (siblings drawn independently given their
-        parent), or None for deterministic nodes (one-hot rule).
+        The distribution node ``i`` was drawn from given its path and its earlier siblings
+        (independently, or without replacement: see the module notes), or None for
+        deterministic nodes (one-hot rule).
     parents : ndarray of shape (N,), int64
     """
 
@@ -222,7 +239,8 @@ def verify_tree_rejection(tokens: np.ndarray, parents: np.ndarray, p: np.ndarray
     p : ndarray of shape (N + 1, V)
         Target probabilities; row 0 after the root, row ``i + 1`` after node ``i``.
     q : ndarray of shape (N, V) or None
-        Distribution node ``i`` was drawn from; None: deterministic nodes (one-hot rule).
+        Distribution node ``i`` was drawn from, given its path and its earlier siblings;
+        ``q[i, tokens[i]] > 0``. None: deterministic nodes (one-hot rule).
     uniforms : ndarray of shape (N + 1,), float64 in [0, 1)
         ``uniforms[i]`` tests node ``i``; ``uniforms[N]`` draws the final token.
     normalise : bool, default True
@@ -240,6 +258,13 @@ def verify_tree_rejection(tokens: np.ndarray, parents: np.ndarray, p: np.ndarray
     if q is not None and (not isinstance(q, np.ndarray) or q.shape != (size, p.shape[1])):
         raise ValueError(f"q must have shape {(size, p.shape[1])}, got "
                          f"{getattr(q, 'shape', type(q).__name__)}")
+    if q is not None and size:
+        drawn = q[np.arange(size), tokens]
+        bad = np.flatnonzero(~(drawn > 0))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"q[{i}, tokens[{i}]] = {float(drawn[i])!r}: node {i} cannot have "
+                             f"been drawn from q[{i}] (it must be > 0)")
     check_uniforms(uniforms, size + 1)
     kids = _children(parents)
     path: list[int] = []
@@ -267,3 +292,67 @@ def verify_tree_rejection(tokens: np.ndarray, parents: np.ndarray, p: np.ndarray
             return np.array(path, dtype=np.int64), _inverse_cdf(residual, float(uniforms[size]))
         path.append(accepted)
         row = accepted + 1
+
+
+def sample_tree_without_replacement(parents: np.ndarray, depth_q: np.ndarray,
+                                    uniforms: np.ndarray
+                                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fill a tree shape with tokens, each node's siblings drawn without replacement.
+
+    Node ``i`` at depth ``d`` is drawn (inverse CDF with ``uniforms[i]``) from ``depth_q[d - 1]``
+    with the tokens of its earlier siblings removed and renormalised; that row is its ``q``,
+    as :func:`verify_tree_rejection` needs (see the module notes for why the law is kept).
+    When a node's law has no mass left (all of ``depth_q``'s support already drawn) it is
+    dropped with its subtree: a stopping rule on earlier draws only.
+
+    Parameters
+    ----------
+    parents : ndarray of shape (N,), integer
+        The shape (a valid parent array, e.g. from a best-first tree).
+    depth_q : ndarray of shape (D, V)
+        The law of the tokens at depth ``1 .. D`` (``D`` at least the tree's depth); rows
+        sum to 1.
+    uniforms : ndarray of shape (N,), float64 in [0, 1)
+
+    Returns
+    -------
+    tokens : ndarray of shape (M,), int64
+    q : ndarray of shape (M, V), float64
+    parents : ndarray of shape (M,), int64
+        The kept nodes (``M <= N``), in the input's order, re-indexed.
+    """
+    depths = check_parents(parents)
+    size = parents.shape[0]
+    if (not isinstance(depth_q, np.ndarray) or depth_q.ndim != 2
+            or (size and depth_q.shape[0] < int(depths.max()))):
+        raise ValueError("depth_q must have shape (D, V) with D >= the tree depth "
+                         f"{int(depths.max()) if size else 0}, got "
+                         f"{getattr(depth_q, 'shape', type(depth_q).__name__)}")
+    check_uniforms(uniforms, size)
+    vocab = depth_q.shape[1]
+    new_index = np.full(size, -1, dtype=np.int64)
+    tokens = np.empty(size, dtype=np.int64)
+    q = np.empty((size, vocab), dtype=np.float64)
+    out_parents = np.empty(size, dtype=np.int64)
+    left: dict[int, np.ndarray] = {}  # block row -> unnormalised law of the next sibling
+    kept = 0
+    for i, par in enumerate(parents.tolist()):
+        if par >= 0 and new_index[par] < 0:
+            continue  # the parent was dropped
+        row = par + 1
+        law = left.get(row)
+        if law is None:
+            law = np.maximum(depth_q[depths[i] - 1].astype(np.float64), 0.0)
+        total = law.sum()
+        if not total > 0:
+            continue
+        q[kept] = law / total
+        x = _inverse_cdf(law, float(uniforms[i]))
+        tokens[kept] = x
+        out_parents[kept] = -1 if par < 0 else new_index[par]
+        new_index[i] = kept
+        kept += 1
+        law = law.copy()
+        law[x] = 0.0
+        left[row] = law
+    return tokens[:kept].copy(), q[:kept].copy(), out_parents[:kept].copy()

@@ -73,7 +73,7 @@ def test_pretrained_bundle_and_demo(capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     methods = {r["method"]: r for r in out["results"]}
-    assert set(methods) == {"vanilla", "draft", "ngram", "dflash"}
+    assert set(methods) == {"vanilla", "draft", "ngram", "ngram_tree", "dflash", "dflash_tree"}
     assert all(r["identical"] for r in methods.values())
     # greedy DFlash on this prompt accepts most of its blocks (tau 4.8 at gamma 5); a drafter
     # whose proposals were never accepted would show tau 1

@@ -168,6 +168,27 @@ def test_bad_tree_proposals():
     with pytest.raises(ValueError, match=f"more than the maximum {MAX_TREE_NODES}"):
         fs.speculative_generate(target, Wide(), [1, 2, 3], 8, gamma=3)
 
+    class ZeroQ(_FixedTree):
+        def propose(self, seq, gamma, sampling, rng):
+            p = super().propose(seq, gamma, sampling, rng)
+            p.q = np.full((len(p), 8), 1 / 8)
+            p.q[2, p.tokens[2]] = 0.0
+            return p
+
+    calls = []
+
+    class Counting:  # the target is never stepped for the bad round
+        def __getattr__(self, name):
+            return getattr(target, name)
+
+        def step(self, ids, cache, **kw):
+            calls.append(len(ids))
+            return target.step(ids, cache, **kw)
+
+    with pytest.raises(ValueError, match=r"q\[2, tokens\[2\]\] = 0.0: tree node 2"):
+        fs.speculative_generate(Counting(), ZeroQ(), [1, 2, 3], 8, gamma=3, temperature=1.0)
+    assert calls == [2]  # the prefill only
+
 
 def test_tree_is_cut_to_the_room_left_in_a_small_cache(backend):
     """A caller's cache sized for the generation only: trees are cut to the rows left."""

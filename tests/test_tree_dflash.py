@@ -91,8 +91,47 @@ def test_dflash_tree_bad_input():
         fs.DFlashDrafter(model, tree_budget=2.5)
     with pytest.raises(ValueError, match="denoise_steps=1"):
         fs.DFlashDrafter(model, tree_budget=4, denoise_steps=2)
-    with pytest.raises(ValueError, match="sample_block=False"):
-        fs.DFlashDrafter(model, tree_budget=4, sample_block=True)
+    with pytest.raises(ValueError, match="denoise_steps=1, got denoise_steps=3"):
+        fs.DFlashDrafter(model, tree_budget=4, denoise_steps=3, sample_block=False)
+
+
+def test_dflash_sampled_tree_proposal():
+    """sample_block=True at temperature > 0: the best-first shape, siblings drawn without
+    replacement, each node's q the law it was drawn from; at temperature 0 the argmax tree."""
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=8), target, seed=8)
+    seq = np.array(PROMPT)
+    out = target.forward(seq[:-1], hidden_layers=model.config.tap_layers)
+    sampled = fs.DFlashDrafter(model, tree_budget=12, sample_block=True)
+    sampled.reset(seq, out.hidden)
+    prop = sampled.propose(seq, 5, fs.sampling.SamplingParams(1.0, 0, 1.0),
+                           np.random.default_rng(0))
+    assert isinstance(prop, TreeProposal) and len(prop) == 12 and prop.q.shape == (12, 40)
+    np.testing.assert_allclose(prop.q.sum(axis=1), 1.0)
+    for par in set(prop.parents.tolist()):
+        kids = np.flatnonzero(prop.parents == par)
+        assert len(set(prop.tokens[kids].tolist())) == kids.size  # no repeated sibling
+        for k, c in enumerate(kids):  # earlier siblings removed from a sibling's law
+            assert (prop.q[c, prop.tokens[kids[:k]]] == 0).all() and prop.q[c, prop.tokens[c]] > 0
+    argmax = fs.DFlashDrafter(model, tree_budget=12)
+    argmax.reset(seq, out.hidden)
+    greedy = fs.sampling.SamplingParams()
+    a = argmax.propose(seq, 5, greedy, None)
+    sampled.reset(seq, out.hidden)
+    b = sampled.propose(seq, 5, greedy, None)
+    assert b.q is None and b.tokens.tolist() == a.tokens.tolist()
+
+
+@pytest.mark.parametrize("budget", [1, 12])
+def test_dflash_sampled_tree_in_the_loop(backend, budget):
+    target = small_llama()
+    model = DFlashModel.random(DFlashConfig(block_size=8), target, seed=8)
+    expected = fs.generate(target, PROMPT, 30).tokens
+    make = lambda: fs.DFlashDrafter(model, tree_budget=budget, sample_block=True)  # noqa: E731
+    assert fs.speculative_generate(target, make(), PROMPT, 30, gamma=5).tokens == expected
+    runs = [fs.speculative_generate(target, make(), PROMPT, 30, gamma=5, temperature=1.0,
+                                    top_k=5, seed=4, trace=True) for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 30
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -122,3 +161,39 @@ def test_tree_rounds_keep_caches_equal_to_recompute(backend, temperature):
                                   seed=4, callback=after_round, cache=cache, trace=True)
     assert len(errors) >= 5 and max(errors) <= 1e-10
     assert sum(r["tree_nodes"] is not None for r in res.stats.trace) >= 3
+
+
+class _BaseQTree(fs.DFlashDrafter):
+    """NEGATIVE CONTROL: siblings drawn without replacement, reported with the un-removed q of
+    their depth (the independent-siblings rule)."""
+
+    def _sampled_tree(self, logits, sampling, rng):
+        prop = super()._sampled_tree(logits, sampling, rng)
+        q = fs.kernels.probs(np.ascontiguousarray(logits), sampling.temperature,
+                             sampling.top_k, sampling.top_p).astype(np.float64)
+        prop.q = np.ascontiguousarray(q[check_parents(prop.parents) - 1])
+        return prop
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_dflash_sampled_tree_has_the_target_law(broken):
+    """The real loop on a toy target (vocabulary 8): the law of the first two tokens."""
+    from fastspec.audit import chi_square_test, exact_continuation_probs
+    from fastspec.decoding import plan_speculative, run_plan
+
+    target = fs.Transformer.random(fs.ModelConfig.toy(n_layers=2, dtype="float64"), 69)
+    model = DFlashModel.random(DFlashConfig(block_size=4, mask_token_id=7), target, seed=2)
+    prompt = [1, 2, 3, 1, 2, 4]
+    exact = exact_continuation_probs(target, prompt, 2, fs.sampling.SamplingParams(1.0, 0, 1.0))
+    drafter = (_BaseQTree if broken else fs.DFlashDrafter)(model, tree_budget=6,
+                                                           sample_block=True)
+    plan = plan_speculative(target, drafter, np.array(prompt), 3, 2, 1.0, 0, 1.0, 0, None, None)
+    counts = np.zeros(64)
+    for i in range(2000):
+        x = run_plan(plan, np.random.default_rng(20_000 + i)).tokens
+        counts[x[0] * 8 + x[1]] += 1
+    test = chi_square_test(counts, exact)
+    if broken:
+        assert test["p_value"] < 1e-4
+    else:
+        assert test["p_value"] > 1e-3 and test["impossible_count"] == 0

@@ -6,7 +6,7 @@ import pytest
 from fastspec import audit
 from fastspec.audit import chi_square_test
 from fastspec.audit.tree import tree_law_tv, tree_round_law
-from fastspec.tree import verify_tree_rejection
+from fastspec.tree import sample_tree_without_replacement, verify_tree_rejection
 
 V = 4
 
@@ -121,5 +121,116 @@ def test_sampled_siblings_monte_carlo():
 def test_registered_tree_audit_passes():
     report = audit.run_audit(quick=True, names=["tree_exact_law"])
     result = report["checks"]["tree_exact_law"]
+    assert result["passed"] is True and report["passed"]
+    assert max(result["tv"]) < 1e-12 and min(result["negative_control_tv"]) > 1e-3
+
+
+# --- siblings drawn without replacement -----------------------------------------------------
+
+WOR = dict(q_of=draft, siblings="without_replacement")
+
+
+@pytest.mark.parametrize("parents", [[-1, -1, -1], [-1, -1, 0, 0], [-1, 0, 0, -1]])
+def test_without_replacement_siblings_keep_target_law(parents):
+    assert tree_law_tv(target, PREFIX, None, parents, **WOR) < 1e-12
+
+
+@pytest.mark.parametrize("parents", [[-1, -1, -1], [-1, -1, 0, 0]])
+def test_without_replacement_negative_controls_are_caught(parents):
+    # the independent rule (un-removed q) on without-replacement draws, the un-normalised residual
+    assert tree_law_tv(target, PREFIX, None, parents, report_base_q=True, **WOR) > 1e-3
+    assert tree_law_tv(target, PREFIX, None, parents, normalise=False, **WOR) > 1e-3
+
+
+def test_without_replacement_draws_distinct_siblings():
+    par = np.array([-1, -1, -1, 0, 0], dtype=np.int64)
+    depth_q = np.array([draft(PREFIX, 0), draft(PREFIX, 0)])
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        tok, q, kept = sample_tree_without_replacement(par, depth_q, rng.random(5))
+        np.testing.assert_array_equal(kept, par)
+        assert len(set(tok[:3].tolist())) == 3 and tok[3] != tok[4]
+        np.testing.assert_allclose(q.sum(axis=1), 1.0)
+        assert q[1, tok[0]] == 0 and q[2, tok[0]] == 0 and q[2, tok[1]] == 0
+        assert (q[np.arange(5), tok] > 0).all()
+
+
+def test_without_replacement_drops_nodes_once_support_is_used_up():
+    # support of two tokens: the third sibling and its subtree are dropped, the rest re-indexed
+    depth_q = np.array([[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]])
+    par = np.array([-1, -1, -1, 2, 0], dtype=np.int64)
+    tok, q, kept = sample_tree_without_replacement(par, depth_q, np.full(5, 0.1))
+    assert tok.tolist() == [0, 1, 0] and kept.tolist() == [-1, -1, 0]
+    np.testing.assert_allclose(q[1], [0.0, 1.0, 0.0, 0.0])
+
+
+def _wor_monte_carlo(parents, draws, report_base_q):
+    """The real sampler + verifier; base q the same at every node (one DFlash-like row/depth)."""
+    par = np.array(parents, dtype=np.int64)
+    n = len(parents)
+    rng = np.random.default_rng(5)
+    counts = {}
+    for _ in range(draws):
+        depth_q = np.array([draft(PREFIX, 0)] * 2)
+        tok, q, kept = sample_tree_without_replacement(par, depth_q, rng.random(n))
+        rows = [target(PREFIX)]
+        for i in range(tok.shape[0]):
+            path, node = [], i
+            while node >= 0:
+                path.append(int(tok[node]))
+                node = int(kept[node])
+            rows.append(target(PREFIX + tuple(path[::-1])))
+        told = np.array([draft(PREFIX, 0)] * tok.shape[0]) if report_base_q else q
+        path, nxt = verify_tree_rejection(tok, kept, np.array(rows), told,
+                                          rng.random(tok.shape[0] + 1))
+        key = tuple(tok[path].tolist()) + (nxt,)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("report_base_q", [False, True])
+def test_without_replacement_monte_carlo(report_base_q):
+    """Children's q of one depth do not depend on the path here (DFlash's case)."""
+    parents = [-1, -1, -1]
+    depth_q_of = lambda prefix, k: draft(PREFIX, 0)  # noqa: E731
+    law = tree_round_law(target, PREFIX, None, parents, q_of=depth_q_of,
+                         siblings="without_replacement")
+    pvalue = _chi_square_p(_wor_monte_carlo(parents, 6000, report_base_q), law)
+    if report_base_q:
+        assert pvalue < 1e-6
+    else:
+        assert pvalue > 1e-3
+
+
+def test_verifier_refuses_a_node_its_q_cannot_draw():
+    tok, par = np.array([1, 2], dtype=np.int64), np.array([-1, -1], dtype=np.int64)
+    q = np.full((2, V), 0.25)
+    q[1, 2] = 0.0
+    p = np.full((3, V), 0.25)
+    with pytest.raises(ValueError, match=r"q\[1, tokens\[1\]\]"):
+        verify_tree_rejection(tok, par, p, q, np.zeros(3))
+
+
+def test_sample_tree_bad_input():
+    par = np.array([-1, 0], dtype=np.int64)
+    with pytest.raises(ValueError, match="depth_q"):
+        sample_tree_without_replacement(par, np.full((1, V), 0.25), np.zeros(2))
+    with pytest.raises(ValueError, match=r"parents\[1\] = 1"):
+        sample_tree_without_replacement(np.array([-1, 1]), np.full((2, V), 0.25), np.zeros(2))
+    with pytest.raises(ValueError, match="uniforms"):
+        sample_tree_without_replacement(par, np.full((2, V), 0.25), np.zeros(3))
+
+
+def test_oracle_bad_arguments():
+    with pytest.raises(ValueError, match="siblings must be one of"):
+        tree_round_law(target, PREFIX, None, [-1], q_of=draft, siblings="with_replacement")
+    with pytest.raises(ValueError, match="report_base_q needs"):
+        tree_round_law(target, PREFIX, None, [-1], q_of=draft, report_base_q=True)
+
+
+def test_registered_without_replacement_audit_passes():
+    name = "tree_exact_law_without_replacement"
+    report = audit.run_audit(quick=True, names=[name])
+    result = report["checks"][name]
     assert result["passed"] is True and report["passed"]
     assert max(result["tv"]) < 1e-12 and min(result["negative_control_tv"]) > 1e-3

@@ -8,6 +8,12 @@ own law to a fixed length gives a law over sequences that must equal the target'
 (total variation 0 up to rounding). The negative control (``normalise=False``: the
 un-normalised residual is reused for the next sibling's test) must not.
 
+Sampled siblings come in two kinds: drawn independently (sibling ``k`` from its own
+``q_of(prefix, k)``) or without replacement (sibling ``k`` from ``q_of(prefix, 0)`` with
+siblings ``1 .. k-1`` removed and renormalised, the row the drafter then reports). The second
+has its own negative control: reporting the un-removed ``q`` for every sibling (the
+independent rule applied to without-replacement draws) must be caught.
+
 Target and draft are functions of the prefix, so every law is exact (no sampling).
 """
 from __future__ import annotations
@@ -21,7 +27,10 @@ import numpy as np
 from fastspec.audit.registry import PREFIX, AuditContext, register_check
 
 __all__ = ["tree_round_law", "extended_law", "target_joint_law", "tree_law_tv",
-           "check_tree_exact_law"]
+           "check_tree_exact_law", "check_tree_exact_law_without_replacement", "SIBLINGS"]
+
+#: How sampled siblings are drawn (``tree_round_law``'s ``siblings``).
+SIBLINGS = ("independent", "without_replacement")
 
 Dist = Callable[[tuple], np.ndarray]
 
@@ -64,7 +73,8 @@ def _round_law_fixed(p_of: Dist, prefix: tuple, tokens, kids, q_rows, normalise,
 
 
 def tree_round_law(p_of: Dist, prefix: tuple, tokens, parents, q_of: Callable | None = None,
-                   normalise: bool = True) -> dict[tuple, float]:
+                   normalise: bool = True, siblings: str = "independent",
+                   report_base_q: bool = False) -> dict[tuple, float]:
     """Law of the tokens a round emits (accepted path + next token).
 
     Parameters
@@ -77,11 +87,21 @@ def tree_round_law(p_of: Dist, prefix: tuple, tokens, parents, q_of: Callable | 
         Node tokens for deterministic proposals (ignored for nodes drafted from ``q_of``).
     parents : sequence of int
     q_of : callable (prefix tuple, sibling index) -> ndarray (V,), optional
-        When given, every node is drawn independently from ``q_of(parent prefix, k)`` (``k``:
-        its rank among its siblings) and the law averages over those draws.
+        When given, every node is drawn from ``q_of(parent prefix, k)`` (``k``: its rank
+        among its siblings) and the law averages over those draws.
     normalise : bool
         False: the negative control.
+    siblings : {"independent", "without_replacement"}
+        With ``q_of``: ``"without_replacement"`` draws sibling ``k`` from
+        ``q_of(parent prefix, 0)`` with the earlier siblings' tokens removed, renormalised.
+    report_base_q : bool
+        Without replacement only: the verifier is told ``q_of(parent prefix, 0)`` instead of
+        the law the sibling was drawn from (that negative control).
     """
+    if siblings not in SIBLINGS:
+        raise ValueError(f"siblings must be one of {SIBLINGS}, got {siblings!r}")
+    if report_base_q and (q_of is None or siblings != "without_replacement"):
+        raise ValueError("report_base_q needs q_of and siblings='without_replacement'")
     parents = list(parents)
     kids = _children(parents)
     out: dict[tuple, float] = defaultdict(float)
@@ -95,9 +115,19 @@ def tree_round_law(p_of: Dist, prefix: tuple, tokens, parents, q_of: Callable | 
         weight, q_rows = 1.0, []
         for i, par in enumerate(parents):
             pre = prefix + tuple(drawn[j] for j in _path(parents, par))
-            q = np.asarray(q_of(pre, rank[i]), dtype=np.float64)
+            if siblings == "independent":
+                q = np.asarray(q_of(pre, rank[i]), dtype=np.float64)
+                told = q
+            else:
+                told = np.asarray(q_of(pre, 0), dtype=np.float64)
+                q = told.copy()
+                q[[drawn[c] for c in kids[par + 1][:rank[i]]]] = 0.0
+                q = q / q.sum() if q.sum() > 0 else q
+                told = told if report_base_q else q
             weight *= q[drawn[i]]
-            q_rows.append(q)
+            if weight == 0:
+                break
+            q_rows.append(told)
         if weight > 0:
             _round_law_fixed(p_of, prefix, list(drawn), kids, q_rows, normalise, out, weight)
     return dict(out)
@@ -133,14 +163,16 @@ def target_joint_law(p_of: Dist, prefix: tuple, length: int) -> dict[tuple, floa
 
 
 def tree_law_tv(p_of: Dist, prefix: tuple, tokens, parents, q_of=None,
-                normalise: bool = True) -> float:
-    """Total variation between a round completed by the target and the target's own law."""
+                normalise: bool = True, siblings: str = "independent",
+                report_base_q: bool = False) -> float:
+    """Total variation between a round completed by the target and the target's own law
+    (arguments as :func:`tree_round_law`)."""
     depth = 0
     for node in range(len(parents)):
         depth = max(depth, len(_path(list(parents), node)))
     length = depth + 1
     law = extended_law(p_of, prefix, tree_round_law(p_of, prefix, tokens, parents, q_of,
-                                                    normalise), length)
+                                                    normalise, siblings, report_base_q), length)
     ref = target_joint_law(p_of, prefix, length)
     keys = set(law) | set(ref)
     return 0.5 * sum(abs(law.get(k, 0.0) - ref.get(k, 0.0)) for k in keys)
@@ -151,10 +183,9 @@ AUDIT_TREES = (([3, 4, 6, 4, 4, 4], [-1, -1, -1, 0, 1, 2]),
                ([0, 1, 1, 2, 5], [-1, -1, -1, 0, 3]))
 
 
-@register_check("tree_exact_law", group="tree")
-def check_tree_exact_law(ctx: AuditContext) -> dict:
-    """Tree verification's exact law equals the target's (toy target, temperature 1, deterministic
-    and sampled siblings); the un-normalised residual is caught."""
+def _toy_laws(ctx: AuditContext):
+    """The toy target's law and a draft's ``q_of(prefix, k)`` (sibling k at temperature
+    1 + k/2), temperature 1."""
     from fastspec import kernels
     from fastspec.audit.oracle import ExactOracle
     from fastspec.sampling import SamplingParams
@@ -162,15 +193,50 @@ def check_tree_exact_law(ctx: AuditContext) -> dict:
     target = ExactOracle(ctx.model(69, 2), sampling)
     draft = ExactOracle(ctx.model(69, 1), sampling)
 
-    def q_of(prefix, k):  # sibling k drafted at temperature 1 + k/2
+    def q_of(prefix, k):
         z = np.log(np.maximum(draft.p_next(prefix), 1e-300))
         return kernels.module("numpy").probs(z, 1.0 + 0.5 * k)
 
+    return target.p_next, q_of
+
+
+@register_check("tree_exact_law", group="tree")
+def check_tree_exact_law(ctx: AuditContext) -> dict:
+    """Tree verification's exact law equals the target's (toy target, temperature 1, deterministic
+    and sampled siblings); the un-normalised residual is caught."""
+    p_of, q_of = _toy_laws(ctx)
     prefix = tuple(PREFIX[:6])
-    exact = [tree_law_tv(target.p_next, prefix, t, p) for t, p in AUDIT_TREES]
-    exact.append(tree_law_tv(target.p_next, prefix, None, [-1, -1, 0], q_of))
-    broken = [tree_law_tv(target.p_next, prefix, t, p, normalise=False) for t, p in AUDIT_TREES]
-    broken.append(tree_law_tv(target.p_next, prefix, None, [-1, -1, 0], q_of, normalise=False))
+    exact = [tree_law_tv(p_of, prefix, t, p) for t, p in AUDIT_TREES]
+    exact.append(tree_law_tv(p_of, prefix, None, [-1, -1, 0], q_of))
+    broken = [tree_law_tv(p_of, prefix, t, p, normalise=False) for t, p in AUDIT_TREES]
+    broken.append(tree_law_tv(p_of, prefix, None, [-1, -1, 0], q_of, normalise=False))
     return dict(passed=bool(max(exact) < 1e-12 and min(broken) > 1e-3),
                 tv=[float(x) for x in exact], negative_control_tv=[float(x) for x in broken],
+                tolerance=1e-12)
+
+
+#: Shapes of the without-replacement audit: three siblings; two siblings, the first with two
+#: children of its own.
+WOR_TREES = ([-1, -1, -1], [-1, -1, 0, 0])
+
+
+@register_check("tree_exact_law_without_replacement", group="tree")
+def check_tree_exact_law_without_replacement(ctx: AuditContext) -> dict:
+    """Siblings drawn without replacement, each verified with the law it was drawn from (``q``
+    minus the earlier siblings, renormalised), keep the target's law exactly; reporting the
+    un-removed ``q`` (the independent-siblings rule) and the un-normalised residual are caught."""
+    p_of, q_of = _toy_laws(ctx)
+    prefix = tuple(PREFIX[:6])
+    wor = dict(q_of=q_of, siblings="without_replacement")
+    exact = [tree_law_tv(p_of, prefix, None, par, **wor) for par in WOR_TREES]
+    base_q = [tree_law_tv(p_of, prefix, None, par, report_base_q=True, **wor)
+              for par in WOR_TREES]
+    unnormalised = [tree_law_tv(p_of, prefix, None, par, normalise=False, **wor)
+                    for par in WOR_TREES]
+    broken = base_q + unnormalised
+    return dict(passed=bool(max(exact) < 1e-12 and min(broken) > 1e-3),
+                tv=[float(x) for x in exact],
+                negative_control_tv=[float(x) for x in broken],
+                negative_controls=["un-removed q"] * len(base_q)
+                + ["un-normalised residual"] * len(unnormalised),
                 tolerance=1e-12)

@@ -11,7 +11,7 @@ from fastspec._checks import check_index
 from fastspec.dflash import DFlashModel
 from fastspec.drafters.base import Proposal
 from fastspec.sampling import SamplingParams
-from fastspec.tree import MAX_TREE_NODES, TreeProposal
+from fastspec.tree import MAX_TREE_NODES, TreeProposal, sample_tree_without_replacement
 
 __all__ = ["DFlashDrafter", "denoise_schedule", "best_first_tree"]
 
@@ -99,8 +99,13 @@ class DFlashDrafter:
         Propose a tree of up to this many nodes, grown best-first over the block's
         per-position distributions (:func:`best_first_tree`; the product of probabilities),
         depth up to ``gamma``, verified in one target forward. None: the argmax chain. Needs
-        ``denoise_steps=1`` and ``sample_block=False`` (tree nodes are deterministic, verified
-        with the one-hot rule).
+        ``denoise_steps=1``. With ``sample_block=False`` (or at temperature 0) the nodes are
+        the best-first tokens, deterministic, verified with the one-hot rule. With
+        ``sample_block=True`` at temperature > 0 the same best-first *shape* (grown over the
+        run's ``q``) is filled by sampling: each node's siblings are drawn without replacement
+        from its depth's ``q`` and reported with the law each was drawn from
+        (:func:`fastspec.tree.sample_tree_without_replacement`), which the multi-draft rule
+        verifies exactly (audit ``tree_exact_law_without_replacement``).
 
     Notes
     -----
@@ -140,9 +145,10 @@ class DFlashDrafter:
             raise TypeError(f"trim_block must be a bool, got {trim_block!r}")
         if tree_budget is not None:
             tree_budget = check_index(tree_budget, "tree_budget", 1, MAX_TREE_NODES)
-            if self.denoise_steps > 1 or sample_block:
-                raise ValueError("tree_budget needs denoise_steps=1 and sample_block=False, got "
-                                 f"denoise_steps={denoise_steps}, sample_block={sample_block}")
+            if self.denoise_steps > 1:
+                raise ValueError(f"tree_budget needs denoise_steps=1, got denoise_steps="
+                                 f"{denoise_steps} (multi-step blocks have no per-position "
+                                 "distributions to grow a tree over)")
         self.tree_budget = tree_budget
         #: Read by the loop to size its cache for the widest tree.
         self.max_tree_nodes = tree_budget
@@ -216,6 +222,8 @@ class DFlashDrafter:
         if self.denoise_steps == 1:
             logits = self._forward(block)[:g]
             if self.tree_budget is not None:
+                if self.sample_block and not sampling.greedy:
+                    return self._sampled_tree(logits, sampling, rng)
                 z = logits.astype(np.float64)
                 z -= z.max(axis=1, keepdims=True)
                 logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
@@ -286,6 +294,21 @@ class DFlashDrafter:
                              f"exceeds the drafter's cache capacity {self.cache.capacity}")
         # Own cache, ids built from valid tokens: skip forward_block's re-validation.
         return self.model.forward_block(self.cache, block)
+
+    def _sampled_tree(self, logits, sampling, rng):
+        """A best-first shape over the run's ``q``, its siblings drawn without replacement.
+
+        The shape depends on the context only (never on the draws), so each node's reported
+        row is exactly the law it was drawn from given its path and earlier siblings.
+        """
+        q = kernels.probs(np.ascontiguousarray(logits), sampling.temperature, sampling.top_k,
+                          sampling.top_p).astype(np.float64)
+        # Tokens outside top-k/top-p score far below every allowed one: they enter the shape
+        # only when the budget outgrows the support, and the sampler then drops them.
+        _, shape = best_first_tree(np.log(np.maximum(q, 1e-300)), self.tree_budget)
+        tokens, q_rows, parents = sample_tree_without_replacement(
+            shape, q, rng.random(shape.shape[0]))
+        return TreeProposal(tokens, q_rows, parents)
 
     def _denoise(self, block, g):
         """Confidence-ordered argmax unmasking of block positions 1..g (deterministic)."""

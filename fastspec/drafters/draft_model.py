@@ -28,6 +28,16 @@ class DraftModelDrafter:
     model : Transformer
         Must share the target's vocabulary.
 
+    Notes
+    -----
+    No tree proposals (issue 16 lists them as optional here). The verifier would take them as
+    they are (siblings drawn without replacement from ``q`` with their rows reported, see
+    :func:`fastspec.tree.sample_tree_without_replacement`), but every branch needs its own draft
+    forwards: ``Transformer.step(tree_parents=...)`` scores a tree hanging off a linear cache
+    in one call, so growing one level at a time re-feeds the whole tree so far (about depth x
+    nodes draft positions per round, on the layer-by-layer path). The embedded draft model's
+    chain already breaks even at best (docs/RESULTS.md), so that cost was not spent.
+
     Attributes
     ----------
     cache : KVCache

@@ -19,7 +19,7 @@ from fastspec.tools.machine import (attention_rates, decode_bound, kernel_ratios
 from fastspec.tools.markdown import performance_markdown, summary_text
 from fastspec.tools.peers import peers
 from fastspec.tools.rounds import (decode_step_time, prompt_tokens, round_costs, smollm_config,
-                                   storage_costs)
+                                   storage_costs, tree_costs)
 from fastspec.tools.timing import timeit
 
 __all__ = ["context_scaling", "gamma_scaling", "run", "bench_main"]
@@ -128,7 +128,7 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
     contexts = (64, 256, 1024, 2048, 4096) if full else (64, 512, 2048)
     gammas = (1, 2, 4, 8, 16) if full else (1, 4, 8)
     backends = fs.available_backends()
-    steps = 5 + len(backends) * (len(contexts) + len(gammas)) + (1 if with_peers else 0)
+    steps = 6 + len(backends) * (len(contexts) + len(gammas)) + (1 if with_peers else 0)
     bar = Progress(steps, "bench") if progress else None
     tick = (lambda what: bar.update(what)) if bar else (lambda what: None)
     previous = fs.backend()
@@ -165,6 +165,13 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
             report["storage_costs"]["smollm135m_shape"] = storage_costs(smol, 512)
             del smol
         tick("round costs")
+        # Tree verification (nodes 8..64) vs a chain of as many positions, in decode steps
+        report["tree_costs"] = []
+        for name in backends:
+            fs.set_backend(name)
+            report["tree_costs"] += [{"backend": name, **r} for r in tree_costs(target)]
+        fs.set_backend(fastest)
+        tick("tree costs")
         report["context_scaling"] = context_scaling(target, draft, contexts, progress=bar)
         report["gamma_scaling"] = gamma_scaling(target, draft, dflash, gammas, progress=bar)
         if full:  # random SmolLM-135M / Qwen3-0.6B folders: load time, peak RSS, decode rate

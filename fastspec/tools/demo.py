@@ -18,10 +18,14 @@ import fastspec as fs
 from fastspec.tools.environment import environment
 from fastspec._progress import Progress
 
-__all__ = ["METHODS", "MethodResult", "run_methods", "demo_main", "eval_main", "is_looping"]
+__all__ = ["METHODS", "DFLASH_TREE_BUDGET", "MethodResult", "run_methods", "demo_main", "eval_main", "is_looping"]
 
-#: Methods in display order; "vanilla" is the baseline.
-METHODS = ("vanilla", "draft", "ngram", "dflash")
+#: Methods in display order; "vanilla" is the baseline. "*_tree" are the tree-proposing
+#: variants of the same drafter (verified in one target step per round).
+METHODS = ("vanilla", "draft", "ngram", "ngram_tree", "dflash", "dflash_tree")
+
+#: Node budget of the DFlash trees in ``fastspec eval`` / ``demo`` (issue 16's figure).
+DFLASH_TREE_BUDGET = 16
 
 #: Draft tokens per round of each drafter, greedy and sampling: the fastest of gamma 1-7 and
 #: "adaptive" in a scan of ``fastspec eval --gamma G`` over the 20 held-out prompts (see
@@ -30,7 +34,11 @@ METHODS = ("vanilla", "draft", "ngram", "dflash")
 #: "adaptive" grows after fully accepted blocks and shrinks after rejections.
 DEFAULT_GAMMA = {("draft", False): 3, ("draft", True): 2,
                  ("ngram", False): 7, ("ngram", True): 3,
-                 ("dflash", False): 5, ("dflash", True): 3}
+                 ("dflash", False): 5, ("dflash", True): 3,
+                 # Trees: the tree's depth limit (not scanned). A tree spends its budget on
+                 # width where the drafter is unsure, so it may reach deeper than a chain.
+                 ("ngram_tree", False): 7, ("ngram_tree", True): 3,
+                 ("dflash_tree", False): 7, ("dflash_tree", True): 7}
 
 
 def default_gamma(method: str, temperature: float):
@@ -64,15 +72,23 @@ def _runner(bundle, method: str, gamma) -> Callable:
         make = lambda: fs.DraftModelDrafter(bundle.draft)  # noqa: E731
     elif method == "ngram":
         make = lambda: fs.NgramDrafter(max_ngram=3)  # noqa: E731
+    elif method == "ngram_tree":
+        make = lambda: fs.NgramDrafter(max_ngram=3, tree=True)  # noqa: E731
     elif method == "dflash":
         # Sampled blocks at temperature > 0 (argmax at 0): on 20 held-out prompts at T=1
         # (phase-7 drafter), tau 2.09 vs 1.87 for argmax proposals at gamma 2 (2.26 vs 2.18
         # at gamma 3).
         make = lambda: fs.DFlashDrafter(bundle.dflash, sample_block=True)  # noqa: E731
+    elif method == "dflash_tree":
+        # At temperature > 0 siblings sampled without replacement (argmax tree at 0): on 8
+        # held-out prompts, 128 tokens, T=1, budget 16, gamma 7: tau 3.20 vs 3.03 for the
+        # argmax tree verified one-hot.
+        make = lambda: fs.DFlashDrafter(bundle.dflash, sample_block=True,  # noqa: E731
+                                        tree_budget=DFLASH_TREE_BUDGET)
     else:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     g = gamma
-    if method == "dflash" and isinstance(gamma, int):
+    if method.startswith("dflash") and isinstance(gamma, int):
         g = min(gamma, bundle.dflash.config.block_size - 1)
     return lambda ids, n, t, s: fs.speculative_generate(target, make(), ids, n, gamma=g,
                                                         temperature=t, seed=s)
@@ -227,13 +243,15 @@ def eval_main(args) -> int:
     bundle = pretrained.load()
     tok = bundle.tokenizer
     prompts = heldout_prompts(args.prompts)
+    chosen = getattr(args, "methods", None) or METHODS
+    methods = ("vanilla",) + tuple(m for m in METHODS[1:] if m in chosen)
     runs = []
     total = len(prompts) * len(args.temperatures)
     bar = Progress(total, "eval")
     for temperature in args.temperatures:
         for i, prompt in enumerate(prompts):
             ids = tok.encode(prompt, add_bos=True)
-            results = run_methods(bundle, ids, args.max_new_tokens, temperature, METHODS,
+            results = run_methods(bundle, ids, args.max_new_tokens, temperature, methods,
                                   seed=args.seed + i, gamma=getattr(args, "gamma", None))
             looping = is_looping(results[0].tokens)
             for r in results:
@@ -244,7 +262,7 @@ def eval_main(args) -> int:
     summary = {}
     for temperature in args.temperatures:
         for subset in ("non_looping", "looping", "all"):
-            for method in METHODS[1:]:
+            for method in methods[1:]:
                 sel = [r for r in runs if r["method"] == method and r["temperature"] == temperature
                        and (subset == "all" or r["looping"] == (subset == "looping"))]
                 summary[f"T={temperature}/{subset}/{method}"] = {
@@ -255,6 +273,7 @@ def eval_main(args) -> int:
                 }
     report = {"environment": environment(), "max_new_tokens": args.max_new_tokens,
               "n_prompts": len(prompts), "temperatures": args.temperatures,
+              "methods": list(methods), "dflash_tree_budget": DFLASH_TREE_BUDGET,
               "summary": summary, "runs": runs}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
@@ -279,10 +298,14 @@ def results_markdown(report: dict) -> str:
              "Speedup is wall-clock tokens/s over fastspec's own cached vanilla decoding of the "
              "same target; tau is tokens emitted per target verification call. A prompt is "
              "*looping* when its vanilla continuation contains a run of 32 identical bytes; the "
-             "headline is the non-looping set.", ""]
+             "headline is the non-looping set. `*_tree` rows: the same drafter proposing trees "
+             f"(DFlash: budget {report.get('dflash_tree_budget', DFLASH_TREE_BUDGET)} nodes, "
+             "siblings sampled without replacement at temperature > 0; n-gram: several "
+             "continuations), verified in one target step per round.", ""]
     for temperature in report["temperatures"]:
         for subset in ("non_looping", "looping", "all"):
-            rows = [(m, report["summary"][f"T={temperature}/{subset}/{m}"]) for m in METHODS[1:]]
+            methods = report.get("methods", METHODS)[1:]
+            rows = [(m, report["summary"][f"T={temperature}/{subset}/{m}"]) for m in methods]
             n = rows[0][1]["tau"].get("n", 0)
             if not n:
                 continue

@@ -25,6 +25,10 @@ def summary_text(report: dict) -> str:
                      f"{r['achieved_fraction']:.0%} of the bound")
     for name, rows in report.get("storage_costs", {}).items():
         lines += storage_costs_text(rows, f"verify_n/decode [{name}]")
+    for r in report.get("tree_costs", []):
+        lines.append(f"tree verify {r['backend']:>6} {r['nodes']:3d} nodes (depth {r['depth']:2d}): "
+                     f"{r['tree_steps']:6.2f} decode steps (chain of as many positions "
+                     f"{r['chain_steps']:5.2f})")
     for r in report.get("peers", []) if isinstance(report.get("peers"), list) else []:
         for row in r["rows"]:
             lines.append(f"peers [{r['models']}] {row['pair']:<24} fastspec/transformers "
@@ -90,6 +94,19 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
                 "| piece | time | decode steps |", "|---|---|---|"]
         for r in rc["pieces"]:
             out.append(f"| {r['piece']} | {1e6 * r['seconds']:.0f} us | {r['over_decode']:.2f} |")
+    trees = report.get("tree_costs")
+    if trees:
+        out += ["", "## Tree verification cost (context 300)", "",
+                "One target step over a tree of N nodes (a trunk with a side child per trunk "
+                "node; each node sees its ancestors only) and over a causal chain of the same "
+                "N + 1 positions, in decode steps of the same backend. Trees run the layer-by-"
+                "layer path (the fused runner has no tree mask), which wants "
+                "`OPENBLAS_NUM_THREADS=1` next to the OpenMP runner (README, tree proposals).", "",
+                "| backend | nodes | depth | tree (decode steps) | chain (decode steps) | "
+                "tree / chain |", "|---|---|---|---|---|---|"]
+        for r in trees:
+            out.append(f"| {r['backend']} | {r['nodes']} | {r['depth']} | {r['tree_steps']:.2f} | "
+                       f"{r['chain_steps']:.2f} | {r['tree_over_chain']:.2f} |")
     out += ["", "## Decode cost vs context length (draft model, gamma 4; prefill excluded)", "",
             "| backend | context | vanilla ms/token | speculative ms/token | speedup |", "|---|---|---|---|---|"]
     for r in report["context_scaling"]:

@@ -11,7 +11,10 @@ from fastspec.tools.machine import stream_rate
 from fastspec.tools.timing import timeit
 
 __all__ = ["prompt_tokens", "decode_step_time", "round_costs", "smollm_config", "storage_costs",
-           "storage_costs_text"]
+           "storage_costs_text", "TREE_NODES", "side_branch_tree", "tree_costs"]
+
+#: Tree sizes of :func:`tree_costs` (nodes, root excluded).
+TREE_NODES = (8, 16, 32, 64)
 
 
 def prompt_tokens(length: int, vocab: int) -> np.ndarray:
@@ -86,6 +89,57 @@ def round_costs(target, draft, dflash, context: int = 300,
     return {"context": context, "decode_s": decode,
             "pieces": [{"piece": k, "seconds": v, "over_decode": v / decode}
                        for k, v in seconds.items()]}
+
+
+def side_branch_tree(n: int) -> np.ndarray:
+    """Parents (n,) of a best-first-like tree: a trunk, each trunk node with one side child."""
+    parents: list[int] = []
+    trunk = -1
+    while len(parents) < n:
+        parents.append(trunk)
+        trunk = len(parents) - 1
+        if len(parents) < n:
+            parents.append(parents[trunk])  # a sibling of the trunk node
+    return np.array(parents, dtype=np.int64)
+
+
+def tree_costs(target, nodes: Sequence[int] = TREE_NODES, context: int = 300,
+               min_time: float = 0.05, repeats: int = 5) -> list[dict]:
+    """Tree verification cost in decode steps, on the active backend.
+
+    For each ``n`` in ``nodes``: one target step over ``[root, n nodes]`` shaped by
+    :func:`side_branch_tree` (``Transformer.step(tree_parents=...)``, each node seeing its
+    ancestors) and a causal chain of the same ``n + 1`` positions, both over a decode step at
+    ``context`` committed positions, timed one after the other.
+
+    Returns
+    -------
+    list of dict
+        ``nodes``, ``depth``, ``tree_steps``, ``chain_steps``, ``tree_over_chain`` and the
+        decode step ``decode_s``.
+    """
+    from fastspec.tree import block_parents, tree_depths
+
+    cache = target.new_cache(context + max(nodes) + 1)
+    target.step(prompt_tokens(context, target.config.vocab_size), cache)
+
+    def call(ids, parents=None):
+        def run():
+            target.step(ids, cache, tree_parents=parents)
+            cache.crop(context)
+        return run
+
+    decode = timeit(call(np.array([1], dtype=np.int64)), min_time=min_time, repeats=repeats)
+    rows = []
+    for n in nodes:
+        ids = np.full(n + 1, 1, dtype=np.int64)
+        shape = side_branch_tree(n)
+        tree = timeit(call(ids, block_parents(shape)), min_time=min_time, repeats=repeats)
+        chain = timeit(call(ids), min_time=min_time, repeats=repeats)
+        rows.append({"nodes": n, "depth": int(tree_depths(shape).max()), "decode_s": decode,
+                     "tree_steps": tree / decode, "chain_steps": chain / decode,
+                     "tree_over_chain": tree / chain})
+    return rows
 
 
 def smollm_config(max_seq_len: int = 512 + 32, **overrides) -> "fs.ModelConfig":
