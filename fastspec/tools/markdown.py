@@ -25,6 +25,14 @@ def summary_text(report: dict) -> str:
                      f"{r['achieved_fraction']:.0%} of the bound")
     for name, rows in report.get("storage_costs", {}).items():
         lines += storage_costs_text(rows, f"verify_n/decode [{name}]")
+    if report.get("real_size"):
+        from fastspec.tools.bench_real import real_size_text
+
+        lines += real_size_text(report["real_size"])
+    if report.get("real_peers"):
+        from fastspec.tools.real_peers import real_peers_text
+
+        lines += real_peers_text(report["real_peers"])
     for r in report.get("peers", []) if isinstance(report.get("peers"), list) else []:
         for row in r["rows"]:
             lines.append(f"peers [{r['models']}] {row['pair']:<24} fastspec/transformers "
@@ -101,6 +109,14 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
     for r in report["gamma_scaling"]:
         out.append(f"| {r['backend']} | {r['drafter']} | {r['gamma']} | {r['tau']:.2f} | "
                    f"{r['ms_per_token']:.2f} | {r['speedup']:.2f}x |")
+    if report.get("real_size"):
+        from fastspec.tools.bench_real import real_size_markdown
+
+        out += [""] + real_size_markdown(report["real_size"])
+    if report.get("real_peers"):
+        from fastspec.tools.real_peers import real_peers_markdown
+
+        out += [""] + real_peers_markdown(report["real_peers"])
     peers = report.get("peers")
     if isinstance(peers, list):
         out += ["", "## fastspec vs Hugging Face transformers (same weights, CPU)", ""]
