@@ -18,7 +18,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from fastspec.schema import hf_layer_keys, layer_attrs
 if TYPE_CHECKING:  # the model builds itself from read_hf; no import cycle at run time
     from fastspec.model import Transformer
 
-__all__ = ["read_hf", "save_hf", "read_safetensors",
+__all__ = ["read_hf", "read_hf_config", "iter_hf", "FileTensor", "save_hf", "read_safetensors",
            "write_safetensors", "hf_config"]
 
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
@@ -129,21 +129,62 @@ def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None
     missing = [n for n in wanted if n not in entries]
     if missing:
         raise ValueError(f"{path}: missing tensors {missing}")
-    out = {}
     with open(path, "rb") as f:
-        for name in wanted:
-            code, shape, offset = entries[name]
-            count = math.prod(shape)
-            f.seek(data_start + offset)
-            raw = np.fromfile(f, dtype=_DTYPES[code], count=count)
-            if raw.size != count:
-                raise ValueError(f"{path}: tensor {name!r} is truncated")
-            raw = raw.reshape(shape)
-            if code in _FLOAT_CODES and not (bf16_bits and code == "BF16"):
-                raw = _to_float(raw, code, np.dtype(dtype) if dtype is not None
-                                else np.dtype(np.float32) if code == "BF16" else raw.dtype)
-            out[name] = raw
-    return out
+        return {name: _read_entry(f, path, name, entries[name], data_start, dtype, bf16_bits)
+                for name in wanted}
+
+
+def _read_entry(f, path: Path, name: str, entry: tuple, data_start: int,
+                dtype: str | np.dtype | None, bf16_bits: bool) -> np.ndarray:
+    """Read one validated header entry from the open file ``f`` (see :func:`read_safetensors`)."""
+    code, shape, offset = entry
+    count = math.prod(shape)
+    f.seek(data_start + offset)
+    raw = np.fromfile(f, dtype=_DTYPES[code], count=count)
+    if raw.size != count:
+        raise ValueError(f"{path}: tensor {name!r} is truncated")
+    raw = raw.reshape(shape)
+    if code in _FLOAT_CODES and not (bf16_bits and code == "BF16"):
+        raw = _to_float(raw, code, np.dtype(dtype) if dtype is not None
+                        else np.dtype(np.float32) if code == "BF16" else raw.dtype)
+    return raw
+
+
+class FileTensor:
+    """One tensor of a safetensors file, read when asked: whole (``numpy.asarray``) or by rows.
+
+    Its header entry is validated (:func:`_read_header`) before it is made; reads return the
+    file's dtype, BF16 as uint16 bit patterns. A reader that converts blocks of rows into
+    their final array never holds the whole raw tensor (:meth:`Transformer.from_tensors`).
+    """
+
+    def __init__(self, path: Path, name: str, entry: tuple, data_start: int) -> None:
+        self.path, self.name = path, name
+        self._code, self.shape, self._offset = entry
+        self._start = data_start
+        self.dtype = _DTYPES[self._code]
+        self.ndim = len(self.shape)
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Return rows ``[start, stop)`` (first axis) of the tensor."""
+        rows = self.shape[0] if self.shape else 1
+        stop = rows if stop is None else min(stop, rows)
+        start = min(max(start, 0), stop)
+        row = math.prod(self.shape[1:])
+        count = (stop - start) * row
+        with open(self.path, "rb") as f:
+            f.seek(self._start + self._offset + start * row * self.dtype.itemsize)
+            raw = np.fromfile(f, dtype=self.dtype, count=count)
+        if raw.size != count:
+            raise ValueError(f"{self.path}: tensor {self.name!r} is truncated")
+        return raw.reshape(((stop - start),) + tuple(self.shape[1:]) if self.shape else ())
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        a = self.read()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"FileTensor({self.name!r}, {self._code}, shape={self.shape})"
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
@@ -282,11 +323,74 @@ def _needed(c: ModelConfig) -> list[str]:
     return names
 
 
+def read_hf_config(folder: str | os.PathLike, dtype: str | None = None,
+                   weight_dtype: str | None = None) -> ModelConfig:
+    """Return the :class:`ModelConfig` of a Hugging Face folder, its weights checked present.
+
+    Reads ``config.json`` and the safetensors headers only (no tensor data). Parameters and
+    errors as in :func:`read_hf`.
+    """
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ValueError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_path}: must hold a JSON object, got {type(cfg).__name__}")
+    config = hf_config(cfg, dtype or "float32").replace(weight_dtype=weight_dtype)
+    files = _weight_files(folder)
+    missing = [n for n in _needed(config) if n not in files]
+    if missing:
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+        raise ValueError(f"{folder}: missing tensors {missing[:10]}{more}")
+    return config
+
+
+def iter_hf(folder: str | os.PathLike,
+            config: ModelConfig) -> Iterator[tuple[str, "FileTensor"]]:
+    """Yield ``(name, tensor)`` for every tensor ``config`` needs, read one at a time.
+
+    The loader's streaming path: nothing is read until asked, so a caller that converts
+    each tensor block by block into its final form (:meth:`fastspec.Transformer.from_tensors`)
+    never holds more than one block of raw data beside the model. Tensors come in file order
+    as :class:`FileTensor`: the file's dtype, BF16 as uint16 bit patterns, unconverted
+    (``config`` from :func:`read_hf_config`).
+
+    Raises
+    ------
+    ValueError
+        Missing tensors (before any is read), a malformed file or a non-float weight (named).
+    """
+    folder = Path(folder)
+    files = _weight_files(folder)
+    by_file: dict[Path, list[str]] = {}
+    for name in _needed(config):
+        if name not in files:
+            raise ValueError(f"{folder}: missing tensor {name!r}")
+        by_file.setdefault(files[name], []).append(name)
+    for path, names in by_file.items():
+        entries, data_start, _ = _read_header(path)
+        absent = [n for n in names if n not in entries]
+        if absent:
+            raise ValueError(f"{path}: missing tensors {absent[:10]} (listed in the index)")
+        bad = [n for n in names if entries[n][0] not in _FLOAT_CODES]
+        if bad:
+            raise ValueError(f"{path}: tensor {bad[0]!r} has dtype {entries[bad[0]][0]}; "
+                             "weights must be F16, BF16, F32 or F64")
+        names.sort(key=lambda n: entries[n][2])  # file order: sequential reads
+        for name in names:
+            yield name, FileTensor(path, name, entries[name], data_start)
+
+
 def read_hf(folder: str | os.PathLike, dtype: str | None = None,
             weight_dtype: str | None = None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
     """Read a Llama/Qwen2/Qwen3 Hugging Face checkpoint folder: its config and weights.
 
-    :meth:`fastspec.Transformer.load` builds the model from them.
+    Holds every tensor at once; :meth:`fastspec.Transformer.load` streams them instead
+    (:func:`read_hf_config` and :func:`iter_hf`), so that loading never holds two copies.
 
     Parameters
     ----------
@@ -311,35 +415,14 @@ def read_hf(folder: str | os.PathLike, dtype: str | None = None,
     ValueError
         Unknown architecture, unsupported feature, malformed file or missing tensors (named).
     """
-    folder = Path(folder)
-    cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise ValueError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{cfg_path}: must hold a JSON object, got {type(cfg).__name__}")
-    config = hf_config(cfg, dtype or "float32").replace(weight_dtype=weight_dtype)
-    files = _weight_files(folder)
-    needed = _needed(config)
-    missing = [n for n in needed if n not in files]
-    if missing:
-        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-        raise ValueError(f"{folder}: missing tensors {missing[:10]}{more}")
-    by_file: dict[Path, list[str]] = {}
-    for name in needed:
-        by_file.setdefault(files[name], []).append(name)
-    sd: dict[str, np.ndarray] = {}
-    for path, names in by_file.items():
-        sd.update(read_safetensors(path, names, dtype=config.dtype,  # float16: one rounding
-                                   bf16_bits=config.weight_dtype == "bfloat16"))
-    for name, a in sd.items():  # uint16 here only ever comes from BF16 (bf16_bits)
-        if a.dtype.kind != "f" and a.dtype != np.uint16:
-            code = next(k for k, v in _DTYPES.items() if v == a.dtype)
-            raise ValueError(f"{folder}: tensor {name!r} has dtype {code}; weights must be "
-                             "F16, BF16, F32 or F64")
+    config = read_hf_config(folder, dtype, weight_dtype)
+    bits = config.weight_dtype == "bfloat16"
+    sd = {}
+    for name, t in iter_hf(folder, config):  # float16 targets: widened here, rounded once later
+        a = t.read()
+        keep = a.dtype == np.uint16 and bits
+        sd[name] = a if keep else _to_float(a, "BF16" if a.dtype == np.uint16 else "",
+                                            np.dtype(config.dtype))
     return config, sd
 
 

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 import numpy as np
 
-from fastspec._bf16 import BF16
-from fastspec.checkpoints import read_hf, save_hf
+from fastspec._bf16 import BF16, as_storage, storage_dtype
+from fastspec.checkpoints import iter_hf, read_hf_config, save_hf
 from fastspec.config import ModelConfig
-from fastspec.schema import layer_attrs, layer_from_state, layer_shapes, layer_state
+from fastspec.schema import (LayerWeights, MATRICES, hf_layer_keys, layer_attrs, layer_shapes,
+                             layer_state)
 
 if TYPE_CHECKING:
     from fastspec.model import Transformer
@@ -27,6 +28,52 @@ def layer_schema(c: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[str,
     return (layer_shapes(c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim),
             layer_attrs(swiglu=c.activation == "swiglu", rmsnorm=c.norm == "rmsnorm",
                         qk_norm=c.qk_norm, qkv_bias=c.qkv_bias))
+
+
+#: Elements converted per block by :func:`_final`: bounds a tensor's temporaries (a few MB).
+_BLOCK = 1 << 20
+
+
+def _file_keys(c: ModelConfig) -> dict[str, tuple[object, bool, str]]:
+    """Map every file key of ``c`` to ``(layer index or "embed"/"head"/"norm"/"pos", is a
+    matrix, LayerWeights field or "")``, in file-writing order."""
+    keys: dict[str, tuple[object, bool, str]] = {"model.embed_tokens.weight": ("embed", True, "")}
+    if c.positional == "learned":
+        keys["model.embed_positions.weight"] = ("pos", False, "")
+    attrs = layer_schema(c)[1]
+    for i in range(c.n_layers):
+        prefix = f"model.layers.{i}."
+        for attr, key in zip(attrs, hf_layer_keys(prefix, attrs)):
+            keys[key] = (i, attr in MATRICES, attr)
+    if c.norm == "rmsnorm":
+        keys["model.norm.weight"] = ("norm", False, "")
+    if not c.tie_embeddings:
+        keys["lm_head.weight"] = ("head", True, "")
+    return keys
+
+
+def _final(raw, name: str, transpose: bool) -> np.ndarray:
+    """Return ``raw`` as a C-contiguous array of storage dtype ``name`` (transposed when asked).
+
+    ``raw`` is an array or a :class:`~fastspec.checkpoints.FileTensor`. It is converted in
+    blocks of rows (read from the file block by block when it is a FileTensor) so that the
+    temporaries stay small: the peak is the result plus one block. An array that already is
+    the result is returned as it is; a FileTensor that needs no conversion is read whole,
+    straight into the result.
+    """
+    if raw.ndim != 2 or (not transpose and raw.dtype == storage_dtype(name)):
+        return as_storage(np.asarray(raw), name)
+    read = raw.read if hasattr(raw, "read") else (lambda a, b: raw[a:b])
+    rows, cols = raw.shape
+    out = np.empty((cols, rows) if transpose else (rows, cols), storage_dtype(name))
+    step = max(1, _BLOCK // max(cols, 1))
+    for r0 in range(0, rows, step):
+        block = as_storage(read(r0, r0 + step), name)
+        if transpose:
+            out[:, r0:r0 + step] = block.T
+        else:
+            out[r0:r0 + step] = block
+    return out
 
 
 class ModelIO:
@@ -47,20 +94,41 @@ class ModelIO:
         return {k: np.ascontiguousarray(v) for k, v in sd.items()}
 
     @classmethod
-    def from_state_dict(cls, config: ModelConfig, sd: dict[str, np.ndarray]) -> "Transformer":
+    def from_state_dict(cls, config: ModelConfig, sd: Mapping[str, np.ndarray]) -> "Transformer":
         """Build a model from Hugging Face names and layout; missing tensors raise KeyError."""
-        def get(key):
-            if key not in sd:
-                raise KeyError(f"missing tensor {key!r}")
-            return np.asarray(sd[key])
+        return cls.from_tensors(config, ((k, sd[k]) for k in _file_keys(config) if k in sd))
 
+    @classmethod
+    def from_tensors(cls, config: ModelConfig,
+                     tensors: Iterable[tuple[str, np.ndarray]]) -> "Transformer":
+        """Build a model from ``(name, array)`` pairs in Hugging Face names and layout.
+
+        Each array is converted into its final form (storage dtype, ``(in, out)`` layout) as
+        it arrives, in blocks of rows, and is not referenced afterwards. Fed
+        :class:`~fastspec.checkpoints.FileTensor` s (:func:`fastspec.checkpoints.iter_hf`),
+        loading reads each file tensor block by block into its final array: the peak is the
+        finished weights plus one block, never a second copy of the model. Unknown names are
+        ignored; missing ones raise KeyError. A uint16 array is read as bf16 bit patterns.
+        """
         c = config
-        attrs = layer_schema(c)[1]
-        layers = [layer_from_state(get, f"model.layers.{i}.", attrs) for i in range(c.n_layers)]
-        embed = get("model.embed_tokens.weight")
-        head = embed.T if c.tie_embeddings else get("lm_head.weight").T
-        final = get("model.norm.weight") if c.norm == "rmsnorm" else None
-        pos = get("model.embed_positions.weight") if c.positional == "learned" else None
+        slots = _file_keys(c)
+        got: dict[str, np.ndarray] = {}
+        for name, raw in tensors:
+            slot = slots.get(name)
+            if slot is not None:
+                raw = raw if hasattr(raw, "read") else np.asarray(raw)
+                got[name] = _final(raw, c.matrix_dtype if slot[1] else c.dtype,
+                                   transpose=slot[1] and raw.ndim == 2 and slot[0] != "embed")
+            del raw  # the caller's reference is the only one left
+        missing = [k for k in slots if k not in got]
+        if missing:
+            raise KeyError(f"missing tensor {missing[0]!r}")
+        layers = [LayerWeights(**{attr: got[key] for key, (where, _, attr) in slots.items()
+                                  if where == i}) for i in range(c.n_layers)]
+        embed = got.pop("model.embed_tokens.weight")
+        head = embed.T if c.tie_embeddings else got.pop("lm_head.weight")
+        final = got.get("model.norm.weight")
+        pos = got.get("model.embed_positions.weight")
         return cls(c, embed, layers, head, final, pos)
 
     def save(self, path: str | Path) -> None:
@@ -89,7 +157,8 @@ class ModelIO:
         """
         path = Path(path)
         if path.is_dir():
-            return cls.from_state_dict(*read_hf(path, dtype=dtype, weight_dtype=weight_dtype))
+            config = read_hf_config(path, dtype=dtype, weight_dtype=weight_dtype)
+            return cls.from_tensors(config, iter_hf(path, config))  # one file tensor at a time
         from fastspec._npz import read_npz  # bounded: validates every header before reading
         cfg, sd = read_npz(path, "model")
         bits = sorted(k for k, a in sd.items() if a.dtype == np.uint16)

@@ -13,7 +13,6 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
-from fastspec.checkpoints import read_hf
 from fastspec.hf_tokenizer import HFTokenizer
 from fastspec.model import Transformer
 from fastspec.tokenizer import ByteTokenizer
@@ -133,7 +132,7 @@ def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
     """
     folder = Path(folder)
     tok = HFTokenizer.from_folder(folder) if tokenizer else None  # before the slow part
-    model = Transformer.from_state_dict(*read_hf(folder, dtype=dtype, weight_dtype=weight_dtype))
+    model = Transformer.load(folder, dtype=dtype, weight_dtype=weight_dtype)  # streams tensors
     if tok is not None:
         V = model.config.vocab_size
         if tok.vocab_size > V:

@@ -1,10 +1,18 @@
 """Real-size rows of ``fastspec bench --full``: random SmolLM-135M and Qwen3-0.6B shapes.
 
-Each shape is written as a Hugging Face folder with float16 weights (the size of the bf16
-checkpoints they ship as; random values, drawn matrix by matrix so that building it never
-holds a float64 copy), then loaded in a fresh process that reports the load time, the peak
-resident memory while loading (``VmHWM`` minus the RSS before the load, against the file
-size) and the greedy decode rate with the matrices kept in float16.
+Each shape is written once as a Hugging Face folder with BF16 weights (the dtype real
+checkpoints ship in; random values, drawn matrix by matrix so that building it never holds a
+float64 copy). Each target storage dtype is then loaded in a fresh process that reports:
+
+- the load time and the peak resident memory while loading (``VmHWM`` minus the RSS before
+  the load), against the file size and against the loaded weights;
+- the decode step (one position at context 64) against the stream bound: the bytes a step
+  reads (every layer matrix and the head) over the streaming rate measured in the same
+  process at that footprint (a read-only BLAS ``sdot`` of two float32 arrays of that many
+  bytes in all), interleaved with the step and repeated, best of each;
+- with ``threads``, both figures with the compiled kernels and BLAS at that thread count;
+- for the Qwen3-0.6B shape, the sampled round (``probs`` of 8 rows with top-k 50, then
+  ``verify_rejection`` of 7 one-hot proposals) against that decode step.
 """
 from __future__ import annotations
 
@@ -18,10 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fastspec._bf16 import to_bits
 from fastspec.checkpoints import _export_config, _needed, write_safetensors
 from fastspec.config import ModelConfig
 
-__all__ = ["REAL_SHAPES", "write_random_folder", "measure_folder", "real_size_rows"]
+__all__ = ["REAL_SHAPES", "write_random_folder", "measure_folder", "real_size_rows",
+           "real_size_text", "real_size_markdown"]
 
 #: The shapes of the two checkpoints (max_seq_len cut to 2048: the KV cache is not measured).
 REAL_SHAPES = {
@@ -35,41 +45,48 @@ REAL_SHAPES = {
 }
 
 
-def write_random_folder(config: ModelConfig, folder: str | os.PathLike, seed: int = 0) -> int:
-    """Write a random ``config`` model as a float16 Hugging Face folder; return its bytes."""
+def write_random_folder(config: ModelConfig, folder: str | os.PathLike, seed: int = 0,
+                        dtype: str = "bfloat16") -> int:
+    """Write a random ``config`` model as a Hugging Face folder of ``dtype`` (``"bfloat16"``
+    or ``"float16"``) tensors; return the safetensors file's bytes."""
+    if dtype not in ("bfloat16", "float16"):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float16', got {dtype!r}")
+    store = to_bits if dtype == "bfloat16" else (lambda a: a.astype(np.float16))
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
+    c = config
+    shape = {"q_proj": (c.n_heads * c.head_dim, c.dim), "k_proj": (c.n_kv_heads * c.head_dim, c.dim),
+             "v_proj": (c.n_kv_heads * c.head_dim, c.dim), "o_proj": (c.dim, c.n_heads * c.head_dim),
+             "gate_proj": (c.ffn_dim, c.dim), "up_proj": (c.ffn_dim, c.dim),
+             "down_proj": (c.dim, c.ffn_dim), "embed_tokens": (c.vocab_size, c.dim),
+             "lm_head": (c.vocab_size, c.dim)}
     tensors = {}
     for name in _needed(config):
         if name.endswith("norm.weight"):
-            size = config.head_dim if "_norm." in name else config.dim
-            tensors[name] = (1.0 + 0.1 * rng.standard_normal(size)).astype(np.float16)
+            size = c.head_dim if "_norm." in name else c.dim
+            tensors[name] = store(1.0 + 0.1 * rng.standard_normal(size, dtype=np.float32))
             continue
-        c = config
-        shape = {"q_proj": (c.n_heads * c.head_dim, c.dim),
-                 "k_proj": (c.n_kv_heads * c.head_dim, c.dim),
-                 "v_proj": (c.n_kv_heads * c.head_dim, c.dim),
-                 "o_proj": (c.dim, c.n_heads * c.head_dim), "gate_proj": (c.ffn_dim, c.dim),
-                 "up_proj": (c.ffn_dim, c.dim), "down_proj": (c.dim, c.ffn_dim),
-                 "embed_tokens": (c.vocab_size, c.dim), "lm_head": (c.vocab_size, c.dim)}
         kind = name.split(".")[-2]
         out_in = shape[kind]
-        scale = 1.0 if kind == "embed_tokens" else 1.0 / math.sqrt(out_in[1])
         a = rng.standard_normal(out_in, dtype=np.float32)
-        a *= scale
-        tensors[name] = a.astype(np.float16)
+        a *= 1.0 if kind == "embed_tokens" else 1.0 / math.sqrt(out_in[1])
+        tensors[name] = store(a)
+        del a
     cfg = _export_config(config)
-    cfg["torch_dtype"] = "float16"
+    cfg["torch_dtype"] = dtype
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     write_safetensors(folder / "model.safetensors", tensors)
     return (folder / "model.safetensors").stat().st_size
 
 
+# Runs in a fresh process: argv = folder, weight_dtype, new_tokens, repeats, sampled (0/1),
+# threads. The environment sets OPENBLAS_NUM_THREADS to the same thread count.
 _CHILD = r"""
 import json, sys, time
 import numpy as np
 import fastspec as fs
+from fastspec.tools.timing import timeit
 
 def rss(field):
     for line in open("/proc/self/status"):
@@ -77,45 +94,154 @@ def rss(field):
             return int(line.split()[1]) * 1024
     return 0
 
+folder, wdt, new_tokens, repeats, sampled, threads = sys.argv[1:7]
+new_tokens, repeats, threads = int(new_tokens), int(repeats), int(threads)
+try:
+    from fastspec import _model
+    _model.set_threads(threads)
+except ImportError:
+    pass
 base = rss("VmRSS:")
 t0 = time.perf_counter()
-model = fs.Transformer.load(sys.argv[1], weight_dtype="float16")
+model = fs.Transformer.load(folder, weight_dtype=wdt)
 load_s = time.perf_counter() - t0
-peak = rss("VmHWM:") - base
-prompt = np.arange(1, 33) % model.config.vocab_size
-fs.generate(model, prompt, 2)  # warm-up
-res = fs.generate(model, prompt, int(sys.argv[2]))
-print(json.dumps({"load_s": load_s, "peak_rss_load_bytes": peak, "decode_s":
-                  res.stats.decode_s, "new_tokens": res.stats.new_tokens,
-                  "weight_bytes": sum(a.nbytes for a in model.state_dict().values())}))
+row = {"load_s": load_s, "peak_rss_load_bytes": rss("VmHWM:") - base,
+       "rss_after_load_bytes": rss("VmRSS:") - base, "threads": threads}
+mats = [a for lw in model.layers for k, a in lw.arrays().items() if a.ndim == 2]
+row["weight_bytes"] = sum(a.nbytes for a in mats + [model.embed, model.head]
+                          if a is not model.embed or not model.config.tie_embeddings) \
+    + model.embed.nbytes * model.config.tie_embeddings
+row["step_bytes"] = sum(a.nbytes for a in mats) + model.head.nbytes
+if new_tokens:
+    ctx = 64
+    cache = model.new_cache(ctx + new_tokens + 40)
+    prompt = np.arange(1, ctx + 1) % model.config.vocab_size
+    model.step(prompt, cache)
+    tok = np.array([1])
+    def step():
+        model.step(tok, cache)
+        cache.crop(ctx)
+    n = row["step_bytes"] // 8
+    a, b = np.ones(n, np.float32), np.ones(n, np.float32)
+    steps, streams = [], []
+    for _ in range(repeats):  # interleaved: both see the same machine load
+        steps.append(timeit(step, min_time=0.2, repeats=3))
+        streams.append(timeit(lambda: a @ b, min_time=0.2, repeats=3))
+    del a, b
+    row["decode_step_s"], row["decode_step_all_s"] = min(steps), steps
+    row["stream_GBps"] = 2 * n * 4 / min(streams) / 1e9
+    row["stream_all_GBps"] = [2 * n * 4 / t / 1e9 for t in streams]
+    row["rss_after_decode_bytes"] = rss("VmRSS:") - base
+    res = fs.generate(model, prompt, new_tokens, cache=cache)
+    row["generate_tokens_per_s"] = (res.stats.new_tokens - 1) / res.stats.decode_s
+if sampled == "1":
+    rng = np.random.default_rng(0)
+    V = model.config.vocab_size
+    logits = (3.0 * rng.standard_normal((8, V))).astype(np.float32)
+    draft = rng.integers(0, V, 7)
+    u = rng.random(8)
+    def round_():
+        p = fs.kernels.probs(logits, 1.0, 50)
+        return fs.kernels.verify_rejection(draft, p, None, u)
+    row["sampled_round_s"] = min(timeit(round_, repeats=3) for _ in range(repeats))
+    row["probs_8rows_s"] = timeit(lambda: fs.kernels.probs(logits, 1.0, 50))
+print(json.dumps(row))
 """
 
 
-def measure_folder(folder: str | os.PathLike, new_tokens: int = 16) -> dict:
-    """Load ``folder`` in a fresh process (float16 matrices); return the load and decode row."""
+def measure_folder(folder: str | os.PathLike, weight_dtype: str = "bfloat16",
+                   new_tokens: int = 16, repeats: int = 3, sampled: bool = False,
+                   threads: int = 1) -> dict:
+    """Load ``folder`` in a fresh process with ``weight_dtype`` matrices; return its row.
+
+    ``new_tokens=0`` measures the load only.
+    """
     import fastspec
 
-    env = dict(os.environ, PYTHONPATH=str(Path(fastspec.__file__).parent.parent))
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(folder), str(new_tokens)],
+    env = dict(os.environ, PYTHONPATH=str(Path(fastspec.__file__).parent.parent),
+               OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(folder), weight_dtype,
+                          str(new_tokens), str(repeats), "1" if sampled else "0", str(threads)],
                          capture_output=True, text=True, env=env, check=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
-    steps = row["new_tokens"] - 1  # the first token comes from the prefill
-    row["decode_step_s"] = row["decode_s"] / steps if steps > 0 else math.nan
+    row["weight_dtype"] = weight_dtype
+    if new_tokens:
+        row["stream_bound_s"] = row["step_bytes"] / (row["stream_GBps"] * 1e9)
+        row["fraction_of_stream_bound"] = row["stream_bound_s"] / row["decode_step_s"]
+        row["tokens_per_s"] = 1.0 / row["decode_step_s"]
+    if sampled:
+        row["sampled_round_over_step"] = row["sampled_round_s"] / row["decode_step_s"]
     return row
 
 
-def real_size_rows(shapes: dict | None = None, dram_GBps: float | None = None,
-                   new_tokens: int = 16) -> list[dict]:
-    """Build, save, load and decode every shape; one row each (JSON-ready)."""
+def _load_average() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # pragma: no cover - not on Linux
+        return math.nan
+
+
+def real_size_rows(shapes: dict | None = None, weight_dtypes=("bfloat16", "float16", "float32"),
+                   new_tokens: int = 16, repeats: int = 3, threads=(1,),
+                   decode_float32: bool = False) -> list[dict]:
+    """Build, save (BF16), load and decode every shape; one row per storage dtype and thread
+    count (JSON-ready). float32 rows measure the load only unless ``decode_float32``."""
     rows = []
     for name, config in (shapes or REAL_SHAPES).items():
         with tempfile.TemporaryDirectory(prefix="fastspec-real-") as tmp:
             file_bytes = write_random_folder(config, tmp)
-            row = {"shape": name, "file_bytes": file_bytes, **measure_folder(tmp, new_tokens)}
-        row["peak_rss_over_file"] = row["peak_rss_load_bytes"] / file_bytes
-        row["tokens_per_s"] = 1.0 / row["decode_step_s"]
-        if dram_GBps:
-            bound = row["weight_bytes"] / (dram_GBps * 1e9)
-            row.update(dram_bound_s=bound, fraction_of_dram_bound=bound / row["decode_step_s"])
-        rows.append(row)
+            for wdt in weight_dtypes:
+                decode = wdt != "float32" or decode_float32
+                for t in threads if decode else threads[:1]:
+                    load = _load_average()
+                    row = {"shape": name, "file_bytes": file_bytes, "load_average": load,
+                           **measure_folder(tmp, wdt, new_tokens if decode else 0, repeats,
+                                            sampled=decode and config.vocab_size > 10**5,
+                                            threads=t)}
+                    row["peak_rss_over_file"] = row["peak_rss_load_bytes"] / file_bytes
+                    row["peak_rss_over_weights"] = row["peak_rss_load_bytes"] / row["weight_bytes"]
+                    rows.append(row)
     return rows
+
+
+def real_size_text(rows: list[dict]) -> list[str]:
+    """Lines of the :func:`real_size_rows` table."""
+    out = []
+    for r in rows:
+        line = (f"real [{r['shape']} {r['weight_dtype']} t={r['threads']}] load {r['load_s']:.1f} s, "
+                f"peak RSS {r['peak_rss_load_bytes'] / 1e6:.0f} MB = {r['peak_rss_over_file']:.2f}x "
+                f"file, {r['peak_rss_over_weights']:.2f}x weights")
+        if "decode_step_s" in r:
+            line += (f"; step {1e3 * r['decode_step_s']:.1f} ms, {r['fraction_of_stream_bound']:.0%}"
+                     f" of the {r['stream_GBps']:.1f} GB/s stream bound")
+        if "sampled_round_over_step" in r:
+            line += f"; sampled round {r['sampled_round_over_step']:.1%} of a step"
+        out.append(line + f" (load avg {r['load_average']:.2f})")
+    return out
+
+
+def real_size_markdown(rows: list[dict]) -> list[str]:
+    """The PERFORMANCE.md section of :func:`real_size_rows` (Markdown lines)."""
+    out = ["## Real-size shapes: load memory, decode step vs the stream bound", "",
+           "Random SmolLM-135M and Qwen3-0.6B shapes saved as BF16 Hugging Face folders and "
+           "loaded in a fresh process per row with `Transformer.load(folder, weight_dtype=...)`. "
+           "Peak RSS: `VmHWM` minus the RSS before the load, over the file and over the loaded "
+           "weights (a tied head is kept twice: the embedding and its transpose). The step "
+           "(one position, context 64) reads every layer matrix and the head; its bound is "
+           "those bytes over a read-only BLAS `sdot` stream of as many bytes, timed in the "
+           "same process, interleaved with the step, best of each. Sampled round: `probs` of "
+           "8 rows with top-k 50 and `verify_rejection` of 7 one-hot proposals.", "",
+           "| shape | weights | threads | load | peak RSS / file | / weights | step | stream "
+           "| of bound | sampled round / step | load avg |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        step = ("| " + " | ".join([f"{1e3 * r['decode_step_s']:.1f} ms",
+                                   f"{r['stream_GBps']:.1f} GB/s",
+                                   f"{r['fraction_of_stream_bound']:.0%}"])
+                if "decode_step_s" in r else "| - | - | -")
+        samp = (f"{r['sampled_round_over_step']:.1%} ({1e3 * r['sampled_round_s']:.2f} ms)"
+                if "sampled_round_over_step" in r else "-")
+        out.append(f"| {r['shape']} | {r['weight_dtype']} | {r['threads']} | {r['load_s']:.1f} s | "
+                   f"{r['peak_rss_over_file']:.2f}x ({r['peak_rss_load_bytes'] / 1e6:.0f} MB) | "
+                   f"{r['peak_rss_over_weights']:.2f}x {step} | {samp} | {r['load_average']:.1f} |")
+    return out

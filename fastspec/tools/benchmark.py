@@ -119,6 +119,18 @@ def gamma_scaling(target, draft, dflash, gammas: Sequence[int] = (1, 2, 4, 8, 16
     return rows
 
 
+def _real_peers() -> dict:
+    """:func:`~fastspec.tools.real_peers.real_peers` on a random SmolLM-135M BF16 folder."""
+    import tempfile
+
+    from fastspec.tools.bench_real import REAL_SHAPES, write_random_folder
+    from fastspec.tools.real_peers import real_peers
+
+    with tempfile.TemporaryDirectory(prefix="fastspec-peers-") as tmp:
+        write_random_folder(REAL_SHAPES["SmolLM-135M"], tmp)
+        return {"shape": "SmolLM-135M", **real_peers(tmp)}
+
+
 # --- driver ---------------------------------------------------------------------------------
 
 def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> dict:
@@ -174,10 +186,10 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
         tick("tree costs")
         report["context_scaling"] = context_scaling(target, draft, contexts, progress=bar)
         report["gamma_scaling"] = gamma_scaling(target, draft, dflash, gammas, progress=bar)
-        if full:  # random SmolLM-135M / Qwen3-0.6B folders: load time, peak RSS, decode rate
+        if full:  # random SmolLM-135M / Qwen3-0.6B folders: load, peak RSS, step vs stream
             from fastspec.tools.bench_real import real_size_rows
 
-            report["real_size"] = real_size_rows(dram_GBps=report["machine"]["stream_dram_GBps"])
+            report["real_size"] = real_size_rows(threads=(1, 2))
         fs.set_backend(previous)
         if with_peers:
             try:
@@ -194,6 +206,8 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
                 ]
                 if source == "embedded":
                     report["peers"].append({"models": "embedded", **peers(target, draft)})
+                if full:  # the SmolLM-135M shape as a BF16 folder, both libraries loading it
+                    report["real_peers"] = _real_peers()
             except ImportError as exc:
                 report["peers"] = {"skipped": f"needs the [hf] extra: {exc}"}
             tick("peers")

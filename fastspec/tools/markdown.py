@@ -29,6 +29,14 @@ def summary_text(report: dict) -> str:
         lines.append(f"tree verify {r['backend']:>6} {r['nodes']:3d} nodes (depth {r['depth']:2d}): "
                      f"{r['tree_steps']:6.2f} decode steps (chain of as many positions "
                      f"{r['chain_steps']:5.2f})")
+    if report.get("real_size"):
+        from fastspec.tools.bench_real import real_size_text
+
+        lines += real_size_text(report["real_size"])
+    if report.get("real_peers"):
+        from fastspec.tools.real_peers import real_peers_text
+
+        lines += real_peers_text(report["real_peers"])
     for r in report.get("peers", []) if isinstance(report.get("peers"), list) else []:
         for row in r["rows"]:
             lines.append(f"peers [{r['models']}] {row['pair']:<24} fastspec/transformers "
@@ -118,6 +126,14 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
     for r in report["gamma_scaling"]:
         out.append(f"| {r['backend']} | {r['drafter']} | {r['gamma']} | {r['tau']:.2f} | "
                    f"{r['ms_per_token']:.2f} | {r['speedup']:.2f}x |")
+    if report.get("real_size"):
+        from fastspec.tools.bench_real import real_size_markdown
+
+        out += [""] + real_size_markdown(report["real_size"])
+    if report.get("real_peers"):
+        from fastspec.tools.real_peers import real_peers_markdown
+
+        out += [""] + real_peers_markdown(report["real_peers"])
     peers = report.get("peers")
     if isinstance(peers, list):
         out += ["", "## fastspec vs Hugging Face transformers (same weights, CPU)", ""]
