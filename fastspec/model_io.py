@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping
 import numpy as np
 
 from fastspec._bf16 import BF16, as_storage, storage_dtype
-from fastspec.checkpoints import iter_hf, read_hf_config, save_hf
+from fastspec.checkpoints import FileTensor, iter_hf, read_hf_config, save_hf
 from fastspec.config import ModelConfig
 from fastspec.schema import (LayerWeights, MATRICES, hf_layer_keys, layer_attrs, layer_shapes,
                              layer_state)
@@ -52,7 +52,7 @@ def _file_keys(c: ModelConfig) -> dict[str, tuple[object, bool, str]]:
     return keys
 
 
-def _final(raw, name: str, transpose: bool) -> np.ndarray:
+def _final(raw: "np.ndarray | FileTensor", name: str, transpose: bool) -> np.ndarray:
     """Return ``raw`` as a C-contiguous array of storage dtype ``name`` (transposed when asked).
 
     ``raw`` is an array or a :class:`~fastspec.checkpoints.FileTensor`. It is converted in
@@ -63,7 +63,7 @@ def _final(raw, name: str, transpose: bool) -> np.ndarray:
     """
     if raw.ndim != 2 or (not transpose and raw.dtype == storage_dtype(name)):
         return as_storage(np.asarray(raw), name)
-    read = raw.read if hasattr(raw, "read") else (lambda a, b: raw[a:b])
+    read = raw.read if isinstance(raw, FileTensor) else (lambda a, b: raw[a:b])
     rows, cols = raw.shape
     out = np.empty((cols, rows) if transpose else (rows, cols), storage_dtype(name))
     step = max(1, _BLOCK // max(cols, 1))
@@ -100,7 +100,7 @@ class ModelIO:
 
     @classmethod
     def from_tensors(cls, config: ModelConfig,
-                     tensors: Iterable[tuple[str, np.ndarray]]) -> "Transformer":
+                     tensors: Iterable[tuple[str, "np.ndarray | FileTensor"]]) -> "Transformer":
         """Build a model from ``(name, array)`` pairs in Hugging Face names and layout.
 
         Each array is converted into its final form (storage dtype, ``(in, out)`` layout) as
@@ -116,10 +116,10 @@ class ModelIO:
         for name, raw in tensors:
             slot = slots.get(name)
             if slot is not None:
-                raw = raw if hasattr(raw, "read") else np.asarray(raw)
+                raw = raw if isinstance(raw, FileTensor) else np.asarray(raw)
                 got[name] = _final(raw, c.matrix_dtype if slot[1] else c.dtype,
                                    transpose=slot[1] and raw.ndim == 2 and slot[0] != "embed")
-            del raw  # the caller's reference is the only one left
+            del raw  # drop ours before the next tensor is read
         missing = [k for k in slots if k not in got]
         if missing:
             raise KeyError(f"missing tensor {missing[0]!r}")

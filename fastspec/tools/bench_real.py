@@ -108,9 +108,7 @@ load_s = time.perf_counter() - t0
 row = {"load_s": load_s, "peak_rss_load_bytes": rss("VmHWM:") - base,
        "rss_after_load_bytes": rss("VmRSS:") - base, "threads": threads}
 mats = [a for lw in model.layers for k, a in lw.arrays().items() if a.ndim == 2]
-row["weight_bytes"] = sum(a.nbytes for a in mats + [model.embed, model.head]
-                          if a is not model.embed or not model.config.tie_embeddings) \
-    + model.embed.nbytes * model.config.tie_embeddings
+row["weight_bytes"] = sum(a.nbytes for a in mats) + model.embed.nbytes + model.head.nbytes
 row["step_bytes"] = sum(a.nbytes for a in mats) + model.head.nbytes
 if new_tokens:
     ctx = 64

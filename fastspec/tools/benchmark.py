@@ -190,6 +190,11 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
             from fastspec.tools.bench_real import real_size_rows
 
             report["real_size"] = real_size_rows(threads=(1, 2))
+            fs.set_backend(fastest)  # gamma_scaling leaves the last backend set
+            try:  # the SmolLM-135M shape as a BF16 folder, both libraries loading it
+                report["real_peers"] = _real_peers()
+            except ImportError as exc:
+                report["real_peers_skipped"] = f"needs the [hf] extra: {exc}"
         fs.set_backend(previous)
         if with_peers:
             try:
@@ -206,8 +211,6 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
                 ]
                 if source == "embedded":
                     report["peers"].append({"models": "embedded", **peers(target, draft)})
-                if full:  # the SmolLM-135M shape as a BF16 folder, both libraries loading it
-                    report["real_peers"] = _real_peers()
             except ImportError as exc:
                 report["peers"] = {"skipped": f"needs the [hf] extra: {exc}"}
             tick("peers")

@@ -88,9 +88,10 @@ def real_peers(folder, new_tokens: int = 64, prompt_len: int = 64, threads=(1, 2
     rows = [{"system": name, "threads": t, "tokens_per_s": new_tokens / min(v),
              "all_tokens_per_s": [new_tokens / x for x in v], "load_average": loads[(name, t)]}
             for (name, t), v in times.items()]
-    rate = {(r["system"], r["threads"]): r["tokens_per_s"] for r in rows}
-    ratios = [{"threads": t, "over": other, "ratio": rate[("fastspec bf16", t)] / rate[(other, t)]}
-              for t in threads for other in hf]
+    rate = {key: new_tokens / min(v) for key, v in times.items()}
+    ratios: list[dict] = [{"threads": t, "over": other,
+                           "ratio": rate[("fastspec bf16", t)] / rate[(other, t)]}
+                          for t in threads for other in hf]
     best = lambda name: max(rate[(name, t)] for t in threads)  # noqa: E731
     ratios += [{"threads": "best", "over": other, "ratio": best("fastspec bf16") / best(other)}
                for other in hf]
