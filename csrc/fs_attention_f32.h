@@ -27,23 +27,13 @@
 #ifndef FS_ATTENTION_F32_H
 #define FS_ATTENTION_F32_H
 
+#include "fs_common.h"
+
 #if FS_HAVE_VEC
 
 #define FS_F32_TILE 128
 #define FS_F32_ROWS 4
 #define FS_F32_MAXD 128
-
-typedef float fs_v16f __attribute__((vector_size(64)));
-typedef int fs_v16i __attribute__((vector_size(64)));
-
-FS_ALWAYS_INLINE fs_v16f fs_load16(const float *p)
-{
-    fs_v16f x;
-    memcpy(&x, p, sizeof x);
-    return x;
-}
-
-#define FS_STORE16(p, x) memcpy((p), &(x), sizeof(fs_v16f))
 
 static inline int fs_f32_supported(int head_dim)
 {

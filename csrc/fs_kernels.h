@@ -11,11 +11,8 @@
 #define FS_KERNELS_H
 
 #include <float.h>
-#include <math.h>
-#include <stdint.h>
-#include <string.h>
 
-#include "fs_attention.h" /* FS_CLONES, FS_RESTRICT, fs_exp_nonpos, fs_attn_exp_sum */
+#include "fs_common.h"
 
 /* For loops over data already checked finite: lets GCC turn `a > b ? a : b` into SIMD max.
  * Never used where NaN or inf must be detected; it never reorders a sum. */
@@ -23,10 +20,6 @@
 #define FS_FINITE_MATH __attribute__((optimize("finite-math-only", "no-signed-zeros")))
 #else
 #define FS_FINITE_MATH
-#endif
-
-#if FS_HAVE_VEC
-typedef float fs_v16f_ __attribute__((vector_size(64)));
 #endif
 
 /* ---- data scans used by the argument checks ------------------------------------------ */
@@ -39,11 +32,6 @@ typedef float fs_v16f_ __attribute__((vector_size(64)));
 
 #define FS_F32_FINITE_MAX 0x7f7fffff
 #define FS_F64_FINITE_MAX 0x7fefffffffffffffLL
-
-#if FS_HAVE_VEC
-typedef uint32_t fs_v16u_ __attribute__((vector_size(64)));
-typedef uint64_t fs_v8u_ __attribute__((vector_size(64)));
-#endif
 
 FS_ALWAYS_INLINE uint32_t fs_flags_f32(uint32_t b)
 {
@@ -71,12 +59,12 @@ FS_CLONES static int fs_scan_f32(const float *FS_RESTRICT x, long n, double *tot
     double sum = 0.0;
     uint32_t flags = 0;
 #if FS_HAVE_VEC
-    fs_v16u_ f = {0};
+    fs_v16u f = {0};
     while (j + 64 <= n) {
-        fs_v16f_ a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}; /* four chains hide the add latency */
+        fs_v16f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}; /* four chains hide the add latency */
         long stop = n - j < 1024 ? n : j + 1024;
         for (; j + 64 <= stop; j += 64) {
-            fs_v16f_ v0, v1, v2, v3;
+            fs_v16f v0, v1, v2, v3;
             memcpy(&v0, x + j, sizeof v0);
             memcpy(&v1, x + j + 16, sizeof v1);
             memcpy(&v2, x + j + 32, sizeof v2);
@@ -85,8 +73,8 @@ FS_CLONES static int fs_scan_f32(const float *FS_RESTRICT x, long n, double *tot
             a1 += v1;
             a2 += v2;
             a3 += v3;
-            fs_v16u_ b0 = (fs_v16u_)v0, b1 = (fs_v16u_)v1, b2 = (fs_v16u_)v2, b3 = (fs_v16u_)v3;
-            fs_v16u_ all = (b0 | b1) | (b2 | b3);
+            fs_v16u b0 = (fs_v16u)v0, b1 = (fs_v16u)v1, b2 = (fs_v16u)v2, b3 = (fs_v16u)v3;
+            fs_v16u all = (b0 | b1) | (b2 | b3);
             f |= all & 0x80000000u;
             f |= ((((b0 >> 23) & 0xffu) + 1u) | (((b1 >> 23) & 0xffu) + 1u)
                   | (((b2 >> 23) & 0xffu) + 1u) | (((b3 >> 23) & 0xffu) + 1u)) & 0x100u;
@@ -116,7 +104,7 @@ FS_CLONES static int fs_scan_f64(const double *FS_RESTRICT x, long n, double *to
     double sum = 0.0;
     uint64_t flags = 0;
 #if FS_HAVE_VEC
-    fs_v8u_ f = {0};
+    fs_v8u f = {0};
     fs_v8d a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
     for (; j + 32 <= n; j += 32) {
         fs_v8d v0 = fs_load8_f64(x + j), v1 = fs_load8_f64(x + j + 8),
@@ -125,7 +113,7 @@ FS_CLONES static int fs_scan_f64(const double *FS_RESTRICT x, long n, double *to
         a1 += v1;
         a2 += v2;
         a3 += v3;
-        fs_v8u_ b0 = (fs_v8u_)v0, b1 = (fs_v8u_)v1, b2 = (fs_v8u_)v2, b3 = (fs_v8u_)v3;
+        fs_v8u b0 = (fs_v8u)v0, b1 = (fs_v8u)v1, b2 = (fs_v8u)v2, b3 = (fs_v8u)v3;
         f |= ((b0 | b1) | (b2 | b3)) & 0x8000000000000000ull;
         f |= ((((b0 >> 52) & 0x7ffull) + 1ull) | (((b1 >> 52) & 0x7ffull) + 1ull)
               | (((b2 >> 52) & 0x7ffull) + 1ull) | (((b3 >> 52) & 0x7ffull) + 1ull)) & 0x800ull;
@@ -148,23 +136,6 @@ FS_CLONES static int fs_scan_f64(const double *FS_RESTRICT x, long n, double *to
     FS_RECHECK(x, n)
 }
 
-#define FS_FINITE_DEFINE(SFX, T, IT, FINITE_MAX, MAGNITUDE)                                    \
-/* 1 when every element of x[0:n) is finite. */                                                \
-FS_CLONES static int fs_all_finite_##SFX(const T *FS_RESTRICT x, long n)                        \
-{                                                                                               \
-    IT hi = 0;                                                                                  \
-    for (long j = 0; j < n; j++) {                                                              \
-        IT b;                                                                                   \
-        memcpy(&b, x + j, sizeof b);                                                            \
-        b &= (IT)(MAGNITUDE); /* drop the sign bit */                                           \
-        hi = b > hi ? b : hi;                                                                   \
-    }                                                                                           \
-    return hi <= (IT)(FINITE_MAX);                                                              \
-}
-
-FS_FINITE_DEFINE(f32, float, int32_t, FS_F32_FINITE_MAX, 0x7fffffff)
-FS_FINITE_DEFINE(f64, double, int64_t, FS_F64_FINITE_MAX, 0x7fffffffffffffffLL)
-#undef FS_FINITE_DEFINE
 
 #define FS_CDF_BLOCK 64
 /* Doubles of checkpoint scratch the inverse-CDF draws need for n weights. */
@@ -184,126 +155,21 @@ static long fs_first_above(const double *cum, long n, double target)
     return lo;
 }
 
-#define FS_KERNELS_DEFINE(SFX, T)                                                              \
-/* max of x[0:n) in double, n >= 1, every element finite. */                                  \
-FS_FINITE_MATH FS_CLONES static double fs_max_##SFX(const T *FS_RESTRICT x, long n)             \
-{                                                                                               \
-    double m = (double)x[0];                                                                    \
-    for (long i = 1; i < n; i++) {                                                              \
-        double v = (double)x[i];                                                                \
-        m = v > m ? v : m;                                                                      \
-    }                                                                                           \
-    return m;                                                                                   \
-}                                                                                               \
-                                                                                                \
-/* Index of the first maximum of x[0:n), n >= 1, finite: SIMD maxima of blocks of 256, then  \
- * a scalar search inside the first block that holds the overall maximum. */                  \
-static long fs_argmax_##SFX(const T *FS_RESTRICT x, long n)                                     \
-{                                                                                               \
-    double best = fs_max_##SFX(x, n < 256 ? n : 256);                                           \
-    long best_block = 0;                                                                        \
-    for (long j0 = 256; j0 < n; j0 += 256) {                                                    \
-        double m = fs_max_##SFX(x + j0, n - j0 < 256 ? n - j0 : 256);                           \
-        if (m > best) {                                                                         \
-            best = m;                                                                           \
-            best_block = j0;                                                                    \
-        }                                                                                       \
-    }                                                                                           \
-    long i = best_block;                                                                        \
-    while ((double)x[i] != best)                                                                \
-        i++;                                                                                    \
-    return i;                                                                                   \
-}                                                                                               \
-                                                                                                \
-/* The inverse-CDF draw of _reference._inverse_cdf over w = x (as double), except position    \
- * `skip` (-1: none) which counts as 0: the first j with cumsum(w)[j] > u * sum(w), else the  \
- * last j with w[j] > 0. The prefix sums are sequential, exactly as numpy.cumsum computes      \
- * them; the sum at the end of every block of FS_CDF_BLOCK is kept in ends[] (the caller      \
- * provides FS_CDF_CHECKPOINTS(n) doubles), so the crossing block is a binary search (sums of \
- * non-negative weights never decrease) and only that block is summed again, from the same    \
- * starting value, which repeats the same additions bit for bit. */                           \
-static long fs_inverse_cdf_##SFX(const T *FS_RESTRICT x, long n, long skip, double u,           \
-                                 double *FS_RESTRICT ends)                                     \
-{                                                                                               \
-    double run = 0.0;                                                                           \
-    long blocks = 0;                                                                            \
-    for (long j0 = 0; j0 < n; j0 += FS_CDF_BLOCK) {                                             \
-        long j1 = n - j0 < FS_CDF_BLOCK ? n : j0 + FS_CDF_BLOCK;                                \
-        for (long j = j0; j < j1; j++)                                                          \
-            run += j == skip ? 0.0 : (double)x[j];                                              \
-        ends[blocks++] = run;                                                                   \
-    }                                                                                           \
-    double target = u * run;                                                                    \
-    long b = fs_first_above(ends, blocks, target);                                              \
-    if (b < blocks) {                                                                           \
-        double again = b > 0 ? ends[b - 1] : 0.0;                                               \
-        for (long j = b * FS_CDF_BLOCK; j < n; j++) {                                           \
-            again += j == skip ? 0.0 : (double)x[j];                                            \
-            if (again > target)                                                                 \
-                return j;                                                                       \
-        }                                                                                       \
-    }                                                                                           \
-    for (long j = n - 1; j > 0; j--)                                                            \
-        if (j != skip && (double)x[j] > 0.0)                                                    \
-            return j;                                                                           \
-    return 0;                                                                                   \
-}                                                                                               \
-                                                                                                \
-/* The same draw over max(p - q, 0) (double); returns -1 when that residual is all zero.      \
- * finite-math lets max(r, 0) be a branch-free maxsd (it never reorders a sum). */             \
-FS_FINITE_MATH static long fs_residual_draw_##SFX(const T *FS_RESTRICT p, const T *FS_RESTRICT q, \
-                                                  long n, double u, double *FS_RESTRICT ends)  \
-{                                                                                               \
-    double run = 0.0;                                                                           \
-    long blocks = 0;                                                                            \
-    for (long j0 = 0; j0 < n; j0 += FS_CDF_BLOCK) {                                             \
-        long j1 = n - j0 < FS_CDF_BLOCK ? n : j0 + FS_CDF_BLOCK;                                \
-        for (long j = j0; j < j1; j++) {                                                        \
-            double r = (double)p[j] - (double)q[j];                                             \
-            run += r > 0.0 ? r : 0.0;                                                           \
-        }                                                                                       \
-        ends[blocks++] = run;                                                                   \
-    }                                                                                           \
-    if (!(run > 0.0))                                                                           \
-        return -1;                                                                              \
-    double target = u * run;                                                                    \
-    long b = fs_first_above(ends, blocks, target);                                              \
-    if (b < blocks) {                                                                           \
-        double again = b > 0 ? ends[b - 1] : 0.0;                                               \
-        for (long j = b * FS_CDF_BLOCK; j < n; j++) {                                           \
-            double r = (double)p[j] - (double)q[j];                                             \
-            again += r > 0.0 ? r : 0.0;                                                         \
-            if (again > target)                                                                 \
-                return j;                                                                       \
-        }                                                                                       \
-    }                                                                                           \
-    for (long j = n - 1; j > 0; j--)                                                            \
-        if ((double)p[j] - (double)q[j] > 0.0)                                                  \
-            return j;                                                                           \
-    return 0;                                                                                   \
-}                                                                                               \
-                                                                                                \
-/* z[j] = x[j] / temperature (double); returns max z. */                                       \
-FS_CLONES static double fs_scale_row_##SFX(const T *FS_RESTRICT x, long n, double temperature,  \
-                                          double *FS_RESTRICT z)                               \
-{                                                                                               \
-    for (long i = 0; i < n; i++)                                                                \
-        z[i] = (double)x[i] / temperature;                                                      \
-    return fs_max_f64(z, n);                                                                    \
-}                                                                                               \
-                                                                                                \
-/* out[j] = (T)(z[j] / total) */                                                                \
-FS_CLONES static void fs_store_scaled_##SFX(const double *FS_RESTRICT z, long n, double total,  \
-                                           T *FS_RESTRICT out)                                 \
-{                                                                                               \
-    for (long j = 0; j < n; j++)                                                                \
-        out[j] = (T)(z[j] / total);                                                             \
-}
+/* ---- float / double variants (fs_kernels_impl.h) ------------------------------------- */
 
-FS_KERNELS_DEFINE(f64, double) /* first: the float variants use fs_max_f64 */
-FS_KERNELS_DEFINE(f32, float)
+#define FS_T double /* first: the float instantiation uses fs_max_f64 */
+#define FS_SFX f64
+#define FS_BITS int64_t
+#define FS_FINITE_MAX FS_F64_FINITE_MAX
+#define FS_MAGNITUDE 0x7fffffffffffffffLL
+#include "fs_kernels_impl.h"
 
-#undef FS_KERNELS_DEFINE
+#define FS_T float
+#define FS_SFX f32
+#define FS_BITS int32_t
+#define FS_FINITE_MAX FS_F32_FINITE_MAX
+#define FS_MAGNITUDE 0x7fffffff
+#include "fs_kernels_impl.h"
 
 /* ---- selection and sorting for top-k / top-p ----------------------------------------- */
 

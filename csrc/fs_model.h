@@ -13,11 +13,7 @@
 #ifndef FS_MODEL_H
 #define FS_MODEL_H
 
-#include <math.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <string.h>
-
+#include "fs_common.h"
 #include "fs_linear.h"
 
 /* The attention kernel shared with fastspec._kernels (one implementation of attention). */
@@ -25,7 +21,7 @@
 
 enum { FS_ACT_SWIGLU = 0, FS_ACT_TANH = 1, FS_ACT_GELU = 2 };
 
-/* Activations go through fs_exp_nonpos (fs_attention.h): branch-free, so their loops
+/* Activations go through fs_exp_nonpos (fs_common.h): branch-free, so their loops
  * vectorise (glibc's exp does not, and SwiGLU needs n * ffn_dim of them per layer). */
 
 /* silu(g) = g / (1 + exp(-g)), through exp(-|g|) only. */
@@ -69,9 +65,6 @@ static inline size_t fs_scratch_row(const fs_dims *d)
            + 2 * (size_t)d->n_kv_heads * d->head_dim + 2 * (size_t)d->ffn_dim
            + fs_scratch_in(d);
 }
-
-#define FS_CAT_(a, b) a##_##b
-#define FS_CAT(a, b) FS_CAT_(a, b)
 
 /* FS_T: compute dtype; FS_W: dtype of the big matrices (wq .. w_down, embed, head); FS_SFX:
  * suffix of the model functions; FS_TSFX: suffix of what depends on FS_T only (scratch, norms,

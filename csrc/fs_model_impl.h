@@ -1,8 +1,7 @@
 /* Template body of fs_model.h: included once per variant with FS_T (float/double), FS_W (the
  * matrices' element type), FS_SFX, FS_TSFX, FS_WHALF, FS_WBF16 (and FS_WIDEN when FS_WHALF)
- * defined (see fs_model.h). No include guard on purpose. */
+ * defined (see fs_model.h and fs_common.h). No include guard on purpose. */
 
-#define FS_FN(name) FS_CAT(name, FS_SFX)
 #define FS_TFN(name) FS_CAT(name, FS_TSFX)
 /* A product y (n, out) [+]= x (n, in) @ W of a weight-dtype matrix (s: the scratch). */
 #if FS_WBF16
@@ -28,6 +27,26 @@ typedef struct {
     const FS_T *rope_cos, *rope_sin;  /* (max_pos, head_dim/2) or NULL */
     const FS_FN(fs_layer) *layers;
 } FS_FN(fs_model);
+
+/* Fill a layer from its 14 weight pointers in field order (NULL: absent), and a model from its
+ * dims, its six arrays (embed, pos_embed, head, final_norm, rope_cos, rope_sin) and its layers:
+ * the runner gathers the pointers untyped (fastspec/_model_weights.pyx). */
+static void FS_FN(fs_layer_set)(FS_FN(fs_layer) *L, void *const *p)
+{
+    L->wq = p[0], L->wk = p[1], L->wv = p[2], L->wo = p[3];
+    L->w_gate = p[4], L->w_up = p[5], L->w_down = p[6];
+    L->attn_norm = p[7], L->mlp_norm = p[8], L->q_norm = p[9], L->k_norm = p[10];
+    L->bq = p[11], L->bk = p[12], L->bv = p[13];
+}
+
+static void FS_FN(fs_model_set)(FS_FN(fs_model) *m, const fs_dims *d, void *const *p,
+                                const FS_FN(fs_layer) *layers)
+{
+    m->d = *d;
+    m->embed = p[0], m->pos_embed = p[1], m->head = p[2], m->final_norm = p[3];
+    m->rope_cos = p[4], m->rope_sin = p[5];
+    m->layers = layers;
+}
 
 #if !FS_WHALF
 /* Views into one preallocated buffer of rows * fs_scratch_row(d) elements, plus a double
@@ -55,7 +74,7 @@ static inline void FS_TFN(fs_scratch_init)(FS_TFN(fs_scratch) *s, const fs_dims 
 }
 
 /* out (n, dim) = norm(x) [* w]; statistics in double like the NumPy twin. */
-FS_LIN_INLINE void FS_TFN(fs_norm_rows)(const fs_dims *d, const FS_T *x, const FS_T *w,
+FS_ALWAYS_INLINE void FS_TFN(fs_norm_rows)(const fs_dims *d, const FS_T *x, const FS_T *w,
                                            FS_T *out, int n, int width, int rms)
 {
     for (int i = 0; i < n; i++) {
@@ -86,7 +105,7 @@ FS_LIN_INLINE void FS_TFN(fs_norm_rows)(const fs_dims *d, const FS_T *x, const F
 #endif
 
 /* Rotate-half RoPE on (n, heads, D) rows at positions pos0 + i. */
-FS_LIN_INLINE void FS_FN(fs_rope)(const FS_FN(fs_model) *m, FS_T *x, int n, int heads,
+FS_ALWAYS_INLINE void FS_FN(fs_rope)(const FS_FN(fs_model) *m, FS_T *x, int n, int heads,
                                      int pos0)
 {
     int D = m->d.head_dim, half = D / 2;
@@ -105,7 +124,7 @@ FS_LIN_INLINE void FS_FN(fs_rope)(const FS_FN(fs_model) *m, FS_T *x, int n, int 
 }
 
 /* k-norm (optional), RoPE and cache write of n new key/value rows at positions pos0 + i. */
-FS_LIN_INLINE void FS_FN(fs_store_kv)(const FS_FN(fs_model) *m, const FS_FN(fs_layer) *L,
+FS_ALWAYS_INLINE void FS_FN(fs_store_kv)(const FS_FN(fs_model) *m, const FS_FN(fs_layer) *L,
                                          FS_T *k, const FS_T *v, int n, int pos0,
                                          FS_T *kc, FS_T *vc, int capacity)
 {
@@ -124,14 +143,14 @@ FS_LIN_INLINE void FS_FN(fs_store_kv)(const FS_FN(fs_model) *m, const FS_FN(fs_l
 
 #if !FS_WHALF
 /* f1 <- silu(f1) * f2, elementwise over nf values. */
-FS_LIN_CLONES static void FS_TFN(fs_swiglu)(FS_T *FS_LIN_RESTRICT f1,
-                                           const FS_T *FS_LIN_RESTRICT f2, size_t nf)
+FS_CLONES static void FS_TFN(fs_swiglu)(FS_T *FS_RESTRICT f1,
+                                           const FS_T *FS_RESTRICT f2, size_t nf)
 {
     for (size_t j = 0; j < nf; j++) f1[j] = (FS_T)fs_model_silu((double)f1[j]) * f2[j];
 }
 
 /* f <- tanh(f) or gelu_tanh(f), elementwise. */
-FS_LIN_CLONES static void FS_TFN(fs_act)(FS_T *f, size_t nf, int gelu)
+FS_CLONES static void FS_TFN(fs_act)(FS_T *f, size_t nf, int gelu)
 {
     const double c = 0.7978845608028654; /* sqrt(2 / pi) */
     if (gelu)
@@ -244,7 +263,6 @@ static void FS_FN(fs_context_kv_taps)(const FS_FN(fs_model) *m, FS_TFN(fs_scratc
                          d->n_layers);
 }
 
-#undef FS_FN
 #undef FS_TFN
 /* The template parameters end with the template. */
 #undef FS_T

@@ -1,0 +1,183 @@
+/* fs_common.h -- what every header of csrc/ shares: portability macros, the function
+ * multi-versioning switch, the GCC vector types, the template-instantiation helpers and the
+ * small math helpers used by more than one kernel.
+ *
+ * Templates: a body that exists for several element types is written once in a file named
+ * fs_*_impl.h and #included once per instantiation, with FS_T (element type) and FS_SFX
+ * (name suffix) -- plus whatever else that body documents -- defined before the include; the
+ * body names its functions FS_FN(name) (name_SFX) and #undefs its parameters at its end.
+ */
+#ifndef FS_COMMON_H
+#define FS_COMMON_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- portability ----------------------------------------------------------------------- */
+
+#if defined(__GNUC__)
+/* Every extension module includes every header (Cython #includes all the headers that
+ * fastspec/_csrc.pxd names) and uses a few of their static functions; the compiler drops
+ * the others. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
+
+#if defined(__GNUC__)
+#define FS_ALWAYS_INLINE static inline __attribute__((always_inline))
+#define FS_RESTRICT __restrict__
+#else
+#define FS_ALWAYS_INLINE static inline
+#define FS_RESTRICT
+#endif
+
+/* Function multi-versioning: with GCC on x86-64 glibc Linux, FS_CLONES functions are compiled
+ * for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA + F16C) and the baseline, and the loader
+ * picks one from the CPU flags (ifunc): wide SIMD in a portable wheel without -march=native.
+ * Building for AVX-512 already (FASTSPEC_NATIVE=1) makes it pointless; FS_NO_CLONES turns it
+ * off. The packed float products (fs_linear.h) use explicit target attributes instead, because
+ * FASTSPEC_ISA must be able to force one variant. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) \
+    && defined(__GLIBC__) && !defined(FS_NO_CLONES) && !defined(__AVX512F__)
+#define FS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FS_CLONES
+#endif
+
+/* Template instantiation: FS_FN(name) is name_FS_SFX. */
+#define FS_CAT_(a, b) a##_##b
+#define FS_CAT(a, b) FS_CAT_(a, b)
+#define FS_FN(name) FS_CAT(name, FS_SFX)
+
+/* ---- vector types ------------------------------------------------------------------------ */
+
+#if defined(__GNUC__)
+#if !defined(__clang__)
+/* The vector helpers are always inlined, so the ABI note about passing 64-byte vectors by
+ * value does not apply. */
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+/* Generic vectors: GCC/clang map a 64-byte one to one zmm, two ymm or four xmm registers
+ * depending on the target (on AVX2, two ymm per vector: see fs_linear.h for why the hot
+ * tiles use the native 8-lane fs_v8f there). */
+typedef float fs_v16f __attribute__((vector_size(64)));
+typedef int fs_v16i __attribute__((vector_size(64)));
+typedef uint32_t fs_v16u __attribute__((vector_size(64)));
+typedef double fs_v8d __attribute__((vector_size(64)));
+typedef uint64_t fs_v8u __attribute__((vector_size(64)));
+typedef float fs_v8f __attribute__((vector_size(32)));
+/* The same with element alignment, for loads and stores through a pointer anywhere in an
+ * array (the types above assume their own, vector-size alignment). */
+typedef float fs_v16f_u __attribute__((vector_size(64), aligned(4)));
+typedef double fs_v8d_u __attribute__((vector_size(64), aligned(8)));
+typedef float fs_v8f_u __attribute__((vector_size(32), aligned(4)));
+#endif
+
+/* Explicit vector loops in the attention and sampling kernels (GCC >= 9 or clang). */
+#if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 9) && !defined(FS_DISABLE_VEC)
+#define FS_HAVE_VEC 1
+#else
+#define FS_HAVE_VEC 0
+#endif
+
+#if FS_HAVE_VEC
+/* Unaligned, alias-safe loads (memcpy compiles to one vector load). */
+FS_ALWAYS_INLINE fs_v8d fs_load8_f64(const double *p)
+{
+    fs_v8d x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+FS_ALWAYS_INLINE fs_v8d fs_load8_f32(const float *p)
+{
+    fs_v8f x;
+    memcpy(&x, p, sizeof x);
+    return __builtin_convertvector(x, fs_v8d);
+}
+FS_ALWAYS_INLINE fs_v16f fs_load16(const float *p)
+{
+    fs_v16f x;
+    memcpy(&x, p, sizeof x);
+    return x;
+}
+#define FS_STORE16(p, x) memcpy((p), &(x), sizeof(fs_v16f))
+/* Horizontal sum of 8 lanes, always by the same tree. */
+#define FS_HSUM8(a) \
+    ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
+#endif
+
+/* ---- scalar math ------------------------------------------------------------------------- */
+
+/* exp(x) for x <= 0 in double, branch-free so loops over it vectorise (glibc's exp does not).
+ * Relative error ~1e-15; x < -708 gives 0 (below 1e-307 of a softmax row's maximum, 1). Used
+ * by the softmax of attention and probs and by the model's activations. */
+static inline double fs_exp_nonpos(double x)
+{
+    const double log2e = 1.4426950408889634074;
+    const double ln2_hi = 6.93147180369123816490e-01;
+    const double ln2_lo = 1.90821492927058770002e-10;
+    const double shifter = 6755399441055744.0; /* 1.5 * 2^52: rounds to integer in the low bits */
+    double xc = x < -708.0 ? -708.0 : x;
+    double kd = xc * log2e + shifter;
+    uint64_t kbits;
+    memcpy(&kbits, &kd, sizeof kbits);
+    kd -= shifter;
+    double r = (xc - kd * ln2_hi) - kd * ln2_lo; /* |r| <= ln2 / 2 */
+    /* Taylor polynomial of degree 12 in Horner form: error < 2e-16 on |r| <= 0.347 */
+    double p = 1.0 / 479001600.0;
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    uint64_t sbits = (kbits + 1023u) << 52; /* 2^k, k in [-1022, 0] */
+    double scale;
+    memcpy(&scale, &sbits, sizeof scale);
+    return x < -708.0 ? 0.0 : p * scale;
+}
+
+/* s[j] <- exp(s[j] - m) for j < count; return the sum (double, sequential). The softmax
+ * numerators of the double attention template and of probs. */
+FS_CLONES static double fs_exp_sum(double *FS_RESTRICT s, int count, double m)
+{
+    double total = 0.0;
+    for (int j = 0; j < count; j++) {
+        double e = fs_exp_nonpos(s[j] - m);
+        s[j] = e;
+        total += e;
+    }
+    return total;
+}
+
+/* binary16 bits -> float, exactly (normals, subnormals, zeros, infinities, NaNs). */
+static inline float fs_h2f(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+    float f;
+    if (e == 0) {  /* zero or subnormal: m * 2^-24, exact in float */
+        f = (float)m * 5.9604644775390625e-08f;
+        return sign ? -f : f;
+    }
+    bits = sign | (e == 0x1f ? 0x7f800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* bfloat16 bits -> float: the upper half of the float's bits (exact). */
+static inline float fs_bf2f(uint16_t b)
+{
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#endif /* FS_COMMON_H */

@@ -1,0 +1,149 @@
+"""C declarations of the csrc/ headers, for every extension of fastspec (cimport them from here).
+
+One ``cdef extern from`` block per header. Cython #includes every header named here into
+each module that cimports this file; the unused static functions of a header cost nothing
+(the compiler drops them before optimising).
+"""
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
+
+
+cdef extern from "fs_common.h" nogil:
+    double fs_exp_sum(double *s, int count, double m)
+
+
+cdef extern from "fs_isa.h" nogil:
+    ctypedef struct fs_isa_features:
+        int avx2, fma, f16c, avx512f, avx512bf16, amx_cpu, amx_tile, amx_bf16
+    void fs_isa_detect(fs_isa_features *f)
+    int fs_isa_supported(const fs_isa_features *f, int p)
+
+cdef extern from "fs_model.h" nogil:  # with fs_linear.h
+    ctypedef struct fs_dims:
+        int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, max_pos
+        int rmsnorm, rope, act, qk_norm
+        double eps
+
+    size_t fs_scratch_row(const fs_dims *d)
+
+    # The weight structs are filled in C (fs_layer_set_*, fs_model_set_*) from untyped pointers;
+    # Cython only stores them and passes their addresses.
+    ctypedef struct fs_layer_f32:
+        pass
+    ctypedef struct fs_layer_f64:
+        pass
+    ctypedef struct fs_layer_f32h:
+        pass
+    ctypedef struct fs_model_f32:
+        pass
+    ctypedef struct fs_model_f64:
+        pass
+    ctypedef struct fs_model_f32h:
+        pass
+
+    void fs_layer_set_f32(fs_layer_f32 *L, void **p)
+    void fs_layer_set_f64(fs_layer_f64 *L, void **p)
+    void fs_layer_set_f32h(fs_layer_f32h *L, void **p)
+    void fs_model_set_f32(fs_model_f32 *m, const fs_dims *d, void **p, const fs_layer_f32 *layers)
+    void fs_model_set_f64(fs_model_f64 *m, const fs_dims *d, void **p, const fs_layer_f64 *layers)
+    void fs_model_set_f32h(fs_model_f32h *m, const fs_dims *d, void **p,
+                           const fs_layer_f32h *layers)
+
+    ctypedef struct fs_scratch_f32:
+        float *x
+        float *h
+    ctypedef struct fs_scratch_f64:
+        double *x
+        double *h
+
+    void fs_scratch_init_f32(fs_scratch_f32 *s, const fs_dims *d, float *buf, size_t rows,
+                             double *dbuf, size_t capacity)
+    void fs_scratch_init_f64(fs_scratch_f64 *s, const fs_dims *d, double *buf, size_t rows,
+                             double *dbuf, size_t capacity)
+    void fs_embed_f32(const fs_model_f32 *m, const int64_t *ids, int n, int pos0, float *x)
+    void fs_embed_f64(const fs_model_f64 *m, const int64_t *ids, int n, int pos0, double *x)
+    void fs_embed_f32h(const fs_model_f32h *m, const int64_t *ids, int n, int pos0, float *x)
+    # bfloat16 storage: the same structs as f32h (uint16_t matrices), another instantiation
+    ctypedef fs_model_f32h fs_model_f32b
+    void fs_embed_f32b(const fs_model_f32b *m, const int64_t *ids, int n, int pos0, float *x)
+    void fs_layers_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, int pos0, int causal,
+                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
+                        float **hidden)
+    void fs_head_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, float *logits)
+    void fs_context_kv_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, const float *feat,
+                            int n, int pos0, float *k_cache, float *v_cache,
+                            size_t layer_stride, int capacity, int l0, int l1)
+    void fs_context_kv_taps_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, const float *taps,
+                                 int n, int n_in, const float *fc, const float *hidden_norm,
+                                 int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                                 int capacity)
+    void fs_layers_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, int pos0, int causal,
+                       float *k_cache, float *v_cache, size_t layer_stride, int capacity,
+                       float **hidden)
+    void fs_layers_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int n, int pos0, int causal,
+                       double *k_cache, double *v_cache, size_t layer_stride, int capacity,
+                       double **hidden)
+    void fs_layers_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int n, int pos0, int causal,
+                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
+                        float **hidden)
+    void fs_head_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, float *logits)
+    void fs_head_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int n, float *logits)
+    void fs_head_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int n, double *logits)
+    void fs_context_kv_f32(const fs_model_f32 *m, fs_scratch_f32 *s, const float *feat, int n,
+                           int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                           int capacity, int l0, int l1)
+    void fs_context_kv_f64(const fs_model_f64 *m, fs_scratch_f64 *s, const double *feat, int n,
+                           int pos0, double *k_cache, double *v_cache, size_t layer_stride,
+                           int capacity, int l0, int l1)
+    void fs_context_kv_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, const float *feat,
+                            int n, int pos0, float *k_cache, float *v_cache,
+                            size_t layer_stride, int capacity, int l0, int l1)
+    void fs_context_kv_taps_f32(const fs_model_f32 *m, fs_scratch_f32 *s, const float *taps,
+                                int n, int n_in, const float *fc, const float *hidden_norm,
+                                int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                                int capacity)
+    void fs_context_kv_taps_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, const float *taps,
+                                 int n, int n_in, const float *fc, const float *hidden_norm,
+                                 int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                                 int capacity)
+    void fs_context_kv_taps_f64(const fs_model_f64 *m, fs_scratch_f64 *s, const double *taps,
+                                int n, int n_in, const double *fc, const double *hidden_norm,
+                                int pos0, double *k_cache, double *v_cache, size_t layer_stride,
+                                int capacity)
+    size_t fs_packed_len(int rows, int cols)
+    void fs_pack_f32(const float *W, int rows, int cols, float *P)
+    void fs_pack_f32h(const uint16_t *W, int rows, int cols, uint16_t *P)
+    void fs_linear_set_threads(int n)
+    int fs_linear_get_threads()
+    int fs_linear_set_path(int p)
+    int fs_linear_get_path()
+
+
+cdef extern from "fs_attention.h" nogil:
+    void fs_attention_f32(const float *q, const float *k, const float *v, float *out,
+                          int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
+                          int length, int causal, double *scratch)
+    void fs_attention_f64(const double *q, const double *k, const double *v, double *out,
+                          int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
+                          int length, int causal, double *scratch)
+
+
+cdef extern from "fs_kernels.h" nogil:
+    int fs_scan_f32(const float *x, long n, double *total)
+    int fs_scan_f64(const double *x, long n, double *total)
+    int fs_all_finite_f32(const float *x, long n)
+    int fs_all_finite_f64(const double *x, long n)
+    long fs_argmax_f32(const float *x, long n)
+    long fs_argmax_f64(const double *x, long n)
+    long fs_inverse_cdf_f32(const float *x, long n, long skip, double u, double *cum)
+    long fs_inverse_cdf_f64(const double *x, long n, long skip, double u, double *cum)
+    long fs_residual_draw_f32(const float *p, const float *q, long n, double u, double *cum)
+    long fs_residual_draw_f64(const double *p, const double *q, long n, double u,
+                              double *cum)
+    double fs_scale_row_f32(const float *x, long n, double temperature, double *z)
+    double fs_scale_row_f64(const double *x, long n, double temperature, double *z)
+    void fs_store_scaled_f32(const double *z, long n, double total, float *out)
+    void fs_store_scaled_f64(const double *z, long n, double total, double *out)
+    double fs_select_kth(double *a, long n, long k)
+    void fs_top_p(double *p, long n, double top_p, uint64_t *key, int32_t *idx,
+                  uint64_t *tmp_key, int32_t *tmp_idx)
+    long FS_CDF_CHECKPOINTS(long n)

@@ -1,0 +1,189 @@
+"""The weights of a :class:`fastspec.Transformer` in the C layout of the fused forward.
+
+:class:`ModelWeights` checks a model's arrays (dtype, shape, contiguity, presence), packs the
+float32 and 16-bit matrices for the float kernels (``fs_pack_f32``, panels of 32 columns) and
+fills the C structs of ``csrc/fs_model.h`` with raw pointers to them, keeping every array it
+points into alive. :class:`fastspec._model.TransformerRunner` runs the forward over them.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport uint16_t
+from libc.stdlib cimport calloc, free
+
+from fastspec._csrc cimport (
+    fs_layer_f32,
+    fs_layer_f32h,
+    fs_layer_f64,
+    fs_layer_set_f32,
+    fs_layer_set_f32h,
+    fs_layer_set_f64,
+    fs_model_set_f32,
+    fs_model_set_f32h,
+    fs_model_set_f64,
+    fs_pack_f32,
+    fs_pack_f32h,
+    fs_packed_len,
+)
+
+cnp.import_array()
+
+__all__ = ["ModelWeights", "linear_weights"]
+
+_ACTS = {"swiglu": 0, "tanh": 1, "gelu": 2}
+_LAYER_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "attn_norm", "mlp_norm",
+                 "q_norm", "k_norm", "q_bias", "k_bias", "v_bias")
+_N_MATRICES = 7  # _LAYER_FIELDS[:7] are stored in the weight dtype
+
+
+cdef inline void *_ptr(object a) except? NULL:
+    """Raw data pointer of a C-contiguous ndarray, or NULL for None."""
+    if a is None:
+        return NULL
+    return cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+def linear_weights(object a):
+    """Return matrix ``a`` (in, out) in the layout the runners' linear kernel reads.
+
+    float32: a packed copy (panels of 32 columns, ``fs_pack_f32``); float64: ``a`` itself. For
+    :meth:`TransformerRunner.context_kv_taps`, which checks the length of the result, not the
+    shape it came from.
+    """
+    if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.flags.c_contiguous:
+        raise ValueError("expected a C-contiguous 2-D ndarray")
+    if a.dtype == np.float64:
+        return a
+    if a.dtype != np.float32:
+        raise TypeError(f"weights must be float32 or float64, got {a.dtype}")
+    return _packed(a, False)
+
+
+def _packed(object a, bint half):
+    """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``)."""
+    if a.ndim != 2:
+        raise ValueError(f"weight matrices must be 2-D, got shape {a.shape}")
+    cdef int rows = <int>a.shape[0], cols = <int>a.shape[1]
+    cdef cnp.ndarray p = np.empty(fs_packed_len(rows, cols), dtype=a.dtype)
+    if half:
+        fs_pack_f32h(<const uint16_t *>_ptr(a), rows, cols, <uint16_t *>cnp.PyArray_DATA(p))
+    else:
+        fs_pack_f32(<const float *>_ptr(a), rows, cols, <float *>cnp.PyArray_DATA(p))
+    return p
+
+
+cdef class ModelWeights:
+    """The C structs of one model's weights (see the module docstring).
+
+    Parameters
+    ----------
+    model : fastspec.Transformer
+        Its weight arrays must stay alive and keep their shapes; this object holds references.
+        float64 models are read in place; float32 and 16-bit matrices are copied once into the
+        packed layout, so updates of those arrays are seen only by new weights.
+    """
+
+    def __cinit__(self):
+        self.layers32 = NULL
+        self.layers64 = NULL
+        self.layers16 = NULL
+
+    def __init__(self, model):
+        cfg = model.config
+        dt = np.dtype(cfg.dtype)
+        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise TypeError(f"model dtype must be float32 or float64, got {dt}")
+        wname = getattr(cfg, "weight_dtype", None) or str(dt)
+        self.bf16 = wname == "bfloat16"
+        wdt = np.dtype(np.uint16) if self.bf16 else np.dtype(wname)  # bf16: raw bit patterns
+        if wdt != dt and (dt != np.dtype(np.float32) or wdt not in (np.dtype(np.float16),
+                                                                  np.dtype(np.uint16))):
+            raise TypeError(f"weight dtype {wname} is not supported with model dtype {dt}")
+        self.dtype = dt
+        self.is64 = dt == np.dtype(np.float64)
+        self.half = wdt != dt
+        d = &self.dims
+        d.vocab, d.dim, d.n_layers = cfg.vocab_size, cfg.dim, cfg.n_layers
+        d.n_heads, d.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        d.head_dim, d.ffn_dim = cfg.head_dim, cfg.ffn_dim
+        d.max_pos = cfg.max_seq_len
+        d.rmsnorm = cfg.norm == "rmsnorm"
+        d.rope = cfg.positional == "rope"
+        d.act = _ACTS[cfg.activation]
+        d.qk_norm = bool(cfg.qk_norm)
+        d.eps = cfg.norm_eps
+        keep = []
+
+        def arr(a, shape=None, want=dt):
+            if a is None:
+                return None
+            if not isinstance(a, np.ndarray) or a.dtype != want or not a.flags.c_contiguous:
+                raise TypeError(f"runner weights must be C-contiguous {want} arrays")
+            if shape is not None and a.shape != shape:
+                raise ValueError(f"weight has shape {a.shape}, expected {shape}")
+            keep.append(a)
+            return a
+
+        def matrix(a, shape=None):
+            a = arr(a, shape, wdt)
+            if a is None or self.is64:
+                return a
+            a = _packed(a, self.half)
+            keep.append(a)
+            return a
+
+        embed = arr(model.embed, (cfg.vocab_size, cfg.dim), wdt)
+        pos = arr(model.pos_embed, (cfg.max_seq_len, cfg.dim))
+        head = matrix(model.head, (cfg.dim, cfg.vocab_size))
+        fnorm = arr(model.final_norm)
+        cos = arr(model.rope_cos)
+        sin = arr(model.rope_sin)
+        if d.rope and (cos is None or cos.shape[0] < cfg.max_seq_len):
+            raise ValueError("model.rope_cos must cover max_seq_len positions")
+        if not d.rope and pos is None:
+            raise ValueError("learned positions need model.pos_embed")
+        if d.rmsnorm and fnorm is None:
+            raise ValueError("RMSNorm models need model.final_norm")
+        L = cfg.n_layers
+        if len(model.layers) != L:
+            raise ValueError(f"expected {L} layers, got {len(model.layers)}")
+        if self.is64:
+            self.layers64 = <fs_layer_f64 *>calloc(L, sizeof(fs_layer_f64))
+        elif self.half:
+            self.layers16 = <fs_layer_f32h *>calloc(L, sizeof(fs_layer_f32h))
+        else:
+            self.layers32 = <fs_layer_f32 *>calloc(L, sizeof(fs_layer_f32))
+        if self.layers64 == NULL and self.layers32 == NULL and self.layers16 == NULL:
+            raise MemoryError()
+        cdef void *p[14]
+        cdef int i, j
+        for i in range(L):
+            lw = model.layers[i]
+            for j, name in enumerate(_LAYER_FIELDS):
+                w = getattr(lw, name, None)
+                p[j] = _ptr(matrix(w) if j < _N_MATRICES else arr(w))
+            needed = [0, 1, 2, 3, 5, 6] + ([4] if d.act == 0 else []) \
+                + ([7, 8] if d.rmsnorm else []) + ([9, 10] if d.qk_norm else [])
+            for j in needed:
+                if p[j] == NULL:
+                    raise ValueError(f"layer {i}: missing weight {_LAYER_FIELDS[j]}")
+            if self.is64:
+                fs_layer_set_f64(&self.layers64[i], p)
+            elif self.half:
+                fs_layer_set_f32h(&self.layers16[i], p)
+            else:
+                fs_layer_set_f32(&self.layers32[i], p)
+        for j, a in enumerate((embed, pos, head, fnorm, cos, sin)):
+            p[j] = _ptr(a)
+        if self.is64:
+            fs_model_set_f64(&self.m64, &self.dims, p, self.layers64)
+        elif self.half:
+            fs_model_set_f32h(&self.m16, &self.dims, p, self.layers16)
+        else:
+            fs_model_set_f32(&self.m32, &self.dims, p, self.layers32)
+        self._keep = keep
+
+    def __dealloc__(self):
+        free(self.layers32)
+        free(self.layers64)
+        free(self.layers16)
