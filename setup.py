@@ -5,6 +5,8 @@ Environment switches (read at build time):
 FASTSPEC_NATIVE=1   add ``-march=native`` (never the default: wheels must run elsewhere).
 FASTSPEC_OPENMP=0   do not even probe for OpenMP (default: probe, use it when it links).
 FASTSPEC_DEBUG=1    Cython bounds/wraparound/initialized checks on, ``-O0 -g``.
+
+The extensions compile in parallel, one job per CPU (``build_ext -j N`` overrides).
 """
 import os
 import shutil
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
 
@@ -83,11 +86,24 @@ extensions = [
     for pyx in sorted(glob("fastspec/*.pyx"))
 ]
 
+
+
+class ParallelBuildExt(build_ext):
+    """``build_ext`` that compiles the extensions in parallel unless ``-j`` says otherwise."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = os.cpu_count() or 1
+
+
 setup(
     ext_modules=cythonize(
         extensions,
         compiler_directives=directives,
         compile_time_env={"FASTSPEC_DEBUG": DEBUG},
         build_dir="build/cython" if not DEBUG else "build/cython-debug",
+        nthreads=os.cpu_count() or 1,
     ),
+    cmdclass={"build_ext": ParallelBuildExt},
 )

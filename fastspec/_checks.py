@@ -6,6 +6,7 @@ Messages name the argument and the offending value.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 
@@ -208,3 +209,10 @@ def check_uniforms(uniforms, count, name="uniforms"):
         raise ValueError(f"{name} must have shape ({count},), got {uniforms.shape}")
     if not ((uniforms >= 0.0) & (uniforms < 1.0)).all():
         raise ValueError(f"{name} must lie in [0, 1)")
+
+
+def check_known_fields(cls, d, name: str) -> None:
+    """Raise ValueError naming the keys of ``d`` that are not fields of dataclass ``cls``."""
+    unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {name} keys: {unknown}")

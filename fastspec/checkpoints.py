@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
+from fastspec._json import read_json_object
 from fastspec.config import ModelConfig
 from fastspec.schema import hf_layer_keys, layer_attrs
 
@@ -29,7 +30,8 @@ if TYPE_CHECKING:  # the model builds itself from read_hf; no import cycle at ru
     from fastspec.model import Transformer
 
 __all__ = ["read_hf", "read_hf_config", "iter_hf", "FileTensor", "save_hf", "read_safetensors",
-           "write_safetensors", "hf_config"]
+           "write_safetensors", "hf_config", "hf_export_config", "hf_tensor_names", "rope_theta",
+           "weight_files"]
 
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
 MAX_HEADER_BYTES = 100 * 2**20
@@ -218,7 +220,8 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
 
 # --- config mapping ----------------------------------------------------------------------
 
-def _rope_theta(cfg: dict) -> float:
+def rope_theta(cfg: dict) -> float:
+    """Return the RoPE base of a Hugging Face ``config.json`` (default RoPE only)."""
     params = cfg.get("rope_parameters") or {}
     scaling = cfg.get("rope_scaling")
     kind = (params.get("rope_type") or params.get("type")
@@ -261,11 +264,12 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         max_seq_len=int(cfg.get("max_position_embeddings", 2048)), norm="rmsnorm",
         positional="rope", activation="swiglu",
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        rope_theta=_rope_theta(cfg), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta(cfg), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         dtype=dtype, qk_norm=family == "qwen3", qkv_bias=family == "qwen2")
 
 
-def _export_config(c: ModelConfig) -> dict:
+def hf_export_config(c: ModelConfig) -> dict:
+    """Return the Hugging Face ``config.json`` dict of a Llama-family :class:`ModelConfig`."""
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
         raise ValueError("only Llama-family models (rmsnorm, rope, swiglu) can be exported to a "
                          f"Hugging Face folder, got {c.norm}/{c.positional}/{c.activation}; "
@@ -291,7 +295,7 @@ def _export_config(c: ModelConfig) -> dict:
 
 # --- folders -----------------------------------------------------------------------------
 
-def _weight_files(folder: Path) -> dict[str, Path]:
+def weight_files(folder: Path) -> dict[str, Path]:
     """Return tensor name -> shard path (every tensor of a single-file checkpoint -> it)."""
     index = folder / "model.safetensors.index.json"
     single = folder / "model.safetensors"
@@ -313,7 +317,8 @@ def _weight_files(folder: Path) -> dict[str, Path]:
     raise ValueError(f"{folder}: no model.safetensors or model.safetensors.index.json")
 
 
-def _needed(c: ModelConfig) -> list[str]:
+def hf_tensor_names(c: ModelConfig) -> list[str]:
+    """Return the Hugging Face tensor names a checkpoint of config ``c`` must hold."""
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not c.tie_embeddings:
         names.append("lm_head.weight")
@@ -332,17 +337,12 @@ def read_hf_config(folder: str | os.PathLike, dtype: str | None = None,
     """
     folder = Path(folder)
     cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
+    cfg = read_json_object(cfg_path)
+    if cfg is None:
         raise ValueError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{cfg_path}: not valid JSON ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{cfg_path}: must hold a JSON object, got {type(cfg).__name__}")
     config = hf_config(cfg, dtype or "float32").replace(weight_dtype=weight_dtype)
-    files = _weight_files(folder)
-    missing = [n for n in _needed(config) if n not in files]
+    files = weight_files(folder)
+    missing = [n for n in hf_tensor_names(config) if n not in files]
     if missing:
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         raise ValueError(f"{folder}: missing tensors {missing[:10]}{more}")
@@ -365,9 +365,9 @@ def iter_hf(folder: str | os.PathLike,
         Missing tensors (before any is read), a malformed file or a non-float weight (named).
     """
     folder = Path(folder)
-    files = _weight_files(folder)
+    files = weight_files(folder)
     by_file: dict[Path, list[str]] = {}
-    for name in _needed(config):
+    for name in hf_tensor_names(config):
         if name not in files:
             raise ValueError(f"{folder}: missing tensor {name!r}")
         by_file.setdefault(files[name], []).append(name)
@@ -433,7 +433,7 @@ def save_hf(model: Transformer, folder: str | os.PathLike) -> None:
     ``Qwen2ForCausalLM`` when ``qkv_bias``. ``transformers`` loads the result.
     """
     folder = Path(folder)
-    config = _export_config(model.config)
+    config = hf_export_config(model.config)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     write_safetensors(folder / "model.safetensors", model.state_dict())

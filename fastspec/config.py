@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastspec._bf16 import BF16
-from fastspec._checks import check_index
+from fastspec._checks import check_index, check_known_fields
 
 __all__ = ["ModelConfig"]
 
@@ -140,10 +140,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
         """Build a config from :meth:`to_dict` output; unknown keys raise ValueError."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig keys: {unknown}")
+        check_known_fields(cls, d, "ModelConfig")
         return cls(**d)
 
     def replace(self, **changes) -> "ModelConfig":

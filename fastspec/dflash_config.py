@@ -8,7 +8,7 @@ from typing import Mapping
 
 import numpy as np
 
-from fastspec._checks import check_index
+from fastspec._checks import check_index, check_known_fields
 from fastspec.config import ModelConfig
 from fastspec.tokenizer import ByteTokenizer
 
@@ -185,10 +185,7 @@ class DFlashConfig:
     @classmethod
     def from_dict(cls, d: Mapping) -> "DFlashConfig":
         """Build a config from :meth:`to_dict` output; unknown keys raise ValueError."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown DFlashConfig keys: {unknown}")
+        check_known_fields(cls, d, "DFlashConfig")
         d = dict(d)
         if d.get("tap_layers") is not None:
             d["tap_layers"] = tuple(d["tap_layers"])

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from fastspec._json import read_json_object
-from fastspec.checkpoints import _rope_theta, _weight_files, read_safetensors, write_safetensors
+from fastspec.checkpoints import rope_theta, weight_files, read_safetensors, write_safetensors
 from fastspec.dflash_config import MAX_BLOCK_SIZE, DFlashConfig
 from fastspec.model import Transformer
 from fastspec.schema import hf_layer_keys, layer_attrs
@@ -168,7 +168,7 @@ def read_dflash_config(folder: Path, target: Transformer) -> DFlashConfig:
         n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or d // heads),
         ffn_dim=_field(cfg, "intermediate_size", str(path)), qk_norm=True,
-        rope_theta=_rope_theta(cfg), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta(cfg), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         mask_token_id=mask, last_tap_normed=True,
         input_embedding_scale=scale("input_embedding_scale", 1.0),
         output_multiplier=scale("output_multiplier", 1.0),
@@ -195,7 +195,7 @@ def read_dflash_folder(folder: str | os.PathLike,
     cfg = read_json_object(folder / "config.json") or {}
     if "fastspec_target" in cfg:
         _check_fingerprint(cfg["fastspec_target"], target, str(folder / "config.json"))
-    files = _weight_files(folder)
+    files = weight_files(folder)
     attrs = layer_attrs(swiglu=True, rmsnorm=True, qk_norm=True, qkv_bias=False)
     expected = {"fc.weight", "hidden_norm.weight", "norm.weight"} | {
         key for i in range(config.n_layers) for key in hf_layer_keys(f"layers.{i}.", attrs)}

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from fastspec._bf16 import to_bits
-from fastspec.checkpoints import _export_config, _needed, write_safetensors
+from fastspec.checkpoints import hf_export_config, hf_tensor_names, write_safetensors
 from fastspec.config import ModelConfig
 
 __all__ = ["REAL_SHAPES", "write_random_folder", "measure_folder", "real_size_rows",
@@ -62,7 +62,7 @@ def write_random_folder(config: ModelConfig, folder: str | os.PathLike, seed: in
              "down_proj": (c.dim, c.ffn_dim), "embed_tokens": (c.vocab_size, c.dim),
              "lm_head": (c.vocab_size, c.dim)}
     tensors = {}
-    for name in _needed(config):
+    for name in hf_tensor_names(config):
         if name.endswith("norm.weight"):
             size = c.head_dim if "_norm." in name else c.dim
             tensors[name] = store(1.0 + 0.1 * rng.standard_normal(size, dtype=np.float32))
@@ -73,7 +73,7 @@ def write_random_folder(config: ModelConfig, folder: str | os.PathLike, seed: in
         a *= 1.0 if kind == "embed_tokens" else 1.0 / math.sqrt(out_in[1])
         tensors[name] = store(a)
         del a
-    cfg = _export_config(config)
+    cfg = hf_export_config(config)
     cfg["torch_dtype"] = dtype
     (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     write_safetensors(folder / "model.safetensors", tensors)
