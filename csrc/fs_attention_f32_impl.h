@@ -195,11 +195,13 @@ FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_f32_values)(const float *FS_RESTRICT w, i
 }
 
 /* Bodies compiled for the common head sizes (NC a constant: the loops over chunks unroll and
- * every sum stays in a register), and one for any other size. */
+ * every sum stays in a register), and one for any other size. Not for 128 / W: GCC compiled
+ * that fully unrolled body so that a row's bits depended on its neighbours (tests:
+ * test_attention_row_is_bit_identical_alone_and_in_a_block, odd groups). */
 #define FS_F32_BY_NC(CALL, NC)                                                                 \
     do {                                                                                       \
         if (NC == 64 / FS_W) CALL(64 / FS_W);                                                  \
-        else if (NC == 128 / FS_W) CALL(128 / FS_W);                                           \
+                                           \
         else if (NC == 32 / FS_W) CALL(32 / FS_W);                                             \
         else CALL(NC);                                                                         \
     } while (0)

@@ -61,14 +61,11 @@ def test_attention_matches_float64_formula_and_twin(kern, dtype, shape):
 @pytest.mark.parametrize("length", [9, 128, 129, 300])
 @pytest.mark.parametrize("n_heads,n_kv", [(4, 2), (3, 1), (1, 1)])
 def test_attention_row_is_bit_identical_alone_and_in_a_block(kern, head_dim, length, n_heads,
-                                                             n_kv, request):
+                                                             n_kv):
     # Greedy speculative decoding compares a verification forward (n queries) with decode
     # steps (one query): each query's float32 result must not depend on its neighbours (an
     # odd number of rows per kv head puts a row in a pass of its own alone and beside
     # another in a block).
-    if kern is not _reference and head_dim == 128 and (n_heads // n_kv) % 2:
-        # known defect of the 8-lane float kernel (csrc-phase2): rounding-level differences
-        request.applymarker(pytest.mark.xfail(strict=True, reason="head_dim 128, odd group"))
     rng = np.random.default_rng(head_dim + length)
     n = 9
     q = rng.standard_normal((n, n_heads, head_dim)).astype(np.float32)
