@@ -36,6 +36,17 @@
 /* Keys per step of the online softmax (long ranges, several rows). */
 #define FS_ATTN_ONLINE_TILE 256
 
+/* Row t of the n * group query rows that read kv head kv (t = i * group + g: query i, head
+ * kv * group + g): sets *offset to the start of its query and output rows in the (n, n_heads,
+ * head_dim) arrays and returns the number of keys it sees. Both kernels take their rows so. */
+static inline int fs_attn_row(int kv, int t, int group, int n, int n_heads, int head_dim,
+                              int length, int causal, size_t *offset)
+{
+    int i = t / group, h = kv * group + t % group;
+    *offset = ((size_t)i * n_heads + h) * head_dim;
+    return causal ? length - n + i + 1 : length;
+}
+
 /* ---- the double-accumulating kernel, float and double inputs (fs_attention_impl.h) ---- */
 
 #define FS_T float

@@ -238,10 +238,11 @@ static void FS_FN(fs_attention_dbl)(const FS_T *q, const FS_T *k, const FS_T *v,
             int count[FS_ATTN_ROWS];
             int rows = rows_per_kv - t0 < block ? rows_per_kv - t0 : block;
             for (int r = 0; r < rows; r++) {
-                int i = (t0 + r) / group, h = kv * group + (t0 + r) % group;
-                qrows[r] = q + ((size_t)i * n_heads + h) * head_dim;
-                orows[r] = out + ((size_t)i * n_heads + h) * head_dim;
-                count[r] = causal ? length - n + i + 1 : length;
+                size_t at;
+                count[r] = fs_attn_row(kv, t0 + r, group, n, n_heads, head_dim, length, causal,
+                                       &at);
+                qrows[r] = q + at;
+                orows[r] = out + at;
             }
             if (online)
                 FS_FN(fs_attn_online)(qrows, orows, count, rows, kh, vh, head_dim, scale);

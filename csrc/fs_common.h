@@ -67,6 +67,7 @@ typedef uint32_t fs_v16u __attribute__((vector_size(64)));
 typedef double fs_v8d __attribute__((vector_size(64)));
 typedef uint64_t fs_v8u __attribute__((vector_size(64)));
 typedef float fs_v8f __attribute__((vector_size(32)));
+typedef int fs_v8i __attribute__((vector_size(32)));
 /* The same with element alignment, for loads and stores through a pointer anywhere in an
  * array (the types above assume their own, vector-size alignment). */
 typedef float fs_v16f_u __attribute__((vector_size(64), aligned(4)));

@@ -138,6 +138,16 @@ cdef enum:
     MODE_EMBED = 1
 
 
+cdef struct _Call:
+    # What every C call of a forward takes besides its inputs, set by _prepare.
+    fs_scratch_f32 s32  # scratch views (model dtype float32)
+    fs_scratch_f64 s64  # ... (float64)
+    size_t stride       # elements per layer of the cache
+    int capacity
+    void *k             # the cache buffers
+    void *v
+
+
 cdef class TransformerRunner:
     """Fused forward of one :class:`fastspec.Transformer`.
 
@@ -222,21 +232,22 @@ cdef class TransformerRunner:
         return 0
 
     cdef int _prepare(self, object k_cache, object v_cache, int start, int n,
-                      fs_scratch_f32 *s32, fs_scratch_f64 *s64, size_t *stride) except -1:
+                      _Call *c) except -1:
         """Check the cache for ``n`` positions at ``start``, grow the scratch buffers and
-        point the scratch views of the model dtype at them; ``stride[0]`` = elements per
-        layer of the cache."""
+        fill ``c``: scratch views of the model dtype, the cache's pointers and layout."""
         self._check_cache(k_cache, v_cache, start, n)
-        cdef int capacity = <int>k_cache.shape[2]
-        stride[0] = <size_t>k_cache.shape[1] * capacity * self.dims.head_dim
-        self._reserve(n, capacity)
+        c.capacity = <int>k_cache.shape[2]
+        c.stride = <size_t>k_cache.shape[1] * c.capacity * self.dims.head_dim
+        c.k = cnp.PyArray_DATA(<cnp.ndarray>k_cache)
+        c.v = cnp.PyArray_DATA(<cnp.ndarray>v_cache)
+        self._reserve(n, c.capacity)
         cdef double *dbuf = <double *>cnp.PyArray_DATA(self._dscratch)
         if self.is64:
-            fs_scratch_init_f64(s64, &self.dims, <double *>cnp.PyArray_DATA(self._scratch),
-                                self._rows, dbuf, capacity)
+            fs_scratch_init_f64(&c.s64, &self.dims, <double *>cnp.PyArray_DATA(self._scratch),
+                                self._rows, dbuf, c.capacity)
         else:
-            fs_scratch_init_f32(s32, &self.dims, <float *>cnp.PyArray_DATA(self._scratch),
-                                self._rows, dbuf, capacity)
+            fs_scratch_init_f32(&c.s32, &self.dims, <float *>cnp.PyArray_DATA(self._scratch),
+                                self._rows, dbuf, c.capacity)
         return 0
 
     cdef cnp.ndarray _out(self, object out, int n, int width, str name):
@@ -257,11 +268,8 @@ cdef class TransformerRunner:
         cdef int n = <int>src.shape[0]
         cdef int L = self.dims.n_layers
         cdef int i
-        cdef size_t stride
-        cdef fs_scratch_f32 s32
-        cdef fs_scratch_f64 s64
-        self._prepare(k_cache, v_cache, start, n, &s32, &s64, &stride)
-        cdef int capacity = <int>k_cache.shape[2]
+        cdef _Call c
+        self._prepare(k_cache, v_cache, start, n, &c)
         cdef cnp.ndarray res = self._out(out, n, self.dims.vocab, "out") if logits else None
         hidden = {}
         for i in range(L):
@@ -270,48 +278,46 @@ cdef class TransformerRunner:
             h = self._out(None, n, self.dims.dim, "hidden")
             hidden[layer] = h
             self.hidden_ptrs[<int>layer] = cnp.PyArray_DATA(h)
-        cdef void *kp = cnp.PyArray_DATA(<cnp.ndarray>k_cache)
-        cdef void *vp = cnp.PyArray_DATA(<cnp.ndarray>v_cache)
         cdef void *sp = cnp.PyArray_DATA(src)
         cdef void *rp = cnp.PyArray_DATA(res) if logits else NULL
         if self.is64:
             with nogil:
                 if mode == MODE_IDS:
-                    fs_embed_f64(&self.w.m64, <const int64_t *>sp, n, start, s64.x)
+                    fs_embed_f64(&self.w.m64, <const int64_t *>sp, n, start, c.s64.x)
                 else:
-                    memcpy(s64.x, sp, <size_t>n * self.dims.dim * sizeof(double))
-                fs_layers_f64(&self.w.m64, &s64, n, start, causal, <double *>kp, <double *>vp,
-                              stride, capacity, <double **>self.hidden_ptrs)
+                    memcpy(c.s64.x, sp, <size_t>n * self.dims.dim * sizeof(double))
+                fs_layers_f64(&self.w.m64, &c.s64, n, start, causal, <double *>c.k,
+                              <double *>c.v, c.stride, c.capacity, <double **>self.hidden_ptrs)
                 if logits:
-                    fs_head_f64(&self.w.m64, &s64, n, <double *>rp)
+                    fs_head_f64(&self.w.m64, &c.s64, n, <double *>rp)
         else:
             with nogil:
                 if mode == MODE_IDS:
                     if self.bf16:
                         fs_embed_f32b(<const fs_model_f32b *>&self.w.m16, <const int64_t *>sp, n,
-                                      start, s32.x)
+                                      start, c.s32.x)
                     elif self.half:
-                        fs_embed_f32h(&self.w.m16, <const int64_t *>sp, n, start, s32.x)
+                        fs_embed_f32h(&self.w.m16, <const int64_t *>sp, n, start, c.s32.x)
                     else:
-                        fs_embed_f32(&self.w.m32, <const int64_t *>sp, n, start, s32.x)
+                        fs_embed_f32(&self.w.m32, <const int64_t *>sp, n, start, c.s32.x)
                 else:
-                    memcpy(s32.x, sp, <size_t>n * self.dims.dim * sizeof(float))
+                    memcpy(c.s32.x, sp, <size_t>n * self.dims.dim * sizeof(float))
                 if self.bf16:
-                    fs_layers_f32b(<const fs_model_f32b *>&self.w.m16, &s32, n, start, causal,
-                                   <float *>kp, <float *>vp, stride, capacity,
+                    fs_layers_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32, n, start, causal,
+                                   <float *>c.k, <float *>c.v, c.stride, c.capacity,
                                    <float **>self.hidden_ptrs)
                     if logits:
-                        fs_head_f32b(<const fs_model_f32b *>&self.w.m16, &s32, n, <float *>rp)
+                        fs_head_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32, n, <float *>rp)
                 elif self.half:
-                    fs_layers_f32h(&self.w.m16, &s32, n, start, causal, <float *>kp, <float *>vp,
-                                   stride, capacity, <float **>self.hidden_ptrs)
+                    fs_layers_f32h(&self.w.m16, &c.s32, n, start, causal, <float *>c.k,
+                                   <float *>c.v, c.stride, c.capacity, <float **>self.hidden_ptrs)
                     if logits:
-                        fs_head_f32h(&self.w.m16, &s32, n, <float *>rp)
+                        fs_head_f32h(&self.w.m16, &c.s32, n, <float *>rp)
                 else:
-                    fs_layers_f32(&self.w.m32, &s32, n, start, causal, <float *>kp, <float *>vp,
-                                  stride, capacity, <float **>self.hidden_ptrs)
+                    fs_layers_f32(&self.w.m32, &c.s32, n, start, causal, <float *>c.k,
+                                  <float *>c.v, c.stride, c.capacity, <float **>self.hidden_ptrs)
                     if logits:
-                        fs_head_f32(&self.w.m32, &s32, n, <float *>rp)
+                        fs_head_f32(&self.w.m32, &c.s32, n, <float *>rp)
         return res, hidden
 
     cdef tuple _hidden(self, object hidden_layers):
@@ -406,36 +412,31 @@ cdef class TransformerRunner:
                     else fc.shape != (fs_packed_len(n_in, self.dims.dim),))):
             raise ValueError(f"fc must be linear_weights() of a {self.dtype} ({n_in}, "
                              f"{self.dims.dim}) matrix")
-        cdef size_t stride
-        cdef fs_scratch_f32 s32
-        cdef fs_scratch_f64 s64
-        self._prepare(k_cache, v_cache, start, n, &s32, &s64, &stride)
-        cdef int capacity = <int>k_cache.shape[2]
-        cdef void *kp = cnp.PyArray_DATA(<cnp.ndarray>k_cache)
-        cdef void *vp = cnp.PyArray_DATA(<cnp.ndarray>v_cache)
+        cdef _Call c
+        self._prepare(k_cache, v_cache, start, n, &c)
         cdef void *tp = cnp.PyArray_DATA(t)
         cdef void *fp = cnp.PyArray_DATA(<cnp.ndarray>fc)
         cdef void *wp = cnp.PyArray_DATA(w)
         if self.is64:
             with nogil:
-                fs_context_kv_taps_f64(&self.w.m64, &s64, <const double *>tp, n, n_in,
+                fs_context_kv_taps_f64(&self.w.m64, &c.s64, <const double *>tp, n, n_in,
                                        <const double *>fp, <const double *>wp, start,
-                                       <double *>kp, <double *>vp, stride, capacity)
+                                       <double *>c.k, <double *>c.v, c.stride, c.capacity)
         else:
             with nogil:
                 if self.bf16:
-                    fs_context_kv_taps_f32b(<const fs_model_f32b *>&self.w.m16, &s32,
+                    fs_context_kv_taps_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32,
                                             <const float *>tp, n, n_in, <const float *>fp,
-                                            <const float *>wp, start, <float *>kp,
-                                            <float *>vp, stride, capacity)
+                                            <const float *>wp, start, <float *>c.k,
+                                            <float *>c.v, c.stride, c.capacity)
                 elif self.half:
-                    fs_context_kv_taps_f32h(&self.w.m16, &s32, <const float *>tp, n, n_in,
+                    fs_context_kv_taps_f32h(&self.w.m16, &c.s32, <const float *>tp, n, n_in,
                                             <const float *>fp, <const float *>wp, start,
-                                            <float *>kp, <float *>vp, stride, capacity)
+                                            <float *>c.k, <float *>c.v, c.stride, c.capacity)
                 else:
-                    fs_context_kv_taps_f32(&self.w.m32, &s32, <const float *>tp, n, n_in,
+                    fs_context_kv_taps_f32(&self.w.m32, &c.s32, <const float *>tp, n, n_in,
                                            <const float *>fp, <const float *>wp, start,
-                                           <float *>kp, <float *>vp, stride, capacity)
+                                           <float *>c.k, <float *>c.v, c.stride, c.capacity)
 
     cdef cnp.ndarray _rows_arg(self, object a, str name, int width, int ndim=2):
         """``a`` as a C-contiguous array of the model dtype: (n >= 1, width) rows (width -1:
@@ -465,29 +466,24 @@ cdef class TransformerRunner:
                              f"[0, {self.dims.n_layers}]")
         cdef cnp.ndarray f = np.ascontiguousarray(features)
         cdef int n = <int>f.shape[0]
-        cdef size_t stride
-        cdef fs_scratch_f32 s32
-        cdef fs_scratch_f64 s64
-        self._prepare(k_cache, v_cache, start, n, &s32, &s64, &stride)
-        cdef int capacity = <int>k_cache.shape[2]
-        cdef void *kp = cnp.PyArray_DATA(<cnp.ndarray>k_cache)
-        cdef void *vp = cnp.PyArray_DATA(<cnp.ndarray>v_cache)
+        cdef _Call c
+        self._prepare(k_cache, v_cache, start, n, &c)
         cdef void *fp = cnp.PyArray_DATA(f)
         if self.is64:
             with nogil:
-                fs_context_kv_f64(&self.w.m64, &s64, <const double *>fp, n, start, <double *>kp,
-                                  <double *>vp, stride, capacity, layer_lo, layer_hi)
+                fs_context_kv_f64(&self.w.m64, &c.s64, <const double *>fp, n, start, <double *>c.k,
+                                  <double *>c.v, c.stride, c.capacity, layer_lo, layer_hi)
         else:
             with nogil:
                 if self.bf16:
-                    fs_context_kv_f32b(<const fs_model_f32b *>&self.w.m16, &s32,
-                                       <const float *>fp, n, start, <float *>kp, <float *>vp,
-                                       stride, capacity, layer_lo, layer_hi)
+                    fs_context_kv_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32,
+                                       <const float *>fp, n, start, <float *>c.k, <float *>c.v,
+                                       c.stride, c.capacity, layer_lo, layer_hi)
                 elif self.half:
-                    fs_context_kv_f32h(&self.w.m16, &s32, <const float *>fp, n, start,
-                                       <float *>kp, <float *>vp, stride, capacity, layer_lo,
+                    fs_context_kv_f32h(&self.w.m16, &c.s32, <const float *>fp, n, start,
+                                       <float *>c.k, <float *>c.v, c.stride, c.capacity, layer_lo,
                                        layer_hi)
                 else:
-                    fs_context_kv_f32(&self.w.m32, &s32, <const float *>fp, n, start,
-                                      <float *>kp, <float *>vp, stride, capacity, layer_lo,
+                    fs_context_kv_f32(&self.w.m32, &c.s32, <const float *>fp, n, start,
+                                      <float *>c.k, <float *>c.v, c.stride, c.capacity, layer_lo,
                                       layer_hi)

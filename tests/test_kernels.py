@@ -59,11 +59,15 @@ def test_attention_matches_float64_formula_and_twin(kern, dtype, shape):
 
 @pytest.mark.parametrize("head_dim", [16, 64, 128, 20])
 @pytest.mark.parametrize("length", [9, 128, 129, 300])
-def test_attention_row_is_bit_identical_alone_and_in_a_block(kern, head_dim, length):
+@pytest.mark.parametrize("n_heads,n_kv", [(4, 2), (3, 1), (1, 1)])
+def test_attention_row_is_bit_identical_alone_and_in_a_block(kern, head_dim, length, n_heads,
+                                                             n_kv):
     # Greedy speculative decoding compares a verification forward (n queries) with decode
-    # steps (one query): each query's float32 result must not depend on its neighbours.
+    # steps (one query): each query's float32 result must not depend on its neighbours (an
+    # odd number of rows per kv head puts a row in a pass of its own alone and beside
+    # another in a block).
     rng = np.random.default_rng(head_dim + length)
-    n, n_heads, n_kv = 9, 4, 2
+    n = 9
     q = rng.standard_normal((n, n_heads, head_dim)).astype(np.float32)
     k = (2 * rng.standard_normal((n_kv, length + 4, head_dim))).astype(np.float32)
     v = rng.standard_normal((n_kv, length + 4, head_dim)).astype(np.float32)
