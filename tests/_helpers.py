@@ -2,6 +2,12 @@
 
 Test modules import from here, never from each other.
 """
+import os
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -135,3 +141,29 @@ MODEL_CONFIGS = {
                 norm="layernorm", positional="learned", activation="tanh", tie_embeddings=False,
                 max_seq_len=96),
 }
+
+
+# --- C harnesses (tests/c/*.c) -----------------------------------------------------------------
+
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+C_COMPILER = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+def needs_c_harness(test):
+    """Skip ``test`` unless the source tree's csrc/ and a C compiler are at hand."""
+    test = pytest.mark.skipif(not (SOURCE_ROOT / "csrc" / "fs_linear.h").is_file(),
+                              reason="no source tree")(test)
+    return pytest.mark.skipif(shutil.which(C_COMPILER) is None,
+                              reason=f"no C compiler {C_COMPILER!r}")(test)
+
+
+def run_c_harness(name: str, flags: list[str], tmp_path: Path) -> None:
+    """Compile ``tests/c/<name>.c`` with setup.py's flags (no -march: the variants carry their
+    own targets) plus ``flags``, run it and assert it reports ``0 failures``."""
+    exe = tmp_path / name
+    cmd = [C_COMPILER, "-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi", *flags,
+           f"-I{SOURCE_ROOT / 'csrc'}", str(SOURCE_ROOT / "tests" / "c" / f"{name}.c"),
+           "-o", str(exe), "-lm"]
+    build = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 failures" in run.stdout

@@ -8,10 +8,8 @@ Every matrix-product path this CPU runs (FASTSPEC_ISA) is checked; the others ar
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ from fastspec import _bf16
 from fastspec.checkpoints import read_safetensors, save_hf, write_safetensors
 from fastspec.model import ModelConfig, Transformer
 
-from _helpers import BACKENDS, MODEL_CONFIGS
+from _helpers import BACKENDS, MODEL_CONFIGS, needs_c_harness, run_c_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_cython = pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
@@ -308,24 +306,12 @@ def test_info_prints_storage_and_path(capsys):
         assert f"matrix products: {fs.kernels.isa_info()['selected']}" in out
 
 
-_CC = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
-
-
-@pytest.mark.skipif(not (ROOT / "csrc" / "fs_linear.h").is_file(), reason="no source tree")
-@pytest.mark.skipif(shutil.which(_CC) is None, reason=f"no C compiler {_CC!r}")
 @pytest.mark.parametrize("flags", [[], ["-DFS_TEST_PORTABLE"]], ids=["gnu-variants", "portable"])
+@needs_c_harness
 def test_c_kernels_bf16_equal_f32_on_widened_weights(tmp_path, flags):
     # tests/c/linear_bf16.c: in every variant the CPU runs, f32b == f32 bit for bit on the
     # widened weights and the rounded inputs; rounding checked against a reference.
-    exe = tmp_path / "linear_bf16"
-    cmd = [_CC, "-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi", *flags,
-           f"-I{ROOT / 'csrc'}", str(ROOT / "tests" / "c" / "linear_bf16.c"), "-o", str(exe),
-           "-lm"]
-    build = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stderr
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "0 failures" in run.stdout
+    run_c_harness("linear_bf16", flags, tmp_path)
 
 
 # --- files -----------------------------------------------------------------------------------
