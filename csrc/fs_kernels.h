@@ -155,23 +155,7 @@ static long fs_first_above(const double *cum, long n, double target)
     return lo;
 }
 
-/* ---- float / double variants (fs_kernels_impl.h) ------------------------------------- */
-
-#define FS_T double /* first: the float instantiation uses fs_max_f64 */
-#define FS_SFX f64
-#define FS_BITS int64_t
-#define FS_FINITE_MAX FS_F64_FINITE_MAX
-#define FS_MAGNITUDE 0x7fffffffffffffffLL
-#include "fs_kernels_impl.h"
-
-#define FS_T float
-#define FS_SFX f32
-#define FS_BITS int32_t
-#define FS_FINITE_MAX FS_F32_FINITE_MAX
-#define FS_MAGNITUDE 0x7fffffff
-#include "fs_kernels_impl.h"
-
-/* ---- selection and sorting for top-k / top-p ----------------------------------------- */
+/* ---- selection for top-k (the float / double variants use it) ------------------------ */
 
 /* The k-th smallest (0-based) of a[0:n) (a is reordered): quickselect with a three-way
  * partition, so runs of equal values cost O(n). */
@@ -203,6 +187,42 @@ static double fs_select_kth(double *a, long n, long k)
     }
     return a[k];
 }
+
+/* Restore the min-heap property of heap[0:k) below index i. */
+static inline void fs_heap_sift_down(double *heap, long k, long i)
+{
+    double v = heap[i];
+    for (;;) {
+        long c = 2 * i + 1;
+        if (c >= k)
+            break;
+        if (c + 1 < k && heap[c + 1] < heap[c])
+            c++;
+        if (!(heap[c] < v))
+            break;
+        heap[i] = heap[c];
+        i = c;
+    }
+    heap[i] = v;
+}
+
+/* ---- float / double variants (fs_kernels_impl.h) ------------------------------------- */
+
+#define FS_T double /* first: the float instantiation uses fs_max_f64 */
+#define FS_SFX f64
+#define FS_BITS int64_t
+#define FS_FINITE_MAX FS_F64_FINITE_MAX
+#define FS_MAGNITUDE 0x7fffffffffffffffLL
+#include "fs_kernels_impl.h"
+
+#define FS_T float
+#define FS_SFX f32
+#define FS_BITS int32_t
+#define FS_FINITE_MAX FS_F32_FINITE_MAX
+#define FS_MAGNITUDE 0x7fffffff
+#include "fs_kernels_impl.h"
+
+/* ---- selection and sorting for top-k / top-p ----------------------------------------- */
 
 /* Stable LSD radix sort of idx[0:n) by the 64-bit keys key[0:n), ascending, 8-bit digits;
  * digits on which every key agrees are skipped. tmp_key/tmp_idx: n elements each. */

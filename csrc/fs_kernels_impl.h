@@ -115,6 +115,93 @@ FS_FINITE_MATH static long FS_FN(fs_residual_draw)(const FS_T *FS_RESTRICT p,
     return 0;
 }
 
+/* 1 when one of x[0:16) is above t: compares on 32-byte vectors (GCC leaves the scalar loop
+ * of this test scalar, and lowers 64-byte vector compares to scalars on AVX2). */
+FS_ALWAYS_INLINE int FS_FN(fs_any_above)(const FS_T *x, FS_T t)
+{
+    typedef FS_T vec __attribute__((vector_size(32)));
+    typedef FS_BITS mask __attribute__((vector_size(32)));
+    const vec tv = (vec){0} + t;
+    mask any = {0};
+    for (int i = 0; i < 16; i += (int)(32 / sizeof(FS_T))) {
+        vec v;
+        memcpy(&v, x + i, sizeof v);
+        any |= v > tv;
+    }
+    uint64_t w[4];
+    memcpy(w, &any, sizeof w);
+    return (w[0] | w[1] | w[2] | w[3]) != 0;
+}
+
+/* The k-th largest of x[0:n) (duplicates counted), 0 < k < n, in double. A small k keeps the
+ * k largest in a min-heap (heap: k doubles) behind a branch-free test of 16 elements at a time
+ * against its minimum, so most of a large vocabulary costs one vector compare (quickselect's
+ * data-dependent branches cost ~8x more at V = 151936, k = 50); a large k runs fs_select_kth
+ * on a copy (heap: n doubles). */
+FS_CLONES static double FS_FN(fs_kth_largest)(const FS_T *FS_RESTRICT x, long n, long k,
+                                            double *FS_RESTRICT heap)
+{
+    if (k * 64 > n) {
+        for (long j = 0; j < n; j++) heap[j] = (double)x[j];
+        return fs_select_kth(heap, n, n - k);
+    }
+    for (long j = 0; j < k; j++) heap[j] = (double)x[j];
+    for (long j = k / 2; j-- > 0;) fs_heap_sift_down(heap, k, j);
+    long j = k;
+    for (; j + 16 <= n; j += 16) {
+        if (FS_FN(fs_any_above)(x + j, (FS_T)heap[0])) /* exact: the heap holds elements of x */
+            for (int i = 0; i < 16; i++)
+                if ((double)x[j + i] > heap[0]) {
+                    heap[0] = (double)x[j + i];
+                    fs_heap_sift_down(heap, k, 0);
+                }
+    }
+    for (; j < n; j++)
+        if ((double)x[j] > heap[0]) {
+            heap[0] = (double)x[j];
+            fs_heap_sift_down(heap, k, 0);
+        }
+    return heap[0];
+}
+
+/* Top-k of the row x[0:n) at temperature t > 0, 0 < k < n. Keeps every token whose scaled
+ * logit (double)x[j] / t is at least the k-th largest scaled logit (ties kept): the set a
+ * selection over the scaled row keeps, found without scaling the row. Scaling is monotone, so
+ * the k-th largest scaled logit is zk = the k-th largest x, scaled; when the next FS_T below
+ * that x scales to less than zk, "scaled >= zk" is exactly "x >= that x" (a vector compare);
+ * otherwise (scaling merged neighbours) every token is scaled and compared. Writes the kept
+ * indices, ascending, to kept and their scaled logits to z; returns their count. *zmax = the
+ * largest scaled logit. scratch: n doubles. */
+FS_CLONES static long FS_FN(fs_top_k_scaled)(const FS_T *FS_RESTRICT x, long n, long k, double t,
+                                           int32_t *FS_RESTRICT kept, double *FS_RESTRICT z,
+                                           double *FS_RESTRICT scratch, double *zmax)
+{
+    const FS_T kth = (FS_T)FS_FN(fs_kth_largest)(x, n, k, scratch);
+    const double zk = (double)kth / t;
+    const FS_T below = sizeof(FS_T) == sizeof(float) ? (FS_T)nextafterf((float)kth, -INFINITY)
+                                                     : (FS_T)nextafter((double)kth, -INFINITY);
+    const int exact = (double)below / t < zk;
+    double top = zk;
+    long m = 0;
+    long j = 0;
+    /* x >= kth is x > the next FS_T below it */
+    for (; j < n; j += 16) {
+        const int len = n - j < 16 ? (int)(n - j) : 16;
+        if (exact && len == 16 && !FS_FN(fs_any_above)(x + j, below))
+            continue;
+        for (int i = 0; i < len; i++) {
+            const double v = (double)x[j + i] / t;
+            if (exact ? x[j + i] >= kth : v >= zk) {
+                kept[m] = (int32_t)(j + i);
+                z[m++] = v;
+                top = v > top ? v : top;
+            }
+        }
+    }
+    *zmax = top;
+    return m;
+}
+
 /* z[j] = x[j] / temperature (double); returns max z. */
 FS_CLONES static double FS_FN(fs_scale_row)(const FS_T *FS_RESTRICT x, long n, double temperature,
                                           double *FS_RESTRICT z)

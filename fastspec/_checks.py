@@ -75,6 +75,16 @@ def check_attention_args(q, k_cache, v_cache, length, out):
     return n, n_heads, head_dim, n_kv_heads
 
 
+def check_probs_out(out, logits):
+    """Check ``out`` can receive ``probs(logits)``: C-contiguous, writable, of ``logits``' shape
+    and dtype, and not overlapping it (rows are read while earlier rows are written)."""
+    check_float_array(out, "out", logits.ndim, logits.dtype, writable=True)
+    if out.shape != logits.shape:
+        raise ValueError(f"out must have shape {logits.shape}, got {out.shape}")
+    if np.may_share_memory(out, logits):
+        raise ValueError("out must not overlap logits")
+
+
 def check_tree_mask(tree_mask, n):
     """Validate a tree attention mask: (n, n) bool with a True diagonal."""
     if not isinstance(tree_mask, np.ndarray) or tree_mask.dtype != np.bool_:

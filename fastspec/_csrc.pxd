@@ -139,6 +139,10 @@ cdef extern from "fs_kernels.h" nogil:
     long fs_residual_draw_f32(const float *p, const float *q, long n, double u, double *cum)
     long fs_residual_draw_f64(const double *p, const double *q, long n, double u,
                               double *cum)
+    long fs_top_k_scaled_f32(const float *x, long n, long k, double t, int32_t *kept, double *z,
+                             double *scratch, double *zmax)
+    long fs_top_k_scaled_f64(const double *x, long n, long k, double t, int32_t *kept,
+                             double *z, double *scratch, double *zmax)
     double fs_scale_row_f32(const float *x, long n, double temperature, double *z)
     double fs_scale_row_f64(const double *x, long n, double temperature, double *z)
     void fs_store_scaled_f32(const double *z, long n, double total, float *out)

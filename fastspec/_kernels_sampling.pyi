@@ -10,6 +10,10 @@ _FloatArray = npt.NDArray[_Float]
 __all__ = ["probs", "sample"]
 
 def probs(
-    logits: _FloatArray, temperature: float = ..., top_k: int = ..., top_p: float = ...
+    logits: _FloatArray,
+    temperature: float = ...,
+    top_k: int = ...,
+    top_p: float = ...,
+    out: _FloatArray | None = ...,
 ) -> _FloatArray: ...
 def sample(p: _FloatArray, u: float) -> int: ...

@@ -7,13 +7,14 @@ is sequential in float64, exactly like numpy.cumsum).
 """
 from cython cimport floating
 from libc.stdint cimport int32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memset
 
 import numpy as np
 
 from fastspec._checks import (
     check_float_array,
     check_logits,
+    check_probs_out,
     check_probability_rows,
     check_sampling_params,
     check_uniforms,
@@ -28,9 +29,10 @@ from fastspec._csrc cimport (
     fs_inverse_cdf_f64,
     fs_scale_row_f32,
     fs_scale_row_f64,
-    fs_select_kth,
     fs_store_scaled_f32,
     fs_store_scaled_f64,
+    fs_top_k_scaled_f32,
+    fs_top_k_scaled_f64,
     fs_top_p,
 )
 from fastspec._kernels_base cimport check_finite, check_int_sized, check_rows_data, thread_scratch
@@ -50,49 +52,8 @@ cdef struct _Scratch:
     int32_t *kept
 
 
-cdef inline void _sift_down(double *heap, Py_ssize_t k, Py_ssize_t i) noexcept nogil:
-    """Restore the min-heap property of heap[0:k) below index i."""
-    cdef double v = heap[i]
-    cdef Py_ssize_t c
-    while True:
-        c = 2 * i + 1
-        if c >= k:
-            break
-        if c + 1 < k and heap[c + 1] < heap[c]:
-            c += 1
-        if not heap[c] < v:
-            break
-        heap[i] = heap[c]
-        i = c
-    heap[i] = v
-
-
-cdef double _kth_largest(const double *z,   # IN  (n,)
-                         Py_ssize_t n, Py_ssize_t k,
-                         double *spare      # scratch (n,)
-                         ) noexcept nogil:
-    """The k-th largest of z[0:n) (duplicates counted), 0 < k < n: the same value as
-    fs_select_kth(copy of z, n, n - k). A small k keeps the k largest in a min-heap, one
-    compare per token for most of a large vocabulary (quickselect's data-dependent branches
-    cost ~8x more at V = 151936, k = 50); a large k uses the quickselect."""
-    cdef Py_ssize_t j
-    if k * 64 > n:
-        memcpy(spare, z, n * sizeof(double))
-        return fs_select_kth(spare, n, n - k)
-    memcpy(spare, z, k * sizeof(double))
-    j = k // 2
-    while j > 0:
-        j -= 1
-        _sift_down(spare, k, j)
-    for j in range(k, n):
-        if z[j] > spare[0]:
-            spare[0] = z[j]
-            _sift_down(spare, k, 0)
-    return spare[0]
-
-
 cdef void _probs_rows(const floating[:, ::1] logits,      # IN  (rows, V)
-                      floating[:, ::1] out,                # OUT (rows, V), zero-filled
+                      floating[:, ::1] out,                # OUT (rows, V), overwritten
                       double temperature, Py_ssize_t top_k, double top_p,
                       _Scratch *s) noexcept:
     with nogil:
@@ -103,9 +64,11 @@ cdef void _probs_rows_nogil(const floating[:, ::1] logits, floating[:, ::1] out,
                             double temperature, Py_ssize_t top_k, double top_p,
                             _Scratch *s) noexcept nogil:
     cdef Py_ssize_t rows = logits.shape[0], vocab = logits.shape[1], r, j, m
-    cdef double zmax, kth, total
+    cdef double zmax, total
     cdef long best
     for r in range(rows):
+        if temperature == 0.0 or 0 < top_k < vocab:  # sparse rows: zeros, then the kept
+            memset(&out[r, 0], 0, vocab * sizeof(floating))
         if temperature == 0.0:
             if floating is float:
                 best = fs_argmax_f32(&logits[r, 0], vocab)
@@ -113,29 +76,28 @@ cdef void _probs_rows_nogil(const floating[:, ::1] logits, floating[:, ::1] out,
                 best = fs_argmax_f64(&logits[r, 0], vocab)
             out[r, best] = 1
             continue
-        if floating is float:
-            zmax = fs_scale_row_f32(&logits[r, 0], vocab, temperature, s.z)
-        else:
-            zmax = fs_scale_row_f64(&logits[r, 0], vocab, temperature, s.z)
         if 0 < top_k < vocab:
-            kth = _kth_largest(s.z, vocab, top_k, s.spare)
             # Only the kept tokens go on, in index order: every sum below is the full row's
             # minus exact zeros (bit-identical results), for k instead of V tokens.
-            m = 0
-            for j in range(vocab):
-                if s.z[j] >= kth:
-                    s.kept[m] = <int32_t>j
-                    s.spare[m] = s.z[j]
-                    m += 1
+            if floating is float:
+                m = fs_top_k_scaled_f32(&logits[r, 0], vocab, top_k, temperature, s.kept,
+                                        s.spare, s.z, &zmax)
+            else:
+                m = fs_top_k_scaled_f64(&logits[r, 0], vocab, top_k, temperature, s.kept,
+                                        s.spare, s.z, &zmax)
             total = fs_exp_sum(s.spare, <int>m, zmax)
             if top_p < 1.0:
                 for j in range(m):
                     s.spare[j] = s.spare[j] / total
                 fs_top_p(s.spare, m, top_p, s.key, s.idx, s.tmp_key, s.tmp_idx)
                 total = 1.0
-            for j in range(m):  # out is zero-filled; fs_store_scaled's rounding
+            for j in range(m):  # the row is zero-filled; fs_store_scaled's rounding
                 out[r, s.kept[j]] = <floating>(s.spare[j] / total)
             continue
+        if floating is float:
+            zmax = fs_scale_row_f32(&logits[r, 0], vocab, temperature, s.z)
+        else:
+            zmax = fs_scale_row_f64(&logits[r, 0], vocab, temperature, s.z)
         total = fs_exp_sum(s.z, <int>vocab, zmax)
         if top_p < 1.0:
             for j in range(vocab):
@@ -148,7 +110,7 @@ cdef void _probs_rows_nogil(const floating[:, ::1] logits, floating[:, ::1] out,
             fs_store_scaled_f64(s.z, vocab, total, &out[r, 0])
 
 
-def probs(logits, temperature=1.0, top_k=0, top_p=1.0):
+def probs(logits, temperature=1.0, top_k=0, top_p=1.0, out=None):
     """Turn rows of logits into the sampling distribution fastspec verifies against.
 
     The pipeline is temperature, then top-k, then top-p (nucleus). ``temperature == 0``
@@ -167,18 +129,27 @@ def probs(logits, temperature=1.0, top_k=0, top_p=1.0):
         ``>= 0``; 0 disables it.
     top_p : float, default 1.0
         In ``(0, 1]``; 1 disables it.
+    out : ndarray, optional
+        Caller-owned result buffer (shape and dtype of ``logits``, C-contiguous, not
+        overlapping it), overwritten; a decoding loop reuses one instead of a fresh
+        ``(n, V)`` array per round.
 
     Returns
     -------
     p : ndarray, same shape and dtype as ``logits``
-        Each row sums to 1.
+        Each row sums to 1 (``out`` when given).
     """
     check_logits(logits, data=False)
     check_finite(logits, "logits")
     temperature, top_k, top_p = check_sampling_params(temperature, top_k, top_p)
     check_int_sized(logits.shape, "logits")
+    if out is None:
+        out = np.empty(logits.shape, dtype=logits.dtype)
+    else:
+        check_probs_out(out, logits)
+    result = out
     rows = logits if logits.ndim == 2 else logits.reshape(1, logits.shape[0])
-    out = np.zeros(rows.shape, dtype=logits.dtype)
+    out = out if out.ndim == 2 else out.reshape(1, out.shape[0])
     cdef Py_ssize_t vocab = rows.shape[1]
     cdef double t = temperature, tp = top_p
     cdef Py_ssize_t k = min(top_k, vocab)
@@ -199,7 +170,7 @@ def probs(logits, temperature=1.0, top_k=0, top_p=1.0):
         _probs_rows[float](rows, out, t, k, tp, &s)
     else:
         _probs_rows[double](rows, out, t, k, tp, &s)
-    return out if logits.ndim == 2 else out[0]
+    return result
 
 
 # ---- sample ------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ float32 and 16-bit matrices for the float kernels (``fs_pack_f32``, panels of 32
 fills the C structs of ``csrc/fs_model.h`` with raw pointers to them, keeping every array it
 points into alive. :class:`fastspec._model.TransformerRunner` runs the forward over them.
 """
+import mmap
+
 import numpy as np
 
 cimport numpy as cnp
@@ -59,17 +61,68 @@ def linear_weights(object a):
     return _packed(a, False)
 
 
-def _packed(object a, bint half):
-    """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``)."""
+def _packed(object a, bint half, object arena=None):
+    """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``),
+    carved from ``arena`` (a :class:`_Arena`) when one is given."""
     if a.ndim != 2:
         raise ValueError(f"weight matrices must be 2-D, got shape {a.shape}")
     cdef int rows = <int>a.shape[0], cols = <int>a.shape[1]
-    cdef cnp.ndarray p = np.empty(fs_packed_len(rows, cols), dtype=a.dtype)
+    cdef size_t n = fs_packed_len(rows, cols)
+    cdef cnp.ndarray p = arena.take(n, a.dtype) if arena is not None else np.empty(n, a.dtype)
     if half:
         fs_pack_f32h(<const uint16_t *>_ptr(a), rows, cols, <uint16_t *>cnp.PyArray_DATA(p))
     else:
         fs_pack_f32(<const float *>_ptr(a), rows, cols, <float *>cnp.PyArray_DATA(p))
     return p
+
+
+_HUGE_PAGE = 2 << 20
+_ALIGN = 64
+
+
+class _Arena:
+    """One buffer for all of a model's packed matrices, advised onto transparent huge pages.
+
+    A decode step streams every matrix once. Matrices smaller than a huge page, each in its own
+    allocation, sit on 4 KiB pages, and the TLB misses cost a measurable share of the step.
+    One anonymous mapping of them all, in the order the forward reads them, is one long stream
+    on 2 MiB pages (where the kernel grants them: ``madvise`` is advice).
+    """
+
+    def __init__(self, nbytes: int):
+        nbytes = max(int(nbytes), 1) + _HUGE_PAGE
+        # private: a shared anonymous map is shmem, which THP leaves alone by default
+        self._map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):  # not Linux, or THP disabled: ordinary pages
+            pass
+        self._bytes = np.frombuffer(self._map, dtype=np.uint8)
+        self._next = (-self._bytes.ctypes.data) % _HUGE_PAGE  # start on a huge-page boundary
+
+    @staticmethod
+    def padded(nbytes: int) -> int:
+        """``nbytes`` rounded up to the arena's alignment of every matrix."""
+        return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+
+    def take(self, n: int, dtype) -> np.ndarray:
+        """A fresh (uninitialised) array of ``n`` elements of ``dtype`` from the arena."""
+        nbytes = n * np.dtype(dtype).itemsize
+        start, self._next = self._next, self._next + self.padded(nbytes)
+        if self._next > self._bytes.size:
+            raise MemoryError("weight arena overrun")  # sizes are computed before packing
+        return self._bytes[start:start + nbytes].view(dtype)
+
+
+def _packed_bytes(model, itemsize: int) -> int:
+    """The arena bytes of the packed layer matrices and head of ``model`` (the ones present
+    and 2-D; :class:`ModelWeights` rejects the rest)."""
+    mats = [getattr(lw, name, None) for lw in model.layers for name in _LAYER_FIELDS[:_N_MATRICES]]
+    total = 0
+    for a in mats + [model.head]:
+        if isinstance(a, np.ndarray) and a.ndim == 2:
+            total += _Arena.padded(fs_packed_len(a.shape[0], a.shape[1]) * itemsize)
+    return total
 
 
 cdef class ModelWeights:
@@ -113,6 +166,7 @@ cdef class ModelWeights:
         d.qk_norm = bool(cfg.qk_norm)
         d.eps = cfg.norm_eps
         keep = []
+        arena = None if self.is64 else _Arena(_packed_bytes(model, wdt.itemsize))
 
         def arr(a, shape=None, want=dt):
             if a is None:
@@ -128,13 +182,12 @@ cdef class ModelWeights:
             a = arr(a, shape, wdt)
             if a is None or self.is64:
                 return a
-            a = _packed(a, self.half)
+            a = _packed(a, self.half, arena)
             keep.append(a)
             return a
 
         embed = arr(model.embed, (cfg.vocab_size, cfg.dim), wdt)
         pos = arr(model.pos_embed, (cfg.max_seq_len, cfg.dim))
-        head = matrix(model.head, (cfg.dim, cfg.vocab_size))
         fnorm = arr(model.final_norm)
         cos = arr(model.rope_cos)
         sin = arr(model.rope_sin)
@@ -173,6 +226,7 @@ cdef class ModelWeights:
                 fs_layer_set_f32h(&self.layers16[i], p)
             else:
                 fs_layer_set_f32(&self.layers32[i], p)
+        head = matrix(model.head, (cfg.dim, cfg.vocab_size))  # read last, so packed last
         for j, a in enumerate((embed, pos, head, fnorm, cos, sin)):
             p[j] = _ptr(a)
         if self.is64:

@@ -14,6 +14,7 @@ from fastspec._checks import (
     check_cache_write_args,
     check_compact_kv_args,
     check_logits,
+    check_probs_out,
     check_probability_rows,
     check_sampling_params,
     check_tokens,
@@ -147,7 +148,7 @@ def cache_write(cache, new, start):
     cache[:, start:start + n, :] = new.transpose(1, 0, 2)
 
 
-def probs(logits, temperature=1.0, top_k=0, top_p=1.0):
+def probs(logits, temperature=1.0, top_k=0, top_p=1.0, out=None):
     """Turn rows of logits into the sampling distribution fastspec verifies against.
 
     The pipeline is temperature, then top-k, then top-p (nucleus). ``temperature == 0``
@@ -166,19 +167,27 @@ def probs(logits, temperature=1.0, top_k=0, top_p=1.0):
         ``>= 0``; 0 disables it.
     top_p : float, default 1.0
         In ``(0, 1]``; 1 disables it.
+    out : ndarray, optional
+        Caller-owned result buffer (shape and dtype of ``logits``, C-contiguous, not
+        overlapping it), overwritten; a decoding loop reuses one instead of a fresh
+        ``(n, V)`` array per round.
 
     Returns
     -------
     p : ndarray, same shape and dtype as ``logits``
-        Each row sums to 1.
+        Each row sums to 1 (``out`` when given).
     """
     check_logits(logits)
     temperature, top_k, top_p = check_sampling_params(temperature, top_k, top_p)
+    if out is None:
+        out = np.empty(logits.shape, dtype=logits.dtype)
+    else:
+        check_probs_out(out, logits)
     rows = logits.reshape(-1, logits.shape[-1]) if logits.ndim == 2 else logits[None, :]
-    out = np.zeros(rows.shape, dtype=logits.dtype)
+    dest = out.reshape(rows.shape)
     for r, row in enumerate(rows):
-        out[r] = _probs_row(row, temperature, top_k, top_p)
-    return out if logits.ndim == 2 else out[0]
+        dest[r] = _probs_row(row, temperature, top_k, top_p)
+    return out
 
 
 def _probs_row(row, temperature, top_k, top_p):

@@ -242,7 +242,7 @@ class SpeculativePlan:
 
     __slots__ = ("target", "drafter", "prompt", "max_new", "sampling", "eos", "gamma_fixed",
                  "hidden_layers", "g_cap", "cache", "seq", "block", "uniforms", "empty",
-                 "block_logits")
+                 "block_logits", "block_probs")
 
     def __init__(self, target, drafter, prompt, max_new, sampling, eos, gamma_fixed,
                  hidden_layers, g_cap, cache):
@@ -257,6 +257,9 @@ class SpeculativePlan:
         self.empty = np.zeros(0, dtype=np.int64)
         cfg = target.config
         self.block_logits = np.empty((g_cap + 1, cfg.vocab_size), dtype=np.dtype(cfg.dtype))
+        # the target's sampled distribution, rewritten each round (greedy rounds never use it)
+        self.block_probs = (None if sampling.temperature == 0.0
+                            else np.empty_like(self.block_logits))
 
 
 def plan_speculative(target, drafter, prompt_ids, max_new_tokens, gamma, temperature, top_k,
@@ -342,7 +345,7 @@ def run_plan(plan: SpeculativePlan, rng: np.random.Generator, trace: bool = Fals
             out = target.step(block[:g_used + 1], cache, hidden_layers=hidden_layers,
                               out=block_logits[:g_used + 1])
             n_acc, after = verify_block(tokens, out.logits, q, sampling, rng, uniforms,
-                                        verify_rejection)
+                                        verify_rejection, plan.block_probs)
             path = None
         else:
             # One forward over [root, *nodes], each node seeing its ancestors; then the

@@ -27,7 +27,8 @@ from fastspec._checks import check_index
 from fastspec._npz import read_npz
 from fastspec.cache import KVCache
 from fastspec.config import ModelConfig
-from fastspec.dflash_config import MAX_BLOCK_SIZE, DFlashConfig, default_tap_layers
+from fastspec.dflash_config import (CONTEXT_WINDOW_KEY, MAX_BLOCK_SIZE, DFlashConfig,
+                                     default_tap_layers)
 from fastspec.dflash_hf import (check_fingerprint_array, fingerprint_array, read_dflash_folder,
                                 save_dflash_folder)
 from fastspec.functional import apply_rope, rms_norm, rope_tables, silu
@@ -97,7 +98,8 @@ class DFlashModel:
         self._check_shapes()
         self.max_positions = target.config.max_seq_len + c.block_size
         #: Context positions the drafter was trained to read (None: unbounded); the default
-        #: sliding window of :class:`~fastspec.DFlashDrafter`. Not stored in the file.
+        #: sliding window of :class:`~fastspec.DFlashDrafter`. Kept in fastspec's ``.npz``
+        #: (the trainer writes its sequence length minus the block), not in z-lab folders.
         self.context_window: int | None = None
         # The draft layers as a Transformer that shares the target's embedding and head (no
         # copies: same dtype, contiguous) and the drafter's own layer/norm arrays. Its fused
@@ -193,7 +195,10 @@ class DFlashModel:
         if path.suffix != ".npz":
             save_dflash_folder(self, path)
             return
-        np.savez(path, config=np.array(json.dumps(self.config.to_dict())),
+        cfg = self.config.to_dict()
+        if self.context_window is not None:
+            cfg[CONTEXT_WINDOW_KEY] = int(self.context_window)
+        np.savez(path, config=np.array(json.dumps(cfg)),
                  target_fingerprint=fingerprint_array(self.target), **self.state_dict())
 
     @classmethod
@@ -215,9 +220,15 @@ class DFlashModel:
             return cls.from_state_dict(config, target, sd)
         cfg, sd = read_npz(path, "DFlash", required=("fc.weight",))  # bounded, no pickle
         fingerprint = sd.pop("target_fingerprint", None)
+        window = cfg.pop(CONTEXT_WINDOW_KEY, None)
         model = cls.from_state_dict(DFlashConfig.from_dict(cfg), target, sd)  # shapes first
         if fingerprint is not None:  # files saved before it have none (the embedded one)
             check_fingerprint_array(fingerprint, target, str(path))
+        if window is not None:
+            if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+                raise ValueError(f"{path}: config field {CONTEXT_WINDOW_KEY!r} must be a "
+                                 f"positive integer, got {window!r}")
+            model.context_window = window
         return model
 
     @property

@@ -12,10 +12,13 @@ from fastspec._checks import check_index, check_known_fields
 from fastspec.config import ModelConfig
 from fastspec.tokenizer import ByteTokenizer
 
-__all__ = ["DFlashConfig", "MAX_BLOCK_SIZE", "default_tap_layers"]
+__all__ = ["CONTEXT_WINDOW_KEY", "DFlashConfig", "MAX_BLOCK_SIZE", "default_tap_layers"]
 
 #: Largest supported block (the paper uses 8 to 16).
 MAX_BLOCK_SIZE = 16
+#: Config key of a drafter's trained context length in fastspec's ``.npz`` (beside the
+#: :class:`DFlashConfig` fields; read into :attr:`fastspec.DFlashModel.context_window`).
+CONTEXT_WINDOW_KEY = "context_window"
 #: DFlashConfig fields of z-lab's format, at the values that mean "off".
 _ZLAB_DEFAULTS = {"last_tap_normed": False, "input_embedding_scale": 1.0,
                   "output_multiplier": 1.0, "final_logit_softcapping": 0.0}

@@ -20,7 +20,8 @@ __all__ = ["verify_block", "verify_tree"]
 def verify_block(draft_tokens: np.ndarray, target_logits: np.ndarray, q: np.ndarray | None,
                  sampling: SamplingParams, rng: np.random.Generator,
                  uniforms: np.ndarray | None = None,
-                 verify_rejection: Callable | None = None) -> tuple[int, int]:
+                 verify_rejection: Callable | None = None,
+                 probs_out: np.ndarray | None = None) -> tuple[int, int]:
     """Verify ``g`` drafted tokens against the target's ``g + 1`` logits rows.
 
     Parameters
@@ -40,6 +41,9 @@ def verify_block(draft_tokens: np.ndarray, target_logits: np.ndarray, q: np.ndar
         Scratch to draw into (avoids an allocation per round).
     verify_rejection : callable, optional
         Replacement for :func:`fastspec.kernels.verify_rejection` (negative controls).
+    probs_out : ndarray of shape (>= g + 1, V), optional
+        Scratch for ``p`` (the dtype of ``target_logits``, C-contiguous), reused across rounds
+        instead of a fresh ``(g + 1, V)`` array each time.
 
     Returns
     -------
@@ -51,7 +55,8 @@ def verify_block(draft_tokens: np.ndarray, target_logits: np.ndarray, q: np.ndar
     if sampling.temperature == 0.0:
         n_acc, nxt = kernels.verify_greedy(draft_tokens, target_logits)
         return int(n_acc), int(nxt)
-    p = kernels.probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    p = kernels.probs(target_logits, sampling.temperature, sampling.top_k, sampling.top_p,
+                      out=None if probs_out is None else probs_out[:g + 1])
     if uniforms is None:
         u = rng.random(g + 1)
     else:

@@ -50,3 +50,30 @@ def test_windowed_drafter_is_lossless(models, backend, window):
     res = fs.speculative_generate(target, fs.DFlashDrafter(dflash, context_window=window),
                                   prompt, 48, gamma=5)
     assert res.tokens == ref
+
+
+def test_npz_keeps_the_trained_window(models, tmp_path):
+    target, dflash = models
+    dflash.context_window = 40
+    dflash.save(tmp_path / "d.npz")
+    loaded = fs.DFlashModel.load(tmp_path / "d.npz", target)
+    assert loaded.context_window == 40
+    assert fs.DFlashDrafter(loaded).context_window == 40
+    dflash.context_window = None  # unbounded: nothing stored, nothing read
+    dflash.save(tmp_path / "u.npz")
+    assert fs.DFlashModel.load(tmp_path / "u.npz", target).context_window is None
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "40", True])
+def test_npz_rejects_a_bad_window(models, tmp_path, bad):
+    import json
+    target, dflash = models
+    dflash.save(tmp_path / "d.npz")
+    with np.load(tmp_path / "d.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    cfg = json.loads(str(arrays["config"]))
+    cfg["context_window"] = bad
+    arrays["config"] = np.array(json.dumps(cfg))
+    np.savez(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(ValueError, match="bad.npz.*context_window"):
+        fs.DFlashModel.load(tmp_path / "bad.npz", target)

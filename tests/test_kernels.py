@@ -216,6 +216,58 @@ def test_probs_top_k_keeps_ties_at_kth(kern, dtype):
     np.testing.assert_allclose(got, [0, 1 / 3, 1 / 3, 0, 1 / 3, 0], rtol=RTOL[dtype])
 
 
+@pytest.mark.parametrize("top_k", [1, 50, 3000])  # heap below vocab / 64, selection above
+def test_probs_top_k_large_vocab_with_ties(kern, dtype, top_k):
+    rng = np.random.default_rng(3)
+    logits = rng.integers(-40, 40, (2, 5003)).astype(dtype)  # every value repeated ~60 times
+    got = kern.probs(logits, 0.8, top_k)
+    twin = _reference.probs(logits, 0.8, top_k)
+    np.testing.assert_array_equal(got > 0, twin > 0)
+    np.testing.assert_allclose(got, twin, rtol=RTOL[dtype], atol=1e-12)
+    kth = np.sort(logits, axis=1)[:, -top_k]
+    np.testing.assert_array_equal(got > 0, logits >= kth[:, None])
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", PROBS_PARAMS)
+def test_probs_into_a_reused_buffer(kern, dtype, temperature, top_k, top_p):
+    rng = np.random.default_rng(11)
+    logits = (3 * rng.standard_normal((3, 500))).astype(dtype)
+    out = np.full_like(logits, np.nan)  # stale contents must not leak into the result
+    got = kern.probs(logits, temperature, top_k, top_p, out=out)
+    assert got is out
+    np.testing.assert_array_equal(out, kern.probs(logits, temperature, top_k, top_p))
+    row = kern.probs(logits[1], temperature, top_k, top_p, out=out[2])  # 1-D into a row view
+    np.testing.assert_array_equal(row, out[1])
+
+
+def test_probs_out_errors(kern):
+    logits = np.zeros((2, 5))
+    with pytest.raises(ValueError, match=r"out must have shape \(2, 5\)"):
+        kern.probs(logits, out=np.zeros((2, 4)))
+    with pytest.raises(TypeError, match="out must have dtype float64"):
+        kern.probs(logits, out=np.zeros((2, 5), np.float32))
+    with pytest.raises(ValueError, match="out must be C-contiguous"):
+        kern.probs(logits, out=np.zeros((5, 2)).T)
+    ro = np.zeros((2, 5))
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out must be writable"):
+        kern.probs(logits, out=ro)
+    with pytest.raises(ValueError, match="out must not overlap logits"):
+        kern.probs(logits, out=logits)
+
+
+def test_probs_top_k_when_temperature_merges_neighbours(kern):
+    """Scaled by 1e290, consecutive float32 logits near 1e-30 land on the same subnormal
+    doubles: top-k keeps every token whose *scaled* logit ties the k-th, beyond the k largest."""
+    bits = np.float32(1e-30).view(np.int32) + np.arange(4000, dtype=np.int32)
+    logits = np.random.default_rng(0).permutation(bits).view(np.float32)
+    got = kern.probs(logits, 1e290, 50)
+    twin = _reference.probs(logits, 1e290, 50)
+    np.testing.assert_array_equal(got > 0, twin > 0)
+    np.testing.assert_allclose(got, twin, rtol=RTOL[np.float32])
+    assert np.count_nonzero(got) > 50  # the merge happened: the test reaches that path
+
+
 @pytest.mark.parametrize("top_p, expected", [
     (0.5, [0.5, 0.5, 0, 0]),          # mass before the third equal token is 0.5: cut
     (0.6, [1 / 3, 1 / 3, 1 / 3, 0]),  # 0.5 < 0.6: the third is kept, the fourth is not

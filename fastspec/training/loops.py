@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from fastspec._progress import Progress
+from fastspec.dflash_config import CONTEXT_WINDOW_KEY
 from fastspec.training.data import (dflash_rows, lm_batch, load_episodes, make_greedy_episodes,
                                     sample_anchors, save_episodes)
 from fastspec.training.modules import autocast, build_dflash, build_transformer, n_params
@@ -292,10 +293,12 @@ def train_dflash(args, data=None) -> None:
         ev = evaluate_dflash(dmodel, target, dcfg, va, val_tok, n_rows=args.eval_rows)
         prog.log(f"step {step} eval {json.dumps(ev)}")
 
+    # the context the drafter learns to read, for DFlashModel.context_window after loading
+    saved = {**dcfg, CONTEXT_WINDOW_KEY: args.seq - dcfg["block_size"]}
     step = _run(args, budget, prog, opt, step_fn, args.batch * m * dcfg["block_size"], evaluate,
-                lambda: export_npz(dmodel, dcfg, args.out))
+                lambda: export_npz(dmodel, saved, args.out))
     if args.fp32_copy:
-        export_npz(dmodel, dcfg, args.fp32_copy, dtype="float32")
+        export_npz(dmodel, saved, args.fp32_copy, dtype="float32")
     ev = evaluate_dflash(dmodel, target, dcfg, va, val_tok, n_rows=args.final_eval_rows)
     prog.log(f"final eval (fp32, held-out) {json.dumps(ev)}")
     prog.log(f"done: {step} steps, {prog.elapsed / 60:.1f} min")

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fastspec._npz import read_npz
+from fastspec.dflash_config import CONTEXT_WINDOW_KEY
 from fastspec.model import ModelConfig, Transformer as NumpyTransformer
 from fastspec.tokenizer import ByteTokenizer
 from fastspec.training.modules import DFlash, Transformer
@@ -210,6 +211,7 @@ def load_transformer_npz(path: str | Path) -> tuple[Transformer, dict[str, Any]]
 def load_dflash_npz(path: str | Path, target_cfg: dict[str, Any]) -> tuple[DFlash, dict[str, Any]]:
     """Return (torch DFlash in float32, config) from a fastspec ``.npz``."""
     cfg, state = _read(path, "DFlash")
+    cfg.pop(CONTEXT_WINDOW_KEY, None)  # not the module's: the trainer sets it on export
     m = DFlash(cfg, target_cfg)
     m.load_state_dict(state)
     return m, cfg
