@@ -99,15 +99,23 @@ static void fs_attention_f32(const float *q, const float *k, const float *v, flo
  * every context key [0, length - n) and the node keys length - n + j with
  * mask[i * n + j] != 0 (its ancestors and itself). Same contract as fs_attention_f64
  * otherwise, plus: mask (n, n) C-contiguous with a nonzero diagonal (checked by the caller;
- * a tree's mask is also lower-triangular, which this kernel does not need). Both dtypes use
- * the double-accumulating template (the tiled float kernel stays mask-free), so a float32
- * result is within ~1e-6 relative of the float64 formula but not bit-identical to the
- * unmasked float32 kernel. */
+ * a tree's mask is also lower-triangular, which these kernels do not need).
+ * float32 with a head size of the tiled kernel: each node reads its visible keys as one
+ * range (fs_attention_f32_tree), so its output is bit-identical to a decode step of its
+ * path. Otherwise the double template hides the other node keys (-inf scores): within
+ * rounding of the float64 formula, not bit-identical to a decode step. */
 static void fs_attention_masked_f32(const float *q, const float *k, const float *v, float *out,
                                     int n, int n_heads, int n_kv_heads, int head_dim,
                                     int capacity, int length, const uint8_t *mask,
                                     double *scratch)
 {
+#if FS_HAVE_VEC
+    if (fs_f32_supported(head_dim)) {  /* n ints of the caller's >= length doubles */
+        fs_attention_f32_tree(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
+                              mask, (int32_t *)scratch);
+        return;
+    }
+#endif
     fs_attention_dbl_f32(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length, 0,
                          mask, scratch);
 }

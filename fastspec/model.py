@@ -177,9 +177,10 @@ class Transformer(NumpyForward, ModelIO):
             ``[-1, i)``, -1 hanging under the last cached position. Position ``i`` sees the
             cache and its own ancestors only, at sequence position ``cache.length + depth_i - 1``
             (rows are still written at ``cache.length + i``). The fused runner takes the
-            positions and the ancestor mask (its masked attention accumulates in double for
-            both dtypes); the NumPy backend runs the layer-by-layer path
-            (:func:`fastspec.kernels.tree_attention`). A chain runs as a plain causal step.
+            positions and the ancestor mask (float32 with a head size of the tiled attention
+            kernel: a node's logits are bit-identical to decoding its path); the NumPy
+            backend runs the layer-by-layer path (:func:`fastspec.kernels.tree_attention`).
+            A chain runs as a plain causal step.
 
         Returns
         -------

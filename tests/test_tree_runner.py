@@ -83,18 +83,29 @@ def test_fused_tree_step_matches_numpy_layers(family, dt, weight_dtype, seed, mo
 
 
 @needs_cython
-@pytest.mark.parametrize("family", ["toy", "llama-gqa"])
-def test_fused_tree_step_long_context(family, monkeypatch):
-    """Past 1024 keys the masked attention runs its online softmax over key tiles; a star
-    (every node under the root) leaves whole tiles of node keys hidden from a row."""
-    model = model_of(family, "float64", max_seq_len=1400, vocab_size=50)
+@pytest.mark.parametrize("family,dt", [("toy", "float64"), ("llama-gqa", "float64"),
+                                       ("qwen2-bias", "float32")])
+def test_fused_tree_step_long_context(family, dt, monkeypatch):
+    """Past 1024 keys the double template's masked attention runs its online softmax over key
+    tiles, and a star (every node under the root) leaves whole tiles of node keys hidden from
+    a row; float32 with head_dim 16 runs the tiled kernel over many tiles of 128 keys."""
+    model = model_of(family, dt, max_seq_len=1400, vocab_size=50)
     rng = np.random.default_rng(7)
     context = rng.integers(0, 50, 1100)
     for parents in (random_parents(rng, 24), np.full(MAX_TREE_NODES, -1, dtype=I)):
         ids = rng.integers(0, 50, parents.shape[0])
         fused, cf = tree_step(model, context, ids, parents, "cython", monkeypatch)
         ref, cr = tree_step(model, context, ids, parents, "numpy", monkeypatch)
-        check_close(fused, ref, cf, cr, 1e-9, 1e-9)
+        check_close(fused, ref, cf, cr, *TOL[(dt, None)])
+
+
+@pytest.fixture
+def on_cython():
+    """Run the test on the Cython backend whatever FASTSPEC_BACKEND says."""
+    previous = fs.backend()
+    fs.set_backend("cython")
+    yield
+    fs.set_backend(previous)
 
 
 def _runner(model):
@@ -179,20 +190,59 @@ def test_runner_rejects_bad_positions_and_masks():
 
 
 @needs_cython
-@pytest.mark.parametrize("n,length,head_dim", [(1, 1100, 8), (8, 1100, 8), (257, 1400, 8),
-                                               (8, 1100, 160), (5, 40, 16)])
-def test_tree_attention_long_ranges_backends_agree(dtype, n, length, head_dim):
-    """The masked C kernel (fastspec.kernels.tree_attention on Cython) against its NumPy twin
-    on every path of the double template: one row past 1024 keys (caller's scratch), the
-    online softmax (whole tiles hidden by a star), head_dim over 128, short ranges."""
-    rng = np.random.default_rng(n)
+@pytest.mark.parametrize("n,length,head_dim,shape", [
+    (1, 1100, 8, "tree"), (8, 1100, 8, "tree"), (257, 1400, 8, "star"), (8, 1100, 160, "tree"),
+    (5, 40, 16, "tree"), (257, 1400, 16, "star"), (9, 300, 64, "tree"), (12, 200, 8, "any"),
+    (12, 200, 32, "any")])
+def test_tree_attention_kernel_backends_agree(dtype, n, length, head_dim, shape):
+    """The masked C kernels (fastspec.kernels.tree_attention on Cython) against their NumPy
+    twin. Double template: one row past 1024 keys (caller's scratch), the online softmax
+    (whole tiles hidden by a star), head_dim over 128, short ranges. Tiled float32 kernel
+    (head_dim a multiple of 16): many tiles. Any mask with a true diagonal, not only a
+    tree's."""
+    rng = np.random.default_rng(n + head_dim)
     H, Hkv = 4, 2
     k = rng.normal(size=(Hkv, length + 3, head_dim)).astype(dtype)
     v = rng.normal(size=(Hkv, length + 3, head_dim)).astype(dtype)
     q = rng.normal(size=(n, H, head_dim)).astype(dtype)
-    parents = np.full(n, -1, dtype=I) if n > 200 else random_parents(rng, n)
-    mask = ancestor_mask(parents)
+    if shape == "any":
+        mask = (rng.random((n, n)) < 0.4) | np.eye(n, dtype=bool)
+    else:
+        mask = ancestor_mask(np.full(n, -1, dtype=I) if shape == "star"
+                             else random_parents(rng, n))
     got = fs.kernels.module("cython").tree_attention(q, k, v, length, mask)
     want = fs.kernels.module("numpy").tree_attention(q, k, v, length, mask)
     assert got.dtype == dtype
     np.testing.assert_allclose(got, want, rtol=RTOL[dtype], atol=RTOL[dtype])
+
+
+@needs_cython
+@pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_tree_node_is_bit_identical_to_decode_of_its_path(weight_dtype, head_dim, on_cython):
+    """float32, a head size of the tiled attention kernel, up to 16 rows: every node's logits
+    and K/V rows are those of decoding its path token by token, bit for bit (what makes greedy
+    tree decoding equal vanilla decoding exactly)."""
+    cfg = fs.ModelConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                         head_dim=head_dim, ffn_dim=96, max_seq_len=96, dtype="float32",
+                         weight_dtype=weight_dtype)
+    model = fs.Transformer.random(cfg, seed=5)
+    rng = np.random.default_rng(head_dim)
+    context = rng.integers(0, 97, 37)
+    parents = np.array([-1, 0, 0, 1, 1, 2, -1, 6, 3, 8, 3, 0, 11, 5, 7], dtype=I)
+    ids = rng.integers(0, 97, parents.shape[0])
+    cache = model.new_cache()
+    model.step(context, cache)
+    tree = model.step(ids, cache, tree_parents=parents, hidden_layers=(0,))
+    depths = tree_depths(parents)
+    for i in range(parents.shape[0]):
+        path = np.flatnonzero(ancestor_mask(parents)[i])
+        dec = model.new_cache()
+        model.step(context, dec)
+        for node in path:
+            out = model.step(ids[node:node + 1], dec, hidden_layers=(0,))
+        np.testing.assert_array_equal(tree.logits[i], out.logits[0])
+        np.testing.assert_array_equal(tree.hidden[0][i], out.hidden[0][0])
+        row, pos = 37 + i, 37 + depths[i] - 1
+        np.testing.assert_array_equal(cache.k[:, :, row], dec.k[:, :, pos])
+        np.testing.assert_array_equal(cache.v[:, :, row], dec.v[:, :, pos])
