@@ -48,9 +48,9 @@ static inline int fs_attn_row(int kv, int t, int group, int n, int n_heads, int 
     return causal ? length - n + i + 1 : length;
 }
 
-/* Tree mask: s[j - j0] <- -inf (a zero weight after the softmax) for every block key j in
- * [j0, j1) that the row does not see; block key j sits at base + i and is seen iff
- * mrow[j - base] (context keys, below base, are always seen). */
+/* Tree mask: s[j - j0] <- -inf (a zero weight after the softmax) for every key j in [j0, j1)
+ * that the row does not see: key j >= base is node j - base, seen iff mrow[j - base]; the
+ * context keys, below base, are always seen. */
 static inline void fs_attn_hide(double *s, int j0, int j1, const uint8_t *mrow, int base)
 {
     for (int j = j0 > base ? j0 : base; j < j1; j++)
