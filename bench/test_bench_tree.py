@@ -6,11 +6,12 @@ context 300, times interleaved in one run (medians of 5 rounds of 10 calls):
 - ``tree_N_steps``: tree step (``Transformer.step(tree_parents=...)``) / one decode step;
 - ``chain_N_steps``: a causal chain step of the same ``N + 1`` positions / one decode step.
 
-Trees run the layer-by-layer path on either backend (the fused runner has no tree mask yet),
-so on the Cython backend ``tree_N_steps / chain_N_steps`` is the price of that fallback.
-Run it with ``OPENBLAS_NUM_THREADS=1``: in one process with the OpenMP model runner, a
-multi-threaded OpenBLAS made the layer path's matrix products 10-30x slower on the 2-core
-development machine (tree_8 518 decode steps instead of 13).
+On the Cython backend trees run in the fused runner with positions and a tree mask, so
+``tree_N_steps / chain_N_steps`` is the price of the tree attention (each node reads its own
+keys, no sharing of key loads between nodes); the NumPy backend runs the layer-by-layer
+path. Run it with ``OPENBLAS_NUM_THREADS=1``: in one process with the OpenMP
+model runner, a multi-threaded OpenBLAS made the layer path's matrix products 10-30x slower
+on the 2-core development machine (tree_8 518 decode steps instead of 13).
 
 ``fastspec bench`` reports the same figures (:func:`fastspec.tools.rounds.tree_costs`).
 

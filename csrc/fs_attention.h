@@ -1,7 +1,8 @@
 /* fs_attention.h -- attention over a KV cache: plain C inner loops, float and double.
  *
  * SHARED: this header is #included by fastspec/_kernels.pyx (the `attention` kernel) AND by
- * the fused Cython model forward. Keep the two public signatures below stable:
+ * the fused Cython model forward. Keep the two public signatures below stable (the tree
+ * entries fs_attention_masked_<sfx>, at the end, serve `tree_attention` and tree steps):
  *
  *   q (n, n_heads, head_dim); k, v (n_kv_heads, capacity, head_dim); out (n, n_heads, head_dim)
  *   keys [0, length) are valid; query i sits at position length - n + i; causal: it sees keys
@@ -47,6 +48,16 @@ static inline int fs_attn_row(int kv, int t, int group, int n, int n_heads, int 
     return causal ? length - n + i + 1 : length;
 }
 
+/* Tree mask: s[j - j0] <- -inf (a zero weight after the softmax) for every key j in [j0, j1)
+ * that the row does not see: key j >= base is node j - base, seen iff mrow[j - base]; the
+ * context keys, below base, are always seen. */
+static inline void fs_attn_hide(double *s, int j0, int j1, const uint8_t *mrow, int base)
+{
+    for (int j = j0 > base ? j0 : base; j < j1; j++)
+        if (!mrow[j - base])
+            s[j - j0] = -HUGE_VAL;
+}
+
 /* ---- the double-accumulating kernel, float and double inputs (fs_attention_impl.h) ---- */
 
 #define FS_T float
@@ -64,7 +75,7 @@ static void fs_attention_f64(const double *q, const double *k, const double *v, 
                              int length, int causal, double *scratch)
 {
     fs_attention_dbl_f64(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
-                         causal, scratch);
+                         causal, NULL, scratch);
 }
 
 /* float32: the tiled float kernel where the head size allows it (the choice depends on
@@ -81,7 +92,41 @@ static void fs_attention_f32(const float *q, const float *k, const float *v, flo
     }
 #endif
     fs_attention_dbl_f32(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
-                         causal, scratch);
+                         causal, NULL, scratch);
+}
+
+/* Tree attention: the n queries are tree nodes at cache rows length - n + i; query i sees
+ * every context key [0, length - n) and the node keys length - n + j with
+ * mask[i * n + j] != 0 (its ancestors and itself). Same contract as fs_attention_f64
+ * otherwise, plus: mask (n, n) C-contiguous with a nonzero diagonal (checked by the caller;
+ * a tree's mask is also lower-triangular, which these kernels do not need).
+ * float32 with a head size of the tiled kernel: each node reads its visible keys as one
+ * range (fs_attention_f32_tree), so its output is bit-identical to a decode step of its
+ * path. Otherwise the double template hides the other node keys (-inf scores): within
+ * rounding of the float64 formula, not bit-identical to a decode step. */
+static void fs_attention_masked_f32(const float *q, const float *k, const float *v, float *out,
+                                    int n, int n_heads, int n_kv_heads, int head_dim,
+                                    int capacity, int length, const uint8_t *mask,
+                                    double *scratch)
+{
+#if FS_HAVE_VEC
+    if (fs_f32_supported(head_dim)) {  /* n ints of the caller's >= length doubles */
+        fs_attention_f32_tree(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
+                              mask, (int32_t *)scratch);
+        return;
+    }
+#endif
+    fs_attention_dbl_f32(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length, 0,
+                         mask, scratch);
+}
+
+static void fs_attention_masked_f64(const double *q, const double *k, const double *v,
+                                    double *out, int n, int n_heads, int n_kv_heads,
+                                    int head_dim, int capacity, int length,
+                                    const uint8_t *mask, double *scratch)
+{
+    fs_attention_dbl_f64(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length, 0,
+                         mask, scratch);
 }
 
 #endif /* FS_ATTENTION_H */

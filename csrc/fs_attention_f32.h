@@ -48,7 +48,17 @@ static inline int fs_f32_supported(int head_dim)
 
 typedef void (*fs_f32_block_fn)(const float *const *qrows, float *const *orows,
                                 const int *count, int rows, const float *kh, const float *vh,
-                                int head_dim, float scale);
+                                int head_dim, float scale, int base, const int32_t *anc);
+
+/* Row of key j in a kv head's (capacity, D) keys or values: j itself, or for a tree node
+ * (anc != NULL) the context row j below base and the node row base + anc[j - base] from
+ * there (its ancestors in order, itself last). */
+FS_ALWAYS_INLINE const float *fs_f32_key(const float *k, int j, int D, int base,
+                                         const int32_t *anc)
+{
+    size_t row = anc && j >= base ? (size_t)base + (size_t)anc[j - base] : (size_t)j;
+    return k + row * (size_t)D;
+}
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) \
     && defined(__GLIBC__) && !defined(FS_NO_CLONES) && !defined(__AVX512F__)
@@ -115,7 +125,44 @@ static void fs_attention_f32_tiled(const float *q, const float *k, const float *
                 qrows[r] = q + at;
                 orows[r] = out + at;
             }
-            block(qrows, orows, count, rows, kh, vh, head_dim, scale);
+            block(qrows, orows, count, rows, kh, vh, head_dim, scale, 0, NULL);
+        }
+    }
+}
+
+/* Tree attention on the tiled kernel (contract of fs_attention_masked_f32, fs_attention.h):
+ * node i reads its visible keys as one contiguous range, the context then the node rows j
+ * with mask[i * n + j] in order, so a node whose visible nodes are its path computes exactly
+ * what a decode step of that path computes (same keys in the same order: the same bits).
+ * anc: n ints of scratch. A block holds the heads of one node (its keys are its own). */
+static void fs_attention_f32_tree(const float *q, const float *k, const float *v, float *out,
+                                  int n, int n_heads, int n_kv_heads, int head_dim,
+                                  int capacity, int length, const uint8_t *mask, int32_t *anc)
+{
+    fs_f32_block_fn block = fs_f32_pick();
+    int group = n_heads / n_kv_heads, base = length - n;
+    float scale = (float)(1.0 / sqrt((double)head_dim));
+    for (int i = 0; i < n; i++) {
+        int seen = 0;
+        for (int j = 0; j < n; j++)
+            if (mask[(size_t)i * n + j])
+                anc[seen++] = j;
+        for (int kv = 0; kv < n_kv_heads; kv++) {
+            const float *kh = k + (size_t)kv * capacity * head_dim;
+            const float *vh = v + (size_t)kv * capacity * head_dim;
+            for (int g0 = 0; g0 < group; g0 += FS_F32_ROWS) {
+                const float *qrows[FS_F32_ROWS];
+                float *orows[FS_F32_ROWS];
+                int count[FS_F32_ROWS];
+                int rows = group - g0 < FS_F32_ROWS ? group - g0 : FS_F32_ROWS;
+                for (int r = 0; r < rows; r++) {
+                    size_t at = ((size_t)i * n_heads + kv * group + g0 + r) * head_dim;
+                    qrows[r] = q + at;
+                    orows[r] = out + at;
+                    count[r] = base + seen;
+                }
+                block(qrows, orows, count, rows, kh, vh, head_dim, scale, base, anc);
+            }
         }
     }
 }

@@ -118,49 +118,54 @@ FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_f32_dots)(const float *const *q, const in
     }
 }
 
-/* Keys [0, width) for R query rows, four at a time. */
+/* Keys j0 + [0, width) (rows by fs_f32_key) for R query rows, four at a time. */
 FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_f32_dots_rows)(const float *const *q, const int R,
-                                                      const float *FS_RESTRICT k, int width,
-                                                      const int NC, float scale,
-                                                      float *FS_RESTRICT s)
+                                                      const float *FS_RESTRICT k, int j0,
+                                                      int width, const int NC, float scale,
+                                                      float *FS_RESTRICT s, int base,
+                                                      const int32_t *anc)
 {
     const int D = NC * FS_W;
     for (int j = 0; j < width; j += 4) {
         const float *kp[4];
         for (int i = 0; i < 4; i++)
-            kp[i] = k + (size_t)(j + i < width ? j + i : width - 1) * D;
+            kp[i] = fs_f32_key(k, j0 + (j + i < width ? j + i : width - 1), D, base, anc);
         float *sr[2] = {s + j, s + FS_F32_TILE + j};
         FS_FN(fs_f32_dots)(q, R, kp, width - j < 4 ? width - j : 4, NC, scale, sr);
     }
 }
 
-/* s[r * FS_F32_TILE + j] = scale * dot(q[r], k[j]) for j < width: rows in pairs (each key row
- * loaded once for both). */
+/* s[r * FS_F32_TILE + j] = scale * dot(q[r], key j0 + j) for j < width: rows in pairs (each
+ * key row loaded once for both). */
 FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_f32_scores)(const float *const *q, int rows,
-                                                   const float *FS_RESTRICT k, int width,
-                                                   const int NC, float scale,
-                                                   float *FS_RESTRICT s)
+                                                   const float *FS_RESTRICT k, int j0,
+                                                   int width, const int NC, float scale,
+                                                   float *FS_RESTRICT s, int base,
+                                                   const int32_t *anc)
 {
     int r = 0;
     for (; r + 2 <= rows; r += 2)
-        FS_FN(fs_f32_dots_rows)(q + r, 2, k, width, NC, scale, s + (size_t)r * FS_F32_TILE);
+        FS_FN(fs_f32_dots_rows)(q + r, 2, k, j0, width, NC, scale, s + (size_t)r * FS_F32_TILE,
+                                base, anc);
     if (r < rows)
-        FS_FN(fs_f32_dots_rows)(q + r, 1, k, width, NC, scale, s + (size_t)r * FS_F32_TILE);
+        FS_FN(fs_f32_dots_rows)(q + r, 1, k, j0, width, NC, scale, s + (size_t)r * FS_F32_TILE,
+                                base, anc);
 }
 
 /* tile[r][W c0 + W c] for R (1 or 2) rows and nc <= 4 vectors of columns from W c0: the sum
- * over keys j < width of w[r][j] * v[j][...], one multiply-add at a time in key order. */
+ * over keys j < width of w[r][j] * v[j0 + j][...], one multiply-add at a time in key order. */
 FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_f32_values_pass)(const float *FS_RESTRICT w, const int R,
-                                                        const float *FS_RESTRICT v, int width,
-                                                        const int D, int c0, int nc,
-                                                        float *FS_RESTRICT tile)
+                                                        const float *FS_RESTRICT v, int j0,
+                                                        int width, const int D, int c0, int nc,
+                                                        float *FS_RESTRICT tile, int base,
+                                                        const int32_t *anc)
 {
     FS_VF acc[2][4];
     for (int r = 0; r < R; r++)
         for (int c = 0; c < 4; c++)
             acc[r][c] = (FS_VF){0};
     for (int j = 0; j < width; j++) {
-        const float *vj = v + (size_t)j * D + FS_W * c0;
+        const float *vj = fs_f32_key(v, j0 + j, D, base, anc) + FS_W * c0;
         FS_VF vv[4];
         for (int c = 0; c < nc; c++)
             vv[c] = FS_FN(fs_f32_load)(vj + FS_W * c);
@@ -178,19 +183,21 @@ FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_f32_values_pass)(const float *FS_RESTRICT
 /* tile[r][0:D) = sum_{j < width} w[r][j] * v[j][0:D) in float: passes of two rows by four
  * vectors of columns. Rows whose weights are zero beyond their visible keys add exact zeros. */
 FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_f32_values)(const float *FS_RESTRICT w, int rows,
-                                                   const float *FS_RESTRICT v, int width,
-                                                   const int NC, float *FS_RESTRICT tile)
+                                                   const float *FS_RESTRICT v, int j0,
+                                                   int width, const int NC,
+                                                   float *FS_RESTRICT tile, int base,
+                                                   const int32_t *anc)
 {
     const int D = NC * FS_W;
     for (int c0 = 0; c0 < NC; c0 += 4) {
         const int nc = NC - c0 < 4 ? NC - c0 : 4;
         int r = 0;
         for (; r + 2 <= rows; r += 2)
-            FS_FN(fs_f32_values_pass)(w + (size_t)r * FS_F32_TILE, 2, v, width, D, c0, nc,
-                                      tile + (size_t)r * FS_F32_MAXD);
+            FS_FN(fs_f32_values_pass)(w + (size_t)r * FS_F32_TILE, 2, v, j0, width, D, c0, nc,
+                                      tile + (size_t)r * FS_F32_MAXD, base, anc);
         if (r < rows)
-            FS_FN(fs_f32_values_pass)(w + (size_t)r * FS_F32_TILE, 1, v, width, D, c0, nc,
-                                      tile + (size_t)r * FS_F32_MAXD);
+            FS_FN(fs_f32_values_pass)(w + (size_t)r * FS_F32_TILE, 1, v, j0, width, D, c0, nc,
+                                      tile + (size_t)r * FS_F32_MAXD, base, anc);
     }
 }
 
@@ -206,20 +213,34 @@ FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_f32_values)(const float *FS_RESTRICT w, i
         else CALL(NC);                                                                         \
     } while (0)
 
+/* anc NULL (every call but a tree node's) gets its own bodies: the key rows are plain
+ * offsets there, as before trees existed. */
 static FS_ATTR void FS_FN(fs_f32_tile_scores)(const float *const *q, int rows, const float *k,
-                                              int width, int NC, float scale, float *s)
+                                              int j0, int width, int NC, float scale, float *s,
+                                              int base, const int32_t *anc)
 {
-#define FS_F32_SCORES(C) FS_FN(fs_f32_scores)(q, rows, k, width, C, scale, s)
-    FS_F32_BY_NC(FS_F32_SCORES, NC);
+#define FS_F32_SCORES(C) FS_FN(fs_f32_scores)(q, rows, k, j0, width, C, scale, s, 0, NULL)
+#define FS_F32_SCORES_TREE(C) FS_FN(fs_f32_scores)(q, rows, k, j0, width, C, scale, s, base, anc)
+    if (anc)
+        FS_F32_BY_NC(FS_F32_SCORES_TREE, NC);
+    else
+        FS_F32_BY_NC(FS_F32_SCORES, NC);
 #undef FS_F32_SCORES
+#undef FS_F32_SCORES_TREE
 }
 
-static FS_ATTR void FS_FN(fs_f32_tile_values)(const float *w, int rows, const float *v,
-                                              int width, int NC, float *tile)
+static FS_ATTR void FS_FN(fs_f32_tile_values)(const float *w, int rows, const float *v, int j0,
+                                              int width, int NC, float *tile, int base,
+                                              const int32_t *anc)
 {
-#define FS_F32_VALUES(C) FS_FN(fs_f32_values)(w, rows, v, width, C, tile)
-    FS_F32_BY_NC(FS_F32_VALUES, NC);
+#define FS_F32_VALUES(C) FS_FN(fs_f32_values)(w, rows, v, j0, width, C, tile, 0, NULL)
+#define FS_F32_VALUES_TREE(C) FS_FN(fs_f32_values)(w, rows, v, j0, width, C, tile, base, anc)
+    if (anc)
+        FS_F32_BY_NC(FS_F32_VALUES_TREE, NC);
+    else
+        FS_F32_BY_NC(FS_F32_VALUES, NC);
 #undef FS_F32_VALUES
+#undef FS_F32_VALUES_TREE
 }
 
 #undef FS_F32_BY_NC
@@ -251,10 +272,12 @@ static FS_ATTR float FS_FN(fs_f32_softmax_row)(float *FS_RESTRICT w, int count, 
     return FS_FN(fs_f32_reduce4)(parts)[0];
 }
 
-/* One block of `rows` (<= FS_F32_ROWS) queries reading the same kv head. */
+/* One block of `rows` (<= FS_F32_ROWS) queries reading the same kv head; key j is row
+ * fs_f32_key(j, base, anc) (anc NULL: row j). */
 static FS_ATTR void FS_FN(fs_f32_block)(const float *const *qrows, float *const *orows,
                                         const int *count, int rows, const float *kh,
-                                        const float *vh, int head_dim, float scale)
+                                        const float *vh, int head_dim, float scale, int base,
+                                        const int32_t *anc)
 {
     float s[FS_F32_ROWS * FS_F32_TILE];
     float tile[FS_F32_ROWS * FS_F32_MAXD];
@@ -271,7 +294,7 @@ static FS_ATTR void FS_FN(fs_f32_block)(const float *const *qrows, float *const 
         acc[i] = 0.0;
     for (int j0 = 0; j0 < most; j0 += FS_F32_TILE) {
         int width = most - j0 < FS_F32_TILE ? most - j0 : FS_F32_TILE;
-        FS_FN(fs_f32_tile_scores)(qrows, rows, kh + (size_t)j0 * head_dim, width, NC, scale, s);
+        FS_FN(fs_f32_tile_scores)(qrows, rows, kh, j0, width, NC, scale, s, base, anc);
         int padded = (width + 15) & ~15;
         for (int r = 0; r < rows; r++) {
             float *sr = s + (size_t)r * FS_F32_TILE;
@@ -293,7 +316,7 @@ static FS_ATTR void FS_FN(fs_f32_block)(const float *const *qrows, float *const 
             }
             l[r] += (double)tile_sum;
         }
-        FS_FN(fs_f32_tile_values)(s, rows, vh + (size_t)j0 * head_dim, width, NC, tile);
+        FS_FN(fs_f32_tile_values)(s, rows, vh, j0, width, NC, tile, base, anc);
         for (int r = 0; r < rows; r++)
             for (int d = 0; d < head_dim; d++)
                 acc[(size_t)r * FS_F32_MAXD + d] += (double)tile[(size_t)r * FS_F32_MAXD + d];

@@ -129,10 +129,12 @@ FS_CLONES static void FS_FN(fs_attn_wsum)(const double *w, int stride, const int
         FS_FN(fs_attn_wsum_body)(w, stride, count, rows, v, D, d0, W, acc);
 }
 
-/* One block of `rows` queries that read the same kv head; w holds rows * stride doubles. */
+/* One block of `rows` queries that read the same kv head; w holds rows * stride doubles.
+ * mrows (NULL: no tree mask): row r sees key base + j only if mrows[r][j] (see fs_attn_hide). */
 static void FS_FN(fs_attn_block)(const FS_T *const *qrows, FS_T *const *orows, const int *count,
                                 int rows, const FS_T *kh, const FS_T *vh, int head_dim,
-                                double scale, double *w, int stride)
+                                double scale, double *w, int stride,
+                                const uint8_t *const *mrows, int base)
 {
     double total[FS_ATTN_ROWS];
     double acc[FS_ATTN_ROWS * FS_ATTN_DCHUNK];
@@ -143,6 +145,8 @@ static void FS_FN(fs_attn_block)(const FS_T *const *qrows, FS_T *const *orows, c
     FS_FN(fs_attn_scores)(qrows, rows, kh, most, head_dim, scale, w, stride);
     for (int r = 0; r < rows; r++) {
         double *wr = w + (size_t)r * stride;
+        if (mrows)
+            fs_attn_hide(wr, 0, count[r], mrows[r], base);
         double m = wr[0];
         for (int j = 1; j < count[r]; j++)
             m = wr[j] > m ? wr[j] : m;
@@ -167,7 +171,7 @@ static void FS_FN(fs_attn_block)(const FS_T *const *qrows, FS_T *const *orows, c
  * grows. The K/V tiles are read once for the whole block; head_dim <= FS_ATTN_DCHUNK. */
 static void FS_FN(fs_attn_online)(const FS_T *const *qrows, FS_T *const *orows, const int *count,
                                  int rows, const FS_T *kh, const FS_T *vh, int head_dim,
-                                 double scale)
+                                 double scale, const uint8_t *const *mrows, int base)
 {
     double s[FS_ATTN_ROWS * FS_ATTN_ONLINE_TILE];
     double acc[FS_ATTN_ROWS * FS_ATTN_DCHUNK];
@@ -192,9 +196,15 @@ static void FS_FN(fs_attn_online)(const FS_T *const *qrows, FS_T *const *orows, 
             if (c == 0)
                 continue;
             double *sr = s + (size_t)r * FS_ATTN_ONLINE_TILE;
+            if (mrows)
+                fs_attn_hide(sr, j0, j0 + c, mrows[r], base);
             double top = sr[0];
             for (int j = 1; j < c; j++)
                 top = sr[j] > top ? sr[j] : top;
+            if (top == -HUGE_VAL) {  /* every key of the tile hidden by the tree mask */
+                visible[r] = 0;
+                continue;
+            }
             if (top > m[r]) {
                 double shrink = m[r] == -HUGE_VAL ? 0.0 : exp(m[r] - top);
                 l[r] *= shrink;
@@ -214,9 +224,12 @@ static void FS_FN(fs_attn_online)(const FS_T *const *qrows, FS_T *const *orows, 
     }
 }
 
+/* mask (NULL: none): the tree mask of fs_attention_masked_<sfx> (fs_attention.h), applied
+ * to the keys each row sees by `causal`. */
 static void FS_FN(fs_attention_dbl)(const FS_T *q, const FS_T *k, const FS_T *v, FS_T *out,
                                    int n, int n_heads, int n_kv_heads, int head_dim,
-                                   int capacity, int length, int causal, double *scratch)
+                                   int capacity, int length, int causal, const uint8_t *mask,
+                                   double *scratch)
 {
     int group = n_heads / n_kv_heads;
     int rows_per_kv = n * group; /* row index t = i * group + g, head h = kv * group + g */
@@ -235,6 +248,7 @@ static void FS_FN(fs_attention_dbl)(const FS_T *q, const FS_T *k, const FS_T *v,
         for (int t0 = 0; t0 < rows_per_kv; t0 += block) {
             const FS_T *qrows[FS_ATTN_ROWS];
             FS_T *orows[FS_ATTN_ROWS];
+            const uint8_t *mrows[FS_ATTN_ROWS];
             int count[FS_ATTN_ROWS];
             int rows = rows_per_kv - t0 < block ? rows_per_kv - t0 : block;
             for (int r = 0; r < rows; r++) {
@@ -243,12 +257,15 @@ static void FS_FN(fs_attention_dbl)(const FS_T *q, const FS_T *k, const FS_T *v,
                                        &at);
                 qrows[r] = q + at;
                 orows[r] = out + at;
+                mrows[r] = mask ? mask + (size_t)((t0 + r) / group) * n : NULL;
             }
+            const uint8_t *const *mr = mask ? mrows : NULL;
             if (online)
-                FS_FN(fs_attn_online)(qrows, orows, count, rows, kh, vh, head_dim, scale);
+                FS_FN(fs_attn_online)(qrows, orows, count, rows, kh, vh, head_dim, scale, mr,
+                                     length - n);
             else
                 FS_FN(fs_attn_block)(qrows, orows, count, rows, kh, vh, head_dim, scale, w,
-                                    stride);
+                                    stride, mr, length - n);
         }
     }
 }

@@ -40,6 +40,12 @@ static inline double fs_model_tanh(double t)
     return t < 0 ? -y : y;
 }
 
+/* Sequence position of new row i: positions[i] for a tree step, else pos0 + i. */
+static inline int fs_model_pos(const int32_t *positions, int pos0, int i)
+{
+    return positions ? positions[i] : pos0 + i;
+}
+
 typedef struct {
     int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, max_pos;
     int rmsnorm;   /* 1: RMSNorm with weights; 0: LayerNorm without affine parameters */

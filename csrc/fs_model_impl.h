@@ -104,14 +104,15 @@ FS_ALWAYS_INLINE void FS_TFN(fs_norm_rows)(const fs_dims *d, const FS_T *x, cons
 
 #endif
 
-/* Rotate-half RoPE on (n, heads, D) rows at positions pos0 + i. */
+/* Rotate-half RoPE on (n, heads, D) rows at positions pos0 + i (or positions[i]). */
 FS_ALWAYS_INLINE void FS_FN(fs_rope)(const FS_FN(fs_model) *m, FS_T *x, int n, int heads,
-                                     int pos0)
+                                     int pos0, const int32_t *positions)
 {
     int D = m->d.head_dim, half = D / 2;
     for (int i = 0; i < n; i++) {
-        const FS_T *c = m->rope_cos + (size_t)(pos0 + i) * half;
-        const FS_T *s = m->rope_sin + (size_t)(pos0 + i) * half;
+        size_t p = (size_t)fs_model_pos(positions, pos0, i);
+        const FS_T *c = m->rope_cos + p * half;
+        const FS_T *s = m->rope_sin + p * half;
         for (int h = 0; h < heads; h++) {
             FS_T *x1 = x + ((size_t)i * heads + h) * D, *x2 = x1 + half;
             for (int j = 0; j < half; j++) {
@@ -123,15 +124,17 @@ FS_ALWAYS_INLINE void FS_FN(fs_rope)(const FS_FN(fs_model) *m, FS_T *x, int n, i
     }
 }
 
-/* k-norm (optional), RoPE and cache write of n new key/value rows at positions pos0 + i. */
+/* k-norm (optional), RoPE and cache write of n new key/value rows at cache rows pos0 + i
+ * (rotated at positions pos0 + i, or positions[i]). */
 FS_ALWAYS_INLINE void FS_FN(fs_store_kv)(const FS_FN(fs_model) *m, const FS_FN(fs_layer) *L,
                                          FS_T *k, const FS_T *v, int n, int pos0,
-                                         FS_T *kc, FS_T *vc, int capacity)
+                                         const int32_t *positions, FS_T *kc, FS_T *vc,
+                                         int capacity)
 {
     const fs_dims *d = &m->d;
     int Hkv = d->n_kv_heads, D = d->head_dim;
     if (d->qk_norm) FS_TFN(fs_norm_rows)(d, k, L->k_norm, k, n * Hkv, D, 1);
-    if (d->rope) FS_FN(fs_rope)(m, k, n, Hkv, pos0);
+    if (d->rope) FS_FN(fs_rope)(m, k, n, Hkv, pos0, positions);
     for (int i = 0; i < n; i++)
         for (int g = 0; g < Hkv; g++) {
             size_t src = ((size_t)i * Hkv + g) * D;
@@ -164,9 +167,9 @@ FS_CLONES static void FS_TFN(fs_act)(FS_T *f, size_t nf, int gelu)
 
 #endif
 
-/* x (n, dim) <- embed[ids] (+ pos_embed[pos0 + i]). */
+/* x (n, dim) <- embed[ids] (+ pos_embed[pos0 + i], or pos_embed[positions[i]]). */
 static void FS_FN(fs_embed)(const FS_FN(fs_model) *m, const int64_t *ids, int n, int pos0,
-                            FS_T *x)
+                            const int32_t *positions, FS_T *x)
 {
     int dim = m->d.dim;
     for (int i = 0; i < n; i++) {
@@ -178,7 +181,7 @@ static void FS_FN(fs_embed)(const FS_FN(fs_model) *m, const int64_t *ids, int n,
         memcpy(xi, m->embed + (size_t)ids[i] * dim, (size_t)dim * sizeof(FS_T));
 #endif
         if (m->pos_embed) {
-            const FS_T *p = m->pos_embed + (size_t)(pos0 + i) * dim;
+            const FS_T *p = m->pos_embed + (size_t)fs_model_pos(positions, pos0, i) * dim;
             for (int j = 0; j < dim; j++) xi[j] += p[j];
         }
     }
@@ -186,10 +189,14 @@ static void FS_FN(fs_embed)(const FS_FN(fs_model) *m, const int64_t *ids, int n,
 
 /* Run every layer on s->x (n, dim) in place for positions pos0 .. pos0+n-1, writing their
  * K/V into the cache and attending over [0, pos0 + n). hidden[l], when not NULL, receives a
- * copy of layer l's output (n, dim). */
+ * copy of layer l's output (n, dim).
+ * Tree step (both NULL otherwise): positions (n,) replace pos0 + i in RoPE (the caller's
+ * fs_embed takes the same array) while rows stay at cache rows pos0 + i; tree_mask (n, n),
+ * causal 1: row i sees the keys [0, pos0) and pos0 + j where tree_mask[i * n + j]. */
 static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s, int n, int pos0,
                              int causal, FS_T *k_cache, FS_T *v_cache, size_t layer_stride,
-                             int capacity, FS_T *const *hidden)
+                             int capacity, FS_T *const *hidden, const int32_t *positions,
+                             const uint8_t *tree_mask)
 {
     const fs_dims *d = &m->d;
     int dim = d->dim, H = d->n_heads, Hkv = d->n_kv_heads, D = d->head_dim, F = d->ffn_dim;
@@ -202,10 +209,14 @@ static void FS_FN(fs_layers)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s, in
         FS_LINEAR(s, s->h, L->wk, L->bk, s->k, n, dim, KD, 0);
         FS_LINEAR(s, s->h, L->wv, L->bv, s->v, n, dim, KD, 0);
         if (d->qk_norm) FS_TFN(fs_norm_rows)(d, s->q, L->q_norm, s->q, n * H, D, 1);
-        if (d->rope) FS_FN(fs_rope)(m, s->q, n, H, pos0);
-        FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, kc, vc, capacity);
-        FS_TFN(fs_attention)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n, causal,
-                             s->scores);
+        if (d->rope) FS_FN(fs_rope)(m, s->q, n, H, pos0, positions);
+        FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, positions, kc, vc, capacity);
+        if (tree_mask)
+            FS_TFN(fs_attention_masked)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n,
+                                        tree_mask, s->scores);
+        else
+            FS_TFN(fs_attention)(s->q, kc, vc, s->att, n, H, Hkv, D, capacity, pos0 + n,
+                                 causal, s->scores);
         FS_LINEAR(s, s->att, L->wo, NULL, s->x, n, HD, dim, 1);
         FS_TFN(fs_norm_rows)(d, s->x, L->mlp_norm, s->h, n, dim, d->rmsnorm);
         size_t nf = (size_t)n * F;
@@ -243,7 +254,8 @@ static void FS_FN(fs_context_kv)(const FS_FN(fs_model) *m, FS_TFN(fs_scratch) *s
         const FS_FN(fs_layer) *L = &m->layers[l];
         FS_LINEAR(s, feat, L->wk, L->bk, s->k, n, d->dim, KD, 0);
         FS_LINEAR(s, feat, L->wv, L->bv, s->v, n, d->dim, KD, 0);
-        FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, k_cache + (size_t)l * layer_stride,
+        FS_FN(fs_store_kv)(m, L, s->k, s->v, n, pos0, NULL,
+                           k_cache + (size_t)l * layer_stride,
                            v_cache + (size_t)l * layer_stride, capacity);
     }
 }

@@ -4,7 +4,7 @@ One ``cdef extern from`` block per header. Cython #includes every header named h
 each module that cimports this file; the unused static functions of a header cost nothing
 (the compiler drops them before optimising).
 """
-from libc.stdint cimport int32_t, int64_t, uint16_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 
 cdef extern from "fs_common.h" nogil:
@@ -59,15 +59,19 @@ cdef extern from "fs_model.h" nogil:  # with fs_linear.h
                              double *dbuf, size_t capacity)
     void fs_scratch_init_f64(fs_scratch_f64 *s, const fs_dims *d, double *buf, size_t rows,
                              double *dbuf, size_t capacity)
-    void fs_embed_f32(const fs_model_f32 *m, const int64_t *ids, int n, int pos0, float *x)
-    void fs_embed_f64(const fs_model_f64 *m, const int64_t *ids, int n, int pos0, double *x)
-    void fs_embed_f32h(const fs_model_f32h *m, const int64_t *ids, int n, int pos0, float *x)
+    void fs_embed_f32(const fs_model_f32 *m, const int64_t *ids, int n, int pos0,
+                      const int32_t *positions, float *x)
+    void fs_embed_f64(const fs_model_f64 *m, const int64_t *ids, int n, int pos0,
+                      const int32_t *positions, double *x)
+    void fs_embed_f32h(const fs_model_f32h *m, const int64_t *ids, int n, int pos0,
+                       const int32_t *positions, float *x)
     # bfloat16 storage: the same structs as f32h (uint16_t matrices), another instantiation
     ctypedef fs_model_f32h fs_model_f32b
-    void fs_embed_f32b(const fs_model_f32b *m, const int64_t *ids, int n, int pos0, float *x)
+    void fs_embed_f32b(const fs_model_f32b *m, const int64_t *ids, int n, int pos0,
+                       const int32_t *positions, float *x)
     void fs_layers_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, int pos0, int causal,
                         float *k_cache, float *v_cache, size_t layer_stride, int capacity,
-                        float **hidden)
+                        float **hidden, const int32_t *positions, const uint8_t *tree_mask)
     void fs_head_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, float *logits)
     void fs_context_kv_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, const float *feat,
                             int n, int pos0, float *k_cache, float *v_cache,
@@ -78,13 +82,13 @@ cdef extern from "fs_model.h" nogil:  # with fs_linear.h
                                  int capacity)
     void fs_layers_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, int pos0, int causal,
                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
-                       float **hidden)
+                       float **hidden, const int32_t *positions, const uint8_t *tree_mask)
     void fs_layers_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int n, int pos0, int causal,
                        double *k_cache, double *v_cache, size_t layer_stride, int capacity,
-                       double **hidden)
+                       double **hidden, const int32_t *positions, const uint8_t *tree_mask)
     void fs_layers_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int n, int pos0, int causal,
                         float *k_cache, float *v_cache, size_t layer_stride, int capacity,
-                        float **hidden)
+                        float **hidden, const int32_t *positions, const uint8_t *tree_mask)
     void fs_head_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, float *logits)
     void fs_head_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int n, float *logits)
     void fs_head_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int n, double *logits)
@@ -125,6 +129,12 @@ cdef extern from "fs_attention.h" nogil:
     void fs_attention_f64(const double *q, const double *k, const double *v, double *out,
                           int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
                           int length, int causal, double *scratch)
+    void fs_attention_masked_f32(const float *q, const float *k, const float *v, float *out,
+                                 int n, int n_heads, int n_kv_heads, int head_dim,
+                                 int capacity, int length, const uint8_t *mask, double *scratch)
+    void fs_attention_masked_f64(const double *q, const double *k, const double *v,
+                                 double *out, int n, int n_heads, int n_kv_heads, int head_dim,
+                                 int capacity, int length, const uint8_t *mask, double *scratch)
 
 
 cdef extern from "fs_kernels.h" nogil:

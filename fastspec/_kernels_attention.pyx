@@ -1,14 +1,14 @@
 """Compiled attention kernels and KV-cache moves of :mod:`fastspec.kernels`.
 
-``attention`` and ``cache_write`` run the C loops of ``csrc/fs_attention.h`` (the same
-attention code as the fused model forward); ``tree_attention`` and ``compact_kv`` serve tree
+``attention``, ``tree_attention`` and ``cache_write`` run the C loops of
+``csrc/fs_attention.h`` (the same attention code as the fused model forward, whose tree steps
+use the masked entry of ``tree_attention``); ``tree_attention`` and ``compact_kv`` serve tree
 verification. Same names, signatures, results and messages as :mod:`fastspec._reference`;
 every check happens before the GIL is released. Agreement with the twin: to rounding (float64
 accumulation in both).
 """
 from cython cimport floating
-from libc.math cimport INFINITY, exp, sqrt
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint8_t
 from libc.string cimport memcpy
 
 import numpy as np
@@ -20,7 +20,12 @@ from fastspec._checks import (
     check_tree_mask,
 )
 
-from fastspec._csrc cimport fs_attention_f32, fs_attention_f64
+from fastspec._csrc cimport (
+    fs_attention_f32,
+    fs_attention_f64,
+    fs_attention_masked_f32,
+    fs_attention_masked_f64,
+)
 from fastspec._kernels_base cimport check_int_sized, is_float_c, thread_scratch
 
 __all__ = ["attention", "cache_write", "compact_kv", "tree_attention"]
@@ -149,40 +154,20 @@ def cache_write(cache, new, start):
 cdef void _tree_attention_run(const floating[:, :, ::1] q,        # IN  (n, H, D)
                               const floating[:, :, ::1] k,        # IN  (H_kv, C, D)
                               const floating[:, :, ::1] v,        # IN  (H_kv, C, D)
-                              const unsigned char[:, ::1] mask,   # IN  (n, n) ancestors
+                              const uint8_t[:, ::1] mask,         # IN  (n, n) ancestors
                               floating[:, :, ::1] out,            # OUT (n, H, D)
-                              Py_ssize_t length, double *s, double *acc) noexcept:
-    cdef Py_ssize_t n = q.shape[0], H = q.shape[1], D = q.shape[2]
-    cdef Py_ssize_t group = H // k.shape[0], ctx = length - n
-    cdef Py_ssize_t i, h, kh, j, d
-    cdef double scale = 1.0 / sqrt(<double>D), m, total, dot, w
+                              int length, double *scratch) noexcept:  # TMP (length,)
     with nogil:
-        for i in range(n):
-            for h in range(H):
-                kh = h // group
-                m = -INFINITY
-                for j in range(length):
-                    if j >= ctx and not mask[i, j - ctx]:
-                        s[j] = -INFINITY  # not an ancestor: invisible
-                        continue
-                    dot = 0.0
-                    for d in range(D):
-                        dot = dot + <double>q[i, h, d] * <double>k[kh, j, d]
-                    s[j] = dot * scale
-                    if s[j] > m:
-                        m = s[j]
-                total = 0.0
-                for d in range(D):
-                    acc[d] = 0.0
-                for j in range(length):
-                    if s[j] == -INFINITY:
-                        continue
-                    w = exp(s[j] - m)
-                    total = total + w
-                    for d in range(D):
-                        acc[d] = acc[d] + w * <double>v[kh, j, d]
-                for d in range(D):
-                    out[i, h, d] = <floating>(acc[d] / total)
+        if floating is float:
+            fs_attention_masked_f32(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
+                                    <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
+                                    <int>q.shape[2], <int>k.shape[1], length, &mask[0, 0],
+                                    scratch)
+        else:
+            fs_attention_masked_f64(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
+                                    <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
+                                    <int>q.shape[2], <int>k.shape[1], length, &mask[0, 0],
+                                    scratch)
 
 
 def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
@@ -210,18 +195,18 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
     check_tree_mask(tree_mask, n)
     check_int_sized(q.shape, "q")
     check_int_sized(k_cache.shape, "k_cache")
-    cdef Py_ssize_t n_valid = length
+    cdef int n_valid = length
     if out is None:
         out = np.empty(q.shape, dtype=q.dtype)
     if q.shape[1] == 0 or q.shape[2] == 0:
         out[...] = 0
         return out
     mask = np.ascontiguousarray(tree_mask).view(np.uint8)
-    cdef double *s = <double *>thread_scratch((n_valid + q.shape[2]) * sizeof(double))
+    cdef double *s = <double *>thread_scratch(n_valid * sizeof(double))
     if q.dtype == np.float32:
-        _tree_attention_run[float](q, k_cache, v_cache, mask, out, n_valid, s, s + n_valid)
+        _tree_attention_run[float](q, k_cache, v_cache, mask, out, n_valid, s)
     else:
-        _tree_attention_run[double](q, k_cache, v_cache, mask, out, n_valid, s, s + n_valid)
+        _tree_attention_run[double](q, k_cache, v_cache, mask, out, n_valid, s)
     return out
 
 

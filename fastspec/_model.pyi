@@ -20,8 +20,10 @@ class TransformerRunner:
     def __init__(self, model: Transformer) -> None: ...
     def forward(self, ids, k_cache: np.ndarray, v_cache: np.ndarray, start: int,
                 causal: bool = True, hidden_layers: Iterable[int] = (),
-                out: np.ndarray | None = None,
-                logits: bool = True) -> tuple[np.ndarray | None, dict[int, np.ndarray]]: ...
+                out: np.ndarray | None = None, logits: bool = True,
+                positions: np.ndarray | None = None,
+                tree_mask: np.ndarray | None = None
+                ) -> tuple[np.ndarray | None, dict[int, np.ndarray]]: ...
     def forward_embeddings(self, x: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                            start: int, causal: bool = True, hidden_layers: Iterable[int] = (),
                            out: np.ndarray | None = None,

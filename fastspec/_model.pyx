@@ -11,7 +11,7 @@ C code cannot fail. The NumPy twin of every method lives in :mod:`fastspec.model
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int64_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
@@ -264,7 +264,9 @@ cdef class TransformerRunner:
         return <cnp.ndarray>out
 
     cdef tuple _run(self, int mode, cnp.ndarray src, object k_cache, object v_cache, int start,
-                    bint causal, tuple hidden_layers, object out, bint logits):
+                    bint causal, tuple hidden_layers, object out, bint logits,
+                    cnp.ndarray positions=None, cnp.ndarray tree_mask=None):
+        # positions: int32 (n,), tree_mask: uint8 (n, n), both checked by _tree_args
         cdef int n = <int>src.shape[0]
         cdef int L = self.dims.n_layers
         cdef int i
@@ -280,14 +282,21 @@ cdef class TransformerRunner:
             self.hidden_ptrs[<int>layer] = cnp.PyArray_DATA(h)
         cdef void *sp = cnp.PyArray_DATA(src)
         cdef void *rp = cnp.PyArray_DATA(res) if logits else NULL
+        cdef const int32_t *pp = NULL
+        cdef const uint8_t *mp = NULL
+        if positions is not None:
+            pp = <const int32_t *>cnp.PyArray_DATA(positions)
+        if tree_mask is not None:
+            mp = <const uint8_t *>cnp.PyArray_DATA(tree_mask)
         if self.is64:
             with nogil:
                 if mode == MODE_IDS:
-                    fs_embed_f64(&self.w.m64, <const int64_t *>sp, n, start, c.s64.x)
+                    fs_embed_f64(&self.w.m64, <const int64_t *>sp, n, start, pp, c.s64.x)
                 else:
                     memcpy(c.s64.x, sp, <size_t>n * self.dims.dim * sizeof(double))
                 fs_layers_f64(&self.w.m64, &c.s64, n, start, causal, <double *>c.k,
-                              <double *>c.v, c.stride, c.capacity, <double **>self.hidden_ptrs)
+                              <double *>c.v, c.stride, c.capacity, <double **>self.hidden_ptrs,
+                              pp, mp)
                 if logits:
                     fs_head_f64(&self.w.m64, &c.s64, n, <double *>rp)
         else:
@@ -295,27 +304,29 @@ cdef class TransformerRunner:
                 if mode == MODE_IDS:
                     if self.bf16:
                         fs_embed_f32b(<const fs_model_f32b *>&self.w.m16, <const int64_t *>sp, n,
-                                      start, c.s32.x)
+                                      start, pp, c.s32.x)
                     elif self.half:
-                        fs_embed_f32h(&self.w.m16, <const int64_t *>sp, n, start, c.s32.x)
+                        fs_embed_f32h(&self.w.m16, <const int64_t *>sp, n, start, pp, c.s32.x)
                     else:
-                        fs_embed_f32(&self.w.m32, <const int64_t *>sp, n, start, c.s32.x)
+                        fs_embed_f32(&self.w.m32, <const int64_t *>sp, n, start, pp, c.s32.x)
                 else:
                     memcpy(c.s32.x, sp, <size_t>n * self.dims.dim * sizeof(float))
                 if self.bf16:
                     fs_layers_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32, n, start, causal,
                                    <float *>c.k, <float *>c.v, c.stride, c.capacity,
-                                   <float **>self.hidden_ptrs)
+                                   <float **>self.hidden_ptrs, pp, mp)
                     if logits:
                         fs_head_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32, n, <float *>rp)
                 elif self.half:
                     fs_layers_f32h(&self.w.m16, &c.s32, n, start, causal, <float *>c.k,
-                                   <float *>c.v, c.stride, c.capacity, <float **>self.hidden_ptrs)
+                                   <float *>c.v, c.stride, c.capacity, <float **>self.hidden_ptrs,
+                                   pp, mp)
                     if logits:
                         fs_head_f32h(&self.w.m16, &c.s32, n, <float *>rp)
                 else:
                     fs_layers_f32(&self.w.m32, &c.s32, n, start, causal, <float *>c.k,
-                                  <float *>c.v, c.stride, c.capacity, <float **>self.hidden_ptrs)
+                                  <float *>c.v, c.stride, c.capacity, <float **>self.hidden_ptrs,
+                                  pp, mp)
                     if logits:
                         fs_head_f32(&self.w.m32, &c.s32, n, <float *>rp)
         return res, hidden
@@ -333,8 +344,46 @@ cdef class TransformerRunner:
             out.add(int(layer) % L)
         return tuple(sorted(out))
 
+    cdef tuple _tree_args(self, object positions, object tree_mask, Py_ssize_t n, bint causal):
+        """Check a tree step's ``positions`` and ``tree_mask`` (GIL held); return them as
+        C-contiguous int32 (n,) and uint8 (n, n) arrays (None stays None)."""
+        cdef cnp.ndarray pos = None, mask = None
+        cdef int max_pos = self.dims.max_pos
+        if positions is not None:
+            if not isinstance(positions, np.ndarray) or positions.dtype not in (np.int32,
+                                                                              np.int64):
+                raise TypeError(f"positions must be an int32 or int64 ndarray, got "
+                                f"{getattr(positions, 'dtype', type(positions).__name__)}")
+            if positions.shape != (n,):
+                raise ValueError(f"positions must have shape ({n},), got {positions.shape}")
+            bad = np.flatnonzero((positions < 0) | (positions >= max_pos))
+            if bad.size:
+                raise ValueError(f"positions must be in [0, {max_pos}), got "
+                                 f"positions[{bad[0]}] = {positions[bad[0]]}")
+            pos = np.ascontiguousarray(positions, dtype=np.int32)
+        if tree_mask is not None:
+            if not causal:
+                raise ValueError("tree_mask needs causal=True (the mask replaces it)")
+            if not isinstance(tree_mask, np.ndarray) or tree_mask.dtype not in (np.bool_,
+                                                                              np.uint8):
+                raise TypeError(f"tree_mask must be a bool or uint8 ndarray, got "
+                                f"{getattr(tree_mask, 'dtype', type(tree_mask).__name__)}")
+            if tree_mask.shape != (n, n):
+                raise ValueError(f"tree_mask must have shape ({n}, {n}), got {tree_mask.shape}")
+            mask = np.ascontiguousarray(tree_mask).view(np.uint8)
+            bad = np.flatnonzero(np.diagonal(mask) == 0)
+            if bad.size:
+                raise ValueError(f"tree_mask must have a true diagonal (every node sees "
+                                 f"itself), got tree_mask[{bad[0]}, {bad[0]}] = 0")
+            above = np.argwhere(np.triu(mask, 1))
+            if above.size:
+                raise ValueError(f"tree_mask must be lower-triangular (a node sees earlier "
+                                 f"nodes only), got tree_mask[{above[0, 0]}, {above[0, 1]}] "
+                                 f"set")
+        return pos, mask
+
     def forward(self, ids, k_cache, v_cache, int start, bint causal=True, hidden_layers=(),
-                out=None, bint logits=True):
+                out=None, bint logits=True, positions=None, tree_mask=None):
         """Run token ids at positions ``start ..`` through the model; the cache length is the caller's.
 
         Parameters
@@ -353,6 +402,14 @@ cdef class TransformerRunner:
             Caller-owned logits buffer (model dtype, C-contiguous).
         logits : bool, default True
             False skips the final norm and head (returns None for the logits).
+        positions : ndarray of shape (n,), int32 or int64, optional
+            Sequence positions of the ids (RoPE, learned position embedding), each in
+            ``[0, max_seq_len)``; default ``start .. start + n - 1``. The rows are still
+            written at cache positions ``start .. start + n - 1``.
+        tree_mask : ndarray of shape (n, n), bool or uint8, optional
+            Tree step (needs ``causal``): id ``i`` sees the keys ``[0, start)`` and the new
+            row ``start + j`` iff ``tree_mask[i, j]`` (nonzero). Lower-triangular with a true
+            diagonal (:func:`fastspec.tree.ancestor_mask`).
 
         Returns
         -------
@@ -379,8 +436,9 @@ cdef class TransformerRunner:
         for i in range(n):
             if p[i] < 0 or p[i] >= V:
                 raise ValueError(f"ids must be in [0, {V}), got {p[i]}")
+        pos, mask = self._tree_args(positions, tree_mask, n, causal)
         return self._run(MODE_IDS, arr, k_cache, v_cache, start, causal,
-                         self._hidden(hidden_layers), out, logits)
+                         self._hidden(hidden_layers), out, logits, pos, mask)
 
     def forward_embeddings(self, x, k_cache, v_cache, int start, bint causal=True,
                            hidden_layers=(), out=None, bint logits=True):

@@ -176,9 +176,11 @@ class Transformer(NumpyForward, ModelIO):
             The new positions form a tree (:mod:`fastspec.tree`): ``tree_parents[i]`` in
             ``[-1, i)``, -1 hanging under the last cached position. Position ``i`` sees the
             cache and its own ancestors only, at sequence position ``cache.length + depth_i - 1``
-            (rows are still written at ``cache.length + i``). Runs the layer-by-layer path
-            (:func:`fastspec.kernels.tree_attention`) on either backend unless the tree is a
-            chain: the fused runner has no tree mask yet.
+            (rows are still written at ``cache.length + i``). The fused runner takes the
+            positions and the ancestor mask (float32 with a head size of the tiled attention
+            kernel: a node's logits are bit-identical to decoding its path); the NumPy
+            backend runs the layer-by-layer path (:func:`fastspec.kernels.tree_attention`).
+            A chain runs as a plain causal step.
 
         Returns
         -------
@@ -193,11 +195,12 @@ class Transformer(NumpyForward, ModelIO):
             positions, tree_mask = self._tree_layout(ids, cache, tree_parents, causal)
         claimed = cache.acquire()
         try:
-            runner = self._fused() if tree_mask is None else None
+            runner = self._fused()
             start = cache.length
             if runner is not None:
                 logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal,
-                                                hidden_layers, out)
+                                                hidden_layers, out, positions=positions,
+                                                tree_mask=tree_mask)
             else:
                 ids = self.check_ids(ids)
                 layers = self._check_step(cache, start, ids.shape[0], hidden_layers)

@@ -35,7 +35,7 @@ class DraftModelDrafter:
     :func:`fastspec.tree.sample_tree_without_replacement`), but every branch needs its own draft
     forwards: ``Transformer.step(tree_parents=...)`` scores a tree hanging off a linear cache
     in one call, so growing one level at a time re-feeds the whole tree so far (about depth x
-    nodes draft positions per round, on the layer-by-layer path). The embedded draft model's
+    nodes draft positions per round, in the fused runner). The embedded draft model's
     chain already breaks even at best (docs/RESULTS.md), so that cost was not spent.
 
     Attributes

@@ -107,9 +107,10 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
         out += ["", "## Tree verification cost (context 300)", "",
                 "One target step over a tree of N nodes (a trunk with a side child per trunk "
                 "node; each node sees its ancestors only) and over a causal chain of the same "
-                "N + 1 positions, in decode steps of the same backend. Trees run the layer-by-"
-                "layer path (the fused runner has no tree mask), which wants "
-                "`OPENBLAS_NUM_THREADS=1` next to the OpenMP runner (README, tree proposals).", "",
+                "N + 1 positions, in decode steps of the same backend. On the Cython backend "
+                "trees run in the fused runner with positions and a tree mask; the NumPy "
+                "backend's layer path wants `OPENBLAS_NUM_THREADS=1` next to the OpenMP "
+                "runner (README, tree proposals).", "",
                 "| backend | nodes | depth | tree (decode steps) | chain (decode steps) | "
                 "tree / chain |", "|---|---|---|---|---|---|"]
         for r in trees:
