@@ -100,6 +100,23 @@ static fs_f32_block_fn fs_f32_pick(void)
 static fs_f32_block_fn fs_f32_pick(void) { return fs_f32_block_def; }
 #endif
 
+/* One block of `rows` query rows of kv head kv: query and output row r at q + at[r] and
+ * out + at[r]. */
+static void fs_f32_run_block(fs_f32_block_fn block, const float *q, const float *k,
+                             const float *v, float *out, const size_t *at, const int *count,
+                             int rows, int kv, int capacity, int head_dim, float scale,
+                             int base, const int32_t *anc)
+{
+    const float *qrows[FS_F32_ROWS];
+    float *orows[FS_F32_ROWS];
+    for (int r = 0; r < rows; r++) {
+        qrows[r] = q + at[r];
+        orows[r] = out + at[r];
+    }
+    size_t head = (size_t)kv * capacity * head_dim;
+    block(qrows, orows, count, rows, k + head, v + head, head_dim, scale, base, anc);
+}
+
 /* Same contract as fs_attention_f64 (see fs_attention.h); head_dim must pass
  * fs_f32_supported. Query rows of a kv head are taken FS_F32_ROWS at a time. */
 static void fs_attention_f32_tiled(const float *q, const float *k, const float *v, float *out,
@@ -110,24 +127,17 @@ static void fs_attention_f32_tiled(const float *q, const float *k, const float *
     int group = n_heads / n_kv_heads;
     int rows_per_kv = n * group; /* row t = i * group + g reads query i, head kv * group + g */
     float scale = (float)(1.0 / sqrt((double)head_dim));
-    for (int kv = 0; kv < n_kv_heads; kv++) {
-        const float *kh = k + (size_t)kv * capacity * head_dim;
-        const float *vh = v + (size_t)kv * capacity * head_dim;
+    for (int kv = 0; kv < n_kv_heads; kv++)
         for (int t0 = 0; t0 < rows_per_kv; t0 += FS_F32_ROWS) {
-            const float *qrows[FS_F32_ROWS];
-            float *orows[FS_F32_ROWS];
+            size_t at[FS_F32_ROWS];
             int count[FS_F32_ROWS];
             int rows = rows_per_kv - t0 < FS_F32_ROWS ? rows_per_kv - t0 : FS_F32_ROWS;
-            for (int r = 0; r < rows; r++) {
-                size_t at;
+            for (int r = 0; r < rows; r++)
                 count[r] = fs_attn_row(kv, t0 + r, group, n, n_heads, head_dim, length, causal,
-                                       &at);
-                qrows[r] = q + at;
-                orows[r] = out + at;
-            }
-            block(qrows, orows, count, rows, kh, vh, head_dim, scale, 0, NULL);
+                                       &at[r]);
+            fs_f32_run_block(block, q, k, v, out, at, count, rows, kv, capacity, head_dim,
+                             scale, 0, NULL);
         }
-    }
 }
 
 /* Tree attention on the tiled kernel (contract of fs_attention_masked_f32, fs_attention.h):
@@ -147,23 +157,18 @@ static void fs_attention_f32_tree(const float *q, const float *k, const float *v
         for (int j = 0; j < n; j++)
             if (mask[(size_t)i * n + j])
                 anc[seen++] = j;
-        for (int kv = 0; kv < n_kv_heads; kv++) {
-            const float *kh = k + (size_t)kv * capacity * head_dim;
-            const float *vh = v + (size_t)kv * capacity * head_dim;
+        for (int kv = 0; kv < n_kv_heads; kv++)
             for (int g0 = 0; g0 < group; g0 += FS_F32_ROWS) {
-                const float *qrows[FS_F32_ROWS];
-                float *orows[FS_F32_ROWS];
+                size_t at[FS_F32_ROWS];
                 int count[FS_F32_ROWS];
                 int rows = group - g0 < FS_F32_ROWS ? group - g0 : FS_F32_ROWS;
                 for (int r = 0; r < rows; r++) {
-                    size_t at = ((size_t)i * n_heads + kv * group + g0 + r) * head_dim;
-                    qrows[r] = q + at;
-                    orows[r] = out + at;
+                    at[r] = ((size_t)i * n_heads + kv * group + g0 + r) * head_dim;
                     count[r] = base + seen;
                 }
-                block(qrows, orows, count, rows, kh, vh, head_dim, scale, base, anc);
+                fs_f32_run_block(block, q, k, v, out, at, count, rows, kv, capacity, head_dim,
+                                 scale, base, anc);
             }
-        }
     }
 }
 

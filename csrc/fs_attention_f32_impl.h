@@ -205,12 +205,11 @@ FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_f32_values)(const float *FS_RESTRICT w, i
  * every sum stays in a register), and one for any other size. Not for 128 / W: GCC compiled
  * that fully unrolled body so that a row's bits depended on its neighbours (tests:
  * test_attention_row_is_bit_identical_alone_and_in_a_block, odd groups). */
-#define FS_F32_BY_NC(CALL, NC)                                                                 \
+#define FS_F32_BY_NC(CALL, NC, ...)                                                            \
     do {                                                                                       \
-        if (NC == 64 / FS_W) CALL(64 / FS_W);                                                  \
-                                           \
-        else if (NC == 32 / FS_W) CALL(32 / FS_W);                                             \
-        else CALL(NC);                                                                         \
+        if (NC == 64 / FS_W) CALL(64 / FS_W, __VA_ARGS__);                                     \
+        else if (NC == 32 / FS_W) CALL(32 / FS_W, __VA_ARGS__);                                \
+        else CALL(NC, __VA_ARGS__);                                                            \
     } while (0)
 
 /* anc NULL (every call but a tree node's) gets its own bodies: the key rows are plain
@@ -219,28 +218,24 @@ static FS_ATTR void FS_FN(fs_f32_tile_scores)(const float *const *q, int rows, c
                                               int j0, int width, int NC, float scale, float *s,
                                               int base, const int32_t *anc)
 {
-#define FS_F32_SCORES(C) FS_FN(fs_f32_scores)(q, rows, k, j0, width, C, scale, s, 0, NULL)
-#define FS_F32_SCORES_TREE(C) FS_FN(fs_f32_scores)(q, rows, k, j0, width, C, scale, s, base, anc)
+#define FS_F32_SCORES(C, B, A) FS_FN(fs_f32_scores)(q, rows, k, j0, width, C, scale, s, B, A)
     if (anc)
-        FS_F32_BY_NC(FS_F32_SCORES_TREE, NC);
+        FS_F32_BY_NC(FS_F32_SCORES, NC, base, anc);
     else
-        FS_F32_BY_NC(FS_F32_SCORES, NC);
+        FS_F32_BY_NC(FS_F32_SCORES, NC, 0, NULL);
 #undef FS_F32_SCORES
-#undef FS_F32_SCORES_TREE
 }
 
 static FS_ATTR void FS_FN(fs_f32_tile_values)(const float *w, int rows, const float *v, int j0,
                                               int width, int NC, float *tile, int base,
                                               const int32_t *anc)
 {
-#define FS_F32_VALUES(C) FS_FN(fs_f32_values)(w, rows, v, j0, width, C, tile, 0, NULL)
-#define FS_F32_VALUES_TREE(C) FS_FN(fs_f32_values)(w, rows, v, j0, width, C, tile, base, anc)
+#define FS_F32_VALUES(C, B, A) FS_FN(fs_f32_values)(w, rows, v, j0, width, C, tile, B, A)
     if (anc)
-        FS_F32_BY_NC(FS_F32_VALUES_TREE, NC);
+        FS_F32_BY_NC(FS_F32_VALUES, NC, base, anc);
     else
-        FS_F32_BY_NC(FS_F32_VALUES, NC);
+        FS_F32_BY_NC(FS_F32_VALUES, NC, 0, NULL);
 #undef FS_F32_VALUES
-#undef FS_F32_VALUES_TREE
 }
 
 #undef FS_F32_BY_NC

@@ -68,6 +68,13 @@ cdef bint _fast_attention_args(q, k, v, length, out):
     return True
 
 
+cdef object _int_sized_out(q, k_cache, out):
+    """Check that the C kernels' int sizes hold q and the cache; return ``out`` or a new one."""
+    check_int_sized(q.shape, "q")
+    check_int_sized(k_cache.shape, "k_cache")
+    return np.empty(q.shape, dtype=q.dtype) if out is None else out
+
+
 def attention(q, k_cache, v_cache, length, causal=True, out=None):
     """Scaled dot-product attention of ``n`` queries over the first ``length`` cached keys.
 
@@ -91,12 +98,9 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
     """
     if not _fast_attention_args(q, k_cache, v_cache, length, out):
         check_attention_args(q, k_cache, v_cache, length, out)
-    check_int_sized(q.shape, "q")
-    check_int_sized(k_cache.shape, "k_cache")
+    out = _int_sized_out(q, k_cache, out)
     cdef int n_valid = length
     cdef bint is_causal = bool(causal)
-    if out is None:
-        out = np.empty(q.shape, dtype=q.dtype)
     if q.shape[1] == 0:  # no heads: nothing to compute (and no element to point at)
         return out
     cdef double *scratch = <double *>thread_scratch(n_valid * sizeof(double))
@@ -193,11 +197,8 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
     check_attention_args(q, k_cache, v_cache, length, out)
     n = q.shape[0]
     check_tree_mask(tree_mask, n)
-    check_int_sized(q.shape, "q")
-    check_int_sized(k_cache.shape, "k_cache")
+    out = _int_sized_out(q, k_cache, out)
     cdef int n_valid = length
-    if out is None:
-        out = np.empty(q.shape, dtype=q.dtype)
     if q.shape[1] == 0 or q.shape[2] == 0:
         out[...] = 0
         return out
