@@ -256,15 +256,19 @@ def test_probs_out_errors(kern):
         kern.probs(logits, out=logits)
 
 
-def test_probs_top_k_when_temperature_merges_neighbours(kern):
-    """Scaled by 1e290, consecutive float32 logits near 1e-30 land on the same subnormal
+@pytest.mark.parametrize("dtype, ints, near, temperature", [
+    (np.float32, np.int32, 1e-30, 1e290),
+    (np.float64, np.int64, 1e-10, 1e300),
+])
+def test_probs_top_k_when_temperature_merges_neighbours(kern, dtype, ints, near, temperature):
+    """Divided by the temperature, consecutive logits near ``near`` land on the same subnormal
     doubles: top-k keeps every token whose *scaled* logit ties the k-th, beyond the k largest."""
-    bits = np.float32(1e-30).view(np.int32) + np.arange(4000, dtype=np.int32)
-    logits = np.random.default_rng(0).permutation(bits).view(np.float32)
-    got = kern.probs(logits, 1e290, 50)
-    twin = _reference.probs(logits, 1e290, 50)
+    bits = dtype(near).view(ints) + np.arange(4000, dtype=ints)
+    logits = np.random.default_rng(0).permutation(bits).view(dtype)
+    got = kern.probs(logits, temperature, 50)
+    twin = _reference.probs(logits, temperature, 50)
     np.testing.assert_array_equal(got > 0, twin > 0)
-    np.testing.assert_allclose(got, twin, rtol=RTOL[np.float32])
+    np.testing.assert_allclose(got, twin, rtol=RTOL[dtype])
     assert np.count_nonzero(got) > 50  # the merge happened: the test reaches that path
 
 
