@@ -37,6 +37,10 @@ def test_rows_are_complete():
         assert r["shape"] == "tiny" and r["load_s"] > 0 and r["peak_rss_load_bytes"] >= 0
         assert r["weight_bytes"] > 0 and r["threads"] == 1
     assert 0 < bf16["fraction_of_stream_bound"] and bf16["tokens_per_s"] > 0
+    assert 0 < bf16["fraction_paired_median"] and bf16["kv_read_bytes"] > 0
+    q25, q75 = bf16["fraction_paired_quartiles"]
+    assert q25 <= bf16["fraction_paired_median"] <= q75
+    assert bf16["decode_step_s"] <= bf16["decode_step_median_s"]
     assert bf16["step_bytes"] < f32["step_bytes"]  # 16-bit matrices: half the bytes
     assert "decode_step_s" not in f32  # float32 rows: the load only
     assert len(real_size_text(rows)) == 2

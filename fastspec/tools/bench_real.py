@@ -7,9 +7,12 @@ float64 copy). Each target storage dtype is then loaded in a fresh process that 
 - the load time and the peak resident memory while loading (``VmHWM`` minus the RSS before
   the load), against the file size and against the loaded weights;
 - the decode step (one position at context 64) against the stream bound: the bytes a step
-  reads (every layer matrix and the head) over the streaming rate measured in the same
-  process at that footprint (a read-only BLAS ``sdot`` of two float32 arrays of that many
-  bytes in all), interleaved with the step and repeated, best of each;
+  reads (every layer matrix, the head, and the K/V cache rows it attends over) over the
+  streaming rate measured in the same process at that footprint (a read-only BLAS ``sdot``
+  of two float32 arrays of that many bytes in all). Steps and streams alternate one call at
+  a time, ``10 * repeats`` pairs: the row gives the best of each (``fraction_of_stream_bound``)
+  and the median of the pairs' ratios (``fraction_paired_median``), the steadier figure on a
+  shared machine;
 - with ``threads``, both figures with the compiled kernels and BLAS at that thread count;
 - for the Qwen3-0.6B shape, the sampled round (``probs`` of 8 rows with top-k 50 into a
   reused buffer, as the decoding loop does, then ``verify_rejection`` of 7 one-hot proposals)
@@ -117,19 +120,33 @@ if new_tokens:
     prompt = np.arange(1, ctx + 1) % model.config.vocab_size
     model.step(prompt, cache)
     tok = np.array([1])
-    def step():
+    # the cache rows a step attends over: K and V of ctx + 1 positions in every layer
+    c = model.config
+    row["kv_read_bytes"] = 2 * c.n_layers * c.n_kv_heads * (ctx + 1) * c.head_dim * cache.k.itemsize
+    read = row["step_bytes"] + row["kv_read_bytes"]
+    n = read // 8
+    a, b = np.ones(n, np.float32), np.ones(n, np.float32)
+    clock = time.perf_counter
+    steps, streams = [], []
+    # One step, then one stream of as many bytes, alternately: each pair sees the same
+    # machine, so the ratio of a pair is steadier than either time on a shared machine.
+    for i in range(3 + 10 * repeats):
+        t0 = clock()
         model.step(tok, cache)
         cache.crop(ctx)
-    n = row["step_bytes"] // 8
-    a, b = np.ones(n, np.float32), np.ones(n, np.float32)
-    steps, streams = [], []
-    for _ in range(repeats):  # interleaved: both see the same machine load
-        steps.append(timeit(step, min_time=0.2, repeats=3))
-        streams.append(timeit(lambda: a @ b, min_time=0.2, repeats=3))
+        t1 = clock()
+        a @ b
+        t2 = clock()
+        if i >= 3:  # warm-up pairs
+            steps.append(t1 - t0)
+            streams.append(t2 - t1)
     del a, b
-    row["decode_step_s"], row["decode_step_all_s"] = min(steps), steps
-    row["stream_GBps"] = 2 * n * 4 / min(streams) / 1e9
-    row["stream_all_GBps"] = [2 * n * 4 / t / 1e9 for t in streams]
+    steps, streams = np.array(steps), np.array(streams)
+    row["decode_step_s"], row["decode_step_median_s"] = steps.min(), float(np.median(steps))
+    row["stream_GBps"] = 8 * n / streams.min() / 1e9
+    row["stream_median_GBps"] = 8 * n / float(np.median(streams)) / 1e9
+    row["fraction_paired_median"] = float(np.median(streams / steps))
+    row["fraction_paired_quartiles"] = [float(q) for q in np.quantile(streams / steps, [0.25, 0.75])]
     row["rss_after_decode_bytes"] = rss("VmRSS:") - base
     res = fs.generate(model, prompt, new_tokens, cache=cache)
     row["generate_tokens_per_s"] = (res.stats.new_tokens - 1) / res.stats.decode_s
@@ -166,7 +183,8 @@ def measure_folder(folder: str | os.PathLike, weight_dtype: str = "bfloat16",
     row = json.loads(out.stdout.strip().splitlines()[-1])
     row["weight_dtype"] = weight_dtype
     if new_tokens:
-        row["stream_bound_s"] = row["step_bytes"] / (row["stream_GBps"] * 1e9)
+        read = row["step_bytes"] + row["kv_read_bytes"]
+        row["stream_bound_s"] = read / (row["stream_GBps"] * 1e9)
         row["fraction_of_stream_bound"] = row["stream_bound_s"] / row["decode_step_s"]
         row["tokens_per_s"] = 1.0 / row["decode_step_s"]
     if sampled:
@@ -213,7 +231,8 @@ def real_size_text(rows: list[dict]) -> list[str]:
                 f"file, {r['peak_rss_over_weights']:.2f}x weights")
         if "decode_step_s" in r:
             line += (f"; step {1e3 * r['decode_step_s']:.1f} ms, {r['fraction_of_stream_bound']:.0%}"
-                     f" of the {r['stream_GBps']:.1f} GB/s stream bound")
+                     f" of the {r['stream_GBps']:.1f} GB/s stream bound (best of each; median of"
+                     f" the paired ratios {r['fraction_paired_median']:.0%})")
         if "sampled_round_over_step" in r:
             line += f"; sampled round {r['sampled_round_over_step']:.1%} of a step"
         out.append(line + f" (load avg {r['load_average']:.2f})")
@@ -227,19 +246,22 @@ def real_size_markdown(rows: list[dict]) -> list[str]:
            "loaded in a fresh process per row with `Transformer.load(folder, weight_dtype=...)`. "
            "Peak RSS: `VmHWM` minus the RSS before the load, over the file and over the loaded "
            "weights (a tied head is kept twice: the embedding and its transpose). The step "
-           "(one position, context 64) reads every layer matrix and the head; its bound is "
-           "those bytes over a read-only BLAS `sdot` stream of as many bytes, timed in the "
-           "same process, interleaved with the step, best of each. Sampled round: `probs` of "
+           "(one position, context 64) reads every layer matrix, the head and the K/V rows it "
+           "attends over; its bound is those bytes over a read-only BLAS `sdot` stream of as "
+           "many bytes, timed in the same process, one step and one stream alternately: "
+           "'of bound' is best over best, 'paired' the median of the pairs' ratios. "
+           "Sampled round: `probs` of "
            "8 rows with top-k 50 (into a reused buffer, as the decoding loop does) and "
            "`verify_rejection` of 7 one-hot proposals.", "",
            "| shape | weights | threads | load | peak RSS / file | / weights | step | stream "
-           "| of bound | sampled round / step | load avg |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| of bound | paired | sampled round / step | load avg |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         step = ("| " + " | ".join([f"{1e3 * r['decode_step_s']:.1f} ms",
                                    f"{r['stream_GBps']:.1f} GB/s",
-                                   f"{r['fraction_of_stream_bound']:.0%}"])
-                if "decode_step_s" in r else "| - | - | -")
+                                   f"{r['fraction_of_stream_bound']:.0%}",
+                                   f"{r['fraction_paired_median']:.0%}"])
+                if "decode_step_s" in r else "| - | - | - | -")
         samp = (f"{r['sampled_round_over_step']:.1%} ({1e3 * r['sampled_round_s']:.2f} ms)"
                 if "sampled_round_over_step" in r else "-")
         out.append(f"| {r['shape']} | {r['weight_dtype']} | {r['threads']} | {r['load_s']:.1f} s | "
