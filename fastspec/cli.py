@@ -138,12 +138,29 @@ def _add_generate(sub) -> None:
     p.add_argument("--gamma", type=_gamma, default=None, metavar="G",
                    help="draft tokens per round, an int or 'adaptive' (default: per drafter)")
     p.add_argument("--json", action="store_true", help="print the text and figures as JSON")
+    p.add_argument("--weight-dtype", choices=("auto", "bfloat16", "float16", "float32"),
+                   default="auto",
+                   help="storage of a --model folder's matrices (default auto: the folder's "
+                        "own dtype when it is bfloat16 or float16, else float32; 16-bit "
+                        "matrices halve the bytes each decode step reads)")
+    p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+                   help="threads of the compiled runner's matrix products (default 1). More "
+                        "help on an idle machine; on a busy one also set "
+                        "OMP_WAIT_POLICY=PASSIVE in the environment")
     p.set_defaults(run=_run_generate)
 
 
 def _run_generate(args) -> int:
     from fastspec.textgen import generate_main
 
+    if args.threads != 1:
+        try:
+            from fastspec import _model
+        except ImportError:
+            print("fastspec: --threads needs the compiled extension; running on one thread",
+                  file=sys.stderr)
+        else:
+            _model.set_threads(args.threads)
     return generate_main(args)
 
 

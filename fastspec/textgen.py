@@ -100,8 +100,22 @@ def _check_length(n_prompt: int, max_new: int, max_seq_len: int, where: str) -> 
                             f"--max-new-tokens {max_seq_len - n_prompt} or less")
 
 
+def _folder_weight_dtype(choice: str, config: dict) -> str | None:
+    """The ``weight_dtype`` to load a folder with: ``choice``, or for ``"auto"`` the folder's
+    own dtype (``config.json``'s ``torch_dtype``, or ``dtype`` in newer transformers) when it
+    is bfloat16 or float16, else None (float32)."""
+    if choice != "auto":
+        return choice
+    stored = config.get("torch_dtype") or config.get("dtype")
+    return stored if stored in ("bfloat16", "float16") else None
+
+
 def _load(args):
     """Return ``(target, tokenizer or None, prompt ids, bundle or None)``; checks come first."""
+    weight_dtype = getattr(args, "weight_dtype", "auto")
+    if args.model is None and weight_dtype != "auto":
+        raise GenerateError("--weight-dtype applies to --model folders (the embedded models "
+                            "keep their own)")
     if args.model is None:
         from fastspec import pretrained
 
@@ -126,16 +140,19 @@ def _load(args):
     ids = _prompt_ids(args, tok)
     config = hf_config(raw)
     _check_length(len(ids), args.max_new_tokens, config.max_seq_len, str(folder / "config.json"))
-    return fs.Transformer.load(folder), tok, ids, None
+    return (fs.Transformer.load(folder, weight_dtype=_folder_weight_dtype(weight_dtype, raw)),
+            tok, ids, None)
 
 
-def _drafter(spec: DrafterSpec, target, bundle, sampling: bool):
+def _drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype: str = "auto"):
     if spec.kind == "none":
         return NoDrafter()
     if spec.kind == "ngram":
         return fs.NgramDrafter(max_ngram=3)
     if spec.kind == "draft":
-        draft = bundle.draft if spec.path is None else fs.Transformer.load(spec.path)
+        draft = bundle.draft if spec.path is None else fs.Transformer.load(
+            spec.path, weight_dtype=_folder_weight_dtype(
+                weight_dtype, read_json_object(Path(spec.path) / "config.json") or {}))
         if draft.config.vocab_size != target.config.vocab_size:
             raise GenerateError(f"--drafter draft:{spec.path}: the draft model's vocabulary "
                                 f"({draft.config.vocab_size} ids) differs from the target's "
@@ -161,7 +178,8 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
     spec = parse_drafter(args.drafter or ("dflash" if args.model is None else "ngram"),
                          args.model is None)
     target, tok, ids, bundle = _load(args)
-    drafter = _drafter(spec, target, bundle, args.temperature > 0)
+    drafter = _drafter(spec, target, bundle, args.temperature > 0,
+                       getattr(args, "weight_dtype", "auto"))
     stops = set(tok.stop_ids) if tok is not None else set()
     eos = tok.eos_id if tok is not None else None
     decoder = StreamDecoder(tok) if tok is not None else None
@@ -200,7 +218,8 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
     return {
         "model": str(args.model) if args.model else "embedded",
         "drafter": spec.kind if spec.path is None else f"{spec.kind}:{spec.path}",
-        "gamma": gamma, "prompt_tokens": n_prompt, "tokens": tokens,
+        "gamma": gamma, "weight_dtype": target.config.weight_dtype or target.config.dtype,
+        "prompt_tokens": n_prompt, "tokens": tokens,
         "text": None if tok is None else tok.decode(  # the stop token has no text
             tokens[:-1] if tokens and tokens[-1] in stops else tokens),
         "new_tokens": len(tokens), "elapsed_s": elapsed,

@@ -42,6 +42,21 @@ def test_embedded_greedy_equals_vanilla_and_streams_the_text(capsys, bundle, dra
     assert report["target_calls"] >= 1 and report["tau"] >= 1.0
 
 
+def test_threads_give_the_same_tokens(capsys):
+    model = pytest.importorskip("fastspec._model")
+    args = ("--prompt", PROMPT, "--max-new-tokens", "30", "--drafter", "draft", "--json")
+    one = json.loads(_run(capsys, *args)[1])
+    try:
+        rc, out, _ = _run(capsys, *args, "--threads", "2")
+        assert model.get_threads() == 2
+    finally:
+        model.set_threads(1)
+    assert rc == 0 and json.loads(out)["tokens"] == one["tokens"]
+    with pytest.raises(SystemExit):
+        main(["generate", "--threads", "0"])
+    assert "must be >= 1" in capsys.readouterr().err
+
+
 def test_sampled_run_is_reproducible_from_stdin(capsys, monkeypatch):
     args = ("--max-new-tokens", "30", "--temperature", "0.8", "--top-k", "20", "--top-p",
             "0.9", "--seed", "3", "--gamma", "3", "--json")
@@ -181,3 +196,25 @@ def test_hf_folder_with_dflash_folder(capsys, hf_folder, tmp_path):
     rc, _, err = _run(capsys, "--model", str(tmp_path / "other"), "--prompt", PROMPT,
                       "--drafter", f"dflash:{tmp_path / 'dflash'}", "--max-new-tokens", "5")
     assert rc == 2 and "built for another target" in err
+
+
+@pytest.mark.parametrize("choice, weight_dtype", [("auto", "bfloat16"), ("float32", None)])
+def test_16_bit_folder_keeps_its_dtype_unless_told(capsys, tmp_path, choice, weight_dtype):
+    from fastspec.tools.bench_real import write_random_folder
+
+    cfg = fs.ModelConfig(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                         ffn_dim=96, max_seq_len=128, qk_norm=True)
+    write_random_folder(cfg, tmp_path)  # a BF16 folder, torch_dtype "bfloat16"
+    rc, out, err = _run(capsys, "--model", str(tmp_path), "--prompt-ids", "1,5,7,9",
+                        "--max-new-tokens", "12", "--drafter", "none", "--json",
+                        "--weight-dtype", choice)
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["weight_dtype"] == (weight_dtype or "float32")
+    model = fs.Transformer.load(tmp_path, weight_dtype=weight_dtype)
+    assert report["tokens"] == fs.generate(model, [1, 5, 7, 9], 12).tokens
+
+
+def test_weight_dtype_is_for_folders(capsys):
+    rc, _, err = _run(capsys, "--prompt-ids", "1,2", "--weight-dtype", "float32")
+    assert rc == 2 and "--weight-dtype applies to --model folders" in err
