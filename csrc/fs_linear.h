@@ -147,6 +147,13 @@ static void fs_pack_f32h(const uint16_t *W, int in, int out, uint16_t *P)
 #ifndef FS_LIN_PF_K
 #define FS_LIN_PF_K 8
 #endif
+/* The AVX2 float-weight kernel's distance for one row (decode): 3 k steps, 384 bytes per
+ * panel stream (measured on Zen 3, the SmolLM-shape float32 decode products: 0.71-0.78 of a
+ * two-stream dot's rate at 8 steps, 0.90-0.96 at 3; blocks of 4-16 rows lost ~10% at 3, and
+ * 16-bit weights were best at 16 steps, 1 KiB, among 2-32). */
+#ifndef FS_LIN_PF_K_F32_AVX2
+#define FS_LIN_PF_K_F32_AVX2 3
+#endif
 /* Full unrolling keeps every accumulator in a register. */
 #define FS_LIN_UNROLL _Pragma("GCC unroll 16")
 

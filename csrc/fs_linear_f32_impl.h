@@ -18,8 +18,15 @@
  * panel, 4-6 rows half a panel.
  * W is packed by fs_pack_f32 / fs_pack_f32h. */
 
-/* Prefetch distance in k steps: FS_LIN_PF_K for float weights, the same bytes for 16-bit. */
-#define FS_LINF_PF (FS_LIN_PF_K * (int)(sizeof(float) / sizeof(FS_WT)))
+/* Prefetch distance in k steps of a tile of R rows: FS_LIN_PF_K for float weights, the same
+ * bytes for 16-bit; on AVX2 a one-row tile of float weights looks FS_LIN_PF_K_F32_AVX2 steps
+ * ahead instead. */
+#if FS_YMM
+#define FS_LINF_PF(R) \
+    ((int)sizeof(FS_WT) == 4 && (R) == 1 ? FS_LIN_PF_K_F32_AVX2 : FS_LIN_PF_K * 4 / (int)sizeof(FS_WT))
+#else
+#define FS_LINF_PF(R) (FS_LIN_PF_K * 4 / (int)sizeof(FS_WT))
+#endif
 
 #if FS_YMM
 #define FS_VT fs_v8f_u
@@ -82,8 +89,8 @@ FS_ALWAYS_INLINE FS_ATTR void FS_FN(fs_linf_tile)(const float *FS_RESTRICT x,
                     /* Past the panel's end, fetch the same offset of the next tile's panel:
                      * each tile's streams then start warm (measured on a SmolLM-shape bf16
                      * decode: ~85% -> ~92% of a two-stream dot's rate). */
-                    const FS_WT *pf = w + FS_LINF_PF * PW + v * 16;
-                    if (k + FS_LINF_PF >= in) pf += (size_t)(NP - 1) * ps;
+                    const FS_WT *pf = w + FS_LINF_PF(R) * PW + v * 16;
+                    if (k + FS_LINF_PF(R) >= in) pf += (size_t)(NP - 1) * ps;
                     __builtin_prefetch(pf, 0, 3);
                 }
                 FS_LOADW(&wv[(p * NV + v) * (FS_NL)], w + v * 16);
