@@ -99,15 +99,6 @@ def test_fused_tree_step_long_context(family, dt, monkeypatch):
         check_close(fused, ref, cf, cr, *TOL[(dt, None)])
 
 
-@pytest.fixture
-def on_cython():
-    """Run the test on the Cython backend whatever FASTSPEC_BACKEND says."""
-    previous = fs.backend()
-    fs.set_backend("cython")
-    yield
-    fs.set_backend(previous)
-
-
 def _runner(model):
     from fastspec import _model
     return _model.TransformerRunner(model)
@@ -217,9 +208,10 @@ def test_tree_attention_kernel_backends_agree(dtype, n, length, head_dim, shape)
 
 
 @needs_cython
+@pytest.mark.parametrize("backend", ["cython"], indirect=True)  # whatever FASTSPEC_BACKEND says
 @pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [16, 64])
-def test_tree_node_is_bit_identical_to_decode_of_its_path(weight_dtype, head_dim, on_cython):
+def test_tree_node_is_bit_identical_to_decode_of_its_path(weight_dtype, head_dim, backend):
     """float32, a head size of the tiled attention kernel, up to 16 rows: every node's logits
     and K/V rows are those of decoding its path token by token, bit for bit (what makes greedy
     tree decoding equal vanilla decoding exactly)."""
