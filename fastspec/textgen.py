@@ -112,8 +112,7 @@ def _folder_weight_dtype(choice: str, config: dict) -> str | None:
 
 def _load(args):
     """Return ``(target, tokenizer or None, prompt ids, bundle or None)``; checks come first."""
-    weight_dtype = getattr(args, "weight_dtype", "auto")
-    if args.model is None and weight_dtype != "auto":
+    if args.model is None and args.weight_dtype != "auto":
         raise GenerateError("--weight-dtype applies to --model folders (the embedded models "
                             "keep their own)")
     if args.model is None:
@@ -140,11 +139,11 @@ def _load(args):
     ids = _prompt_ids(args, tok)
     config = hf_config(raw)
     _check_length(len(ids), args.max_new_tokens, config.max_seq_len, str(folder / "config.json"))
-    return (fs.Transformer.load(folder, weight_dtype=_folder_weight_dtype(weight_dtype, raw)),
+    return (fs.Transformer.load(folder, weight_dtype=_folder_weight_dtype(args.weight_dtype, raw)),
             tok, ids, None)
 
 
-def _drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype: str = "auto"):
+def _drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype: str):
     if spec.kind == "none":
         return NoDrafter()
     if spec.kind == "ngram":
@@ -178,8 +177,7 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
     spec = parse_drafter(args.drafter or ("dflash" if args.model is None else "ngram"),
                          args.model is None)
     target, tok, ids, bundle = _load(args)
-    drafter = _drafter(spec, target, bundle, args.temperature > 0,
-                       getattr(args, "weight_dtype", "auto"))
+    drafter = _drafter(spec, target, bundle, args.temperature > 0, args.weight_dtype)
     stops = set(tok.stop_ids) if tok is not None else set()
     eos = tok.eos_id if tok is not None else None
     decoder = StreamDecoder(tok) if tok is not None else None
