@@ -85,15 +85,25 @@ def check_probs_out(out, logits):
         raise ValueError("out must not overlap logits")
 
 
-def check_tree_mask(tree_mask, n):
-    """Validate a tree attention mask: (n, n) bool with a True diagonal."""
-    if not isinstance(tree_mask, np.ndarray) or tree_mask.dtype != np.bool_:
-        raise TypeError(f"tree_mask must be a bool ndarray, got "
+def check_tree_mask(tree_mask, n, *, uint8=False, lower_triangular=False):
+    """Validate a tree attention mask: (n, n) bool (or uint8 with ``uint8``) with a true
+    diagonal, and nothing above it with ``lower_triangular`` (the runner's node order)."""
+    kinds = (np.bool_, np.uint8) if uint8 else (np.bool_,)
+    if not isinstance(tree_mask, np.ndarray) or tree_mask.dtype not in kinds:
+        names = " or ".join(np.dtype(k).name for k in kinds)
+        raise TypeError(f"tree_mask must be a {names} ndarray, got "
                         f"{getattr(tree_mask, 'dtype', type(tree_mask).__name__)}")
     if tree_mask.shape != (n, n):
         raise ValueError(f"tree_mask must have shape ({n}, {n}), got {tree_mask.shape}")
-    if not np.diagonal(tree_mask).all():
-        raise ValueError("tree_mask must have a True diagonal (every node sees itself)")
+    bad = np.flatnonzero(np.diagonal(tree_mask) == 0)
+    if bad.size:
+        raise ValueError(f"tree_mask must have a true diagonal (every node sees itself), got "
+                         f"tree_mask[{bad[0]}, {bad[0]}] = 0")
+    if lower_triangular:
+        above = np.argwhere(np.triu(tree_mask, 1))
+        if above.size:
+            raise ValueError(f"tree_mask must be lower-triangular (a node sees earlier nodes "
+                             f"only), got tree_mask[{above[0, 0]}, {above[0, 1]}] set")
 
 
 def check_compact_kv_args(k, v, start, rows):

@@ -52,6 +52,7 @@ from fastspec._csrc cimport (
 from fastspec._model_weights cimport ModelWeights
 
 from fastspec import _isa
+from fastspec._checks import check_tree_mask
 from fastspec._model_weights import linear_weights
 
 cnp.import_array()
@@ -364,22 +365,8 @@ cdef class TransformerRunner:
         if tree_mask is not None:
             if not causal:
                 raise ValueError("tree_mask needs causal=True (the mask replaces it)")
-            if not isinstance(tree_mask, np.ndarray) or tree_mask.dtype not in (np.bool_,
-                                                                              np.uint8):
-                raise TypeError(f"tree_mask must be a bool or uint8 ndarray, got "
-                                f"{getattr(tree_mask, 'dtype', type(tree_mask).__name__)}")
-            if tree_mask.shape != (n, n):
-                raise ValueError(f"tree_mask must have shape ({n}, {n}), got {tree_mask.shape}")
+            check_tree_mask(tree_mask, n, uint8=True, lower_triangular=True)
             mask = np.ascontiguousarray(tree_mask).view(np.uint8)
-            bad = np.flatnonzero(np.diagonal(mask) == 0)
-            if bad.size:
-                raise ValueError(f"tree_mask must have a true diagonal (every node sees "
-                                 f"itself), got tree_mask[{bad[0]}, {bad[0]}] = 0")
-            above = np.argwhere(np.triu(mask, 1))
-            if above.size:
-                raise ValueError(f"tree_mask must be lower-triangular (a node sees earlier "
-                                 f"nodes only), got tree_mask[{above[0, 0]}, {above[0, 1]}] "
-                                 f"set")
         return pos, mask
 
     def forward(self, ids, k_cache, v_cache, int start, bint causal=True, hidden_layers=(),
