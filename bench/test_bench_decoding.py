@@ -28,10 +28,8 @@ LLAMA_PROMPT = list(b"the cat sat on the mat. the cat sat on the hat. the cat ")
 
 @pytest.fixture
 def use_backend(request):
-    previous = fs.backend()
-    fs.set_backend(request.param)
-    yield request.param
-    fs.set_backend(previous)
+    with fs.using_backend(request.param):
+        yield request.param
 
 
 def toy_models():
@@ -109,17 +107,13 @@ def test_toy_cached_backend_ratio(benchmark):
         pytest.skip("the Cython backend is not built")
     target, _ = toy_models()
     cache = target.new_cache()
-    previous = fs.backend()
     per_token = {}
-    try:
-        for name in ("numpy", "cython"):
-            fs.set_backend(name)
+    for name in ("numpy", "cython"):
+        with fs.using_backend(name):
             per_token[name] = _median_seconds(
                 lambda: fs.generate(target, PREFIX, 48, cache=cache), 7) / 48
-        fs.set_backend("cython")
+    with fs.using_backend("cython"):
         benchmark(lambda: fs.generate(target, PREFIX, 48, cache=cache))
-    finally:
-        fs.set_backend(previous)
     ratio = per_token["numpy"] / per_token["cython"]
     benchmark.extra_info.update(numpy_us_per_token=per_token["numpy"] * 1e6,
                                 cython_us_per_token=per_token["cython"] * 1e6,

@@ -59,11 +59,10 @@ class Setup:
 
 @pytest.fixture(params=BACKENDS)
 def setup(request):
-    previous = fs.backend()
-    s = Setup(request.param)
-    s.backend = request.param
-    yield s
-    fs.set_backend(previous)
+    with fs.using_backend(request.param):
+        s = Setup(request.param)
+        s.backend = request.param
+        yield s
 
 
 CASES = {

@@ -53,10 +53,8 @@ def test_attention_rates_compare_with_a_stream_of_the_same_bytes():
 @pytest.fixture(params=fs.available_backends())
 def backend(request):
     """Run the test on each available backend, restoring the active one afterwards."""
-    previous = fs.backend()
-    fs.set_backend(request.param)
-    yield request.param
-    fs.set_backend(previous)
+    with fs.using_backend(request.param):
+        yield request.param
 
 
 def test_round_costs_report_every_piece_in_decode_steps(backend):

@@ -43,11 +43,9 @@ def make_step(name, backend, case):
     """Return a callable running one step on ``backend`` (cache refilled, then cropped back)."""
     m = model(name)
     length, n = CASES[case]
-    previous = fs.backend()
-    fs.set_backend(backend)
-    cache = m.new_cache(length + 16)
-    m.forward(np.arange(length) % m.config.vocab_size, cache)
-    fs.set_backend(previous)
+    with fs.using_backend(backend):
+        cache = m.new_cache(length + 16)
+        m.forward(np.arange(length) % m.config.vocab_size, cache)
     ids = (np.arange(n) * 7 + 3) % m.config.vocab_size
 
     def step():
@@ -60,9 +58,8 @@ def make_step(name, backend, case):
 
 @pytest.fixture
 def restore_backend():
-    previous = fs.backend()
-    yield
-    fs.set_backend(previous)
+    with fs.using_backend(fs.backend()):  # the steps switch backends; restore the caller's
+        yield
 
 
 @pytest.mark.parametrize("backend", fs.available_backends())

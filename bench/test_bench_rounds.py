@@ -26,9 +26,7 @@ needs_models = pytest.mark.skipif(
 @needs_models
 def test_round_costs(benchmark):
     benchmark.group = "round-costs"
-    previous = fs.backend()
-    fs.set_backend("cython")
-    try:
+    with fs.using_backend("cython"):
         b = fs.pretrained.load()
         rc = round_costs(b.target, b.draft, b.dflash)
         ratio = {r["piece"]: r["over_decode"] for r in rc["pieces"]}
@@ -48,8 +46,6 @@ def test_round_costs(benchmark):
             b.target.forward([1], tcache)
             tcache.crop(299)
         benchmark.pedantic(decode_step, rounds=5, iterations=20)
-    finally:
-        fs.set_backend(previous)
 
 
 # --- verify_n per weight storage (float32 / float16 / bfloat16) ---------------------------------
@@ -79,9 +75,7 @@ def test_storage_round_costs(benchmark, name):
 
     With --benchmark-disable every piece runs once (a smoke test of the table)."""
     benchmark.group = f"storage-{name}"
-    previous = fs.backend()
-    fs.set_backend("cython")
-    try:
+    with fs.using_backend("cython"):
         model, context = _storage_model(name)
         quick = dict(min_time=0.0, repeats=1) if benchmark.disabled else {}
         rows = storage_costs(model, context, **quick)
@@ -101,5 +95,3 @@ def test_storage_round_costs(benchmark, name):
             m.forward([1], cache)
             cache.crop(context)
         benchmark.pedantic(decode_step, rounds=5, iterations=5)
-    finally:
-        fs.set_backend(previous)

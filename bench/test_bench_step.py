@@ -74,10 +74,8 @@ def _block_pair(bundle):
 
 @pytest.fixture
 def cython_backend():
-    previous = fs.backend()
-    fs.set_backend("cython")
-    yield
-    fs.set_backend(previous)
+    with fs.using_backend("cython"):
+        yield
 
 
 def test_step_overhead(benchmark, cython_backend):

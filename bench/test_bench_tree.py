@@ -34,9 +34,7 @@ pytestmark = pytest.mark.skipif(not fs.pretrained.available(), reason="needs the
 
 @pytest.mark.parametrize("backend_name", fs.available_backends())
 def test_tree_step_cost(benchmark, backend_name):
-    previous = fs.backend()
-    fs.set_backend(backend_name)
-    try:
+    with fs.using_backend(backend_name):
         target = fs.pretrained.load().target
         cache = target.new_cache(CONTEXT + 80)
         target.step(np.arange(CONTEXT) % 256, cache)
@@ -66,5 +64,4 @@ def test_tree_step_cost(benchmark, backend_name):
         benchmark.extra_info.update(info)
         print(f"\n{backend_name}: " + ", ".join(f"{k}={v:.3g}" for k, v in info.items()))
         benchmark.pedantic(calls["tree_16"], rounds=3, iterations=3)
-    finally:
-        fs.set_backend(previous)
+

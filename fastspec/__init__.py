@@ -2,7 +2,7 @@
 
 See ``docs/`` and the README for the API tour. Everything public is importable from here.
 """
-from fastspec.kernels import backend, set_backend, available_backends
+from fastspec.kernels import backend, set_backend, using_backend, available_backends
 from fastspec import kernels
 from fastspec.cache import KVCache
 from fastspec.model import ModelConfig, Transformer, ForwardOutput
@@ -19,7 +19,7 @@ from fastspec import pretrained
 __version__ = "0.1.0"
 
 __all__ = [
-    "__version__", "backend", "set_backend", "available_backends", "kernels",
+    "__version__", "backend", "set_backend", "using_backend", "available_backends", "kernels",
     "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
     "Drafter", "Proposal", "Target", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
     "DecodeStats", "GenerationResult", "generate", "speculative_generate",

@@ -314,12 +314,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.backend:
-        fs.set_backend(args.backend)
-    run = getattr(args, "run", None)
-    if args.command is None or run is None:
-        return _run_info(args)
-    return run(args)
+    # a caller's backend survives main(), whatever --backend or a command selects
+    with fs.using_backend(args.backend or fs.backend()):
+        run = getattr(args, "run", None)
+        if args.command is None or run is None:
+            return _run_info(args)
+        return run(args)
 
 
 if __name__ == "__main__":

@@ -3,18 +3,20 @@
 ``fastspec.kernels.attention(...)`` and friends call the active backend: the compiled
 :mod:`fastspec._kernels` ("cython") when it was built, else the NumPy twin
 :mod:`fastspec._reference` ("numpy"). ``FASTSPEC_BACKEND=numpy|cython`` chooses at import;
-:func:`set_backend` switches at run time. Both backends expose the same names and signatures.
+:func:`set_backend` switches at run time, :func:`using_backend` for one ``with`` block. Both backends expose the same names and signatures.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
 from fastspec import _reference
 
-__all__ = ["KERNEL_NAMES", "backend", "set_backend", "available_backends", "module", "isa_info",
+__all__ = ["KERNEL_NAMES", "backend", "set_backend", "using_backend", "available_backends", "module", "isa_info",
            "attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
            "tree_attention", "compact_kv"]
 
@@ -73,6 +75,36 @@ def set_backend(name: str) -> None:
     _active = name
     for kernel in KERNEL_NAMES:
         globals()[kernel] = getattr(_BACKENDS[name], kernel)
+
+
+@contextlib.contextmanager
+def using_backend(name: str) -> Iterator[None]:
+    """Select backend ``name`` for the body of a ``with`` block, then restore the previous one.
+
+    The previous backend comes back however the block ends (an exception included).
+
+    Parameters
+    ----------
+    name : {"cython", "numpy"}
+
+    Raises
+    ------
+    ValueError, RuntimeError
+        As :func:`set_backend`, before the block runs.
+
+    Examples
+    --------
+    >>> import fastspec as fs
+    >>> with fs.using_backend("numpy"):
+    ...     fs.backend()
+    'numpy'
+    """
+    previous = _active
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
 
 
 def isa_info() -> dict[str, Any]:

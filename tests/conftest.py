@@ -31,10 +31,8 @@ def pytest_report_header(config):
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     """Run the test on each available backend, restoring the active one afterwards."""
-    previous = fs.backend()
-    fs.set_backend(request.param)
-    yield request.param
-    fs.set_backend(previous)
+    with fs.using_backend(request.param):
+        yield request.param
 
 
 @pytest.fixture(params=DTYPES, ids=["float32", "float64"])

@@ -30,3 +30,18 @@ def test_set_backend_round_trip():
             assert fs.kernels.attention is getattr(fs.kernels.module(name), "attention")
     finally:
         fs.set_backend(previous)
+
+
+def test_using_backend_restores_the_previous_one():
+    previous = fs.backend()
+    for name in fs.available_backends():
+        with fs.using_backend(name):
+            assert fs.backend() == name
+            assert fs.kernels.probs is fs.kernels.module(name).probs
+        assert fs.backend() == previous
+        with pytest.raises(KeyError), fs.using_backend(name):
+            raise KeyError("an error inside the block")
+        assert fs.backend() == previous
+    with pytest.raises(ValueError, match="backend"), fs.using_backend("fortran"):
+        pass  # pragma: no cover - the bad name raises before the block
+    assert fs.backend() == previous

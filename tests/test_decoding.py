@@ -119,18 +119,14 @@ def test_greedy_equality_across_backends(dtype):
     if len(fs.available_backends()) < 2:
         pytest.skip("needs both backends")
     target, draft = toy(71, 2, dtype), toy(71, 1, dtype)
-    previous = fs.backend()
     out = {}
-    try:
-        for b in fs.available_backends():
-            fs.set_backend(b)
+    for b in fs.available_backends():
+        with fs.using_backend(b):
             out[b] = (fs.generate(target, PREFIX, 48).tokens,
                       fs.speculative_generate(target, fs.DraftModelDrafter(draft), PREFIX, 48,
                                               gamma=4).tokens,
                       fs.speculative_generate(target, fs.NgramDrafter(), PREFIX, 48,
                                               gamma=4).tokens)
-    finally:
-        fs.set_backend(previous)
     first = out[fs.available_backends()[0]]
     assert all(v == first for v in out.values())
     assert first[0] == first[1] == first[2]

@@ -19,8 +19,9 @@ def test_protocol_and_exports():
     for d in (fs.DraftModelDrafter(toy(1, 1)), fs.NgramDrafter()):
         assert isinstance(d, fs.Drafter)
         assert d.hidden_layers == ()
-    from fastspec.drafters import DraftModelDrafter, NgramDrafter, Proposal  # noqa
+    from fastspec.drafters import DraftModelDrafter, NgramDrafter, Proposal
     assert fs.Proposal is Proposal and fs.SamplingParams is SamplingParams
+    assert fs.DraftModelDrafter is DraftModelDrafter and fs.NgramDrafter is NgramDrafter
 
 
 # --- n-gram ---------------------------------------------------------------------------

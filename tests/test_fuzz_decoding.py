@@ -11,7 +11,6 @@ import math
 import operator
 
 import numpy as np
-import pytest
 from hypothesis import strategies as st
 
 import fastspec as fs

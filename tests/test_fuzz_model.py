@@ -36,17 +36,22 @@ def _tol(dtype, ref):
 
 
 def _run_chunks(model, ids, cuts, layers, backend):
-    fs.set_backend(backend)
     cache = model.new_cache()
     logits, hidden = [], {l % model.config.n_layers: [] for l in layers}
-    for a, b in zip(cuts[:-1], cuts[1:]):
-        out = model.forward(ids[a:b], cache, hidden_layers=layers)
-        logits.append(out.logits.copy())
-        assert sorted(out.hidden) == sorted(hidden)
-        for l in hidden:
-            hidden[l].append(out.hidden[l].copy())
+    with fs.using_backend(backend):
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            out = model.forward(ids[a:b], cache, hidden_layers=layers)
+            logits.append(out.logits.copy())
+            assert sorted(out.hidden) == sorted(hidden)
+            for l in hidden:
+                hidden[l].append(out.hidden[l].copy())
     assert cache.length == len(ids)
     return np.concatenate(logits), {l: np.concatenate(h) for l, h in hidden.items()}
+
+
+def _whole(model, ids, backend):
+    with fs.using_backend(backend):
+        return model.forward(ids).logits
 
 
 def _forward_property(config, seed, data):
@@ -58,12 +63,8 @@ def _forward_property(config, seed, data):
     layers = data.draw(st.lists(st.integers(-config.n_layers, config.n_layers - 1), max_size=2),
                        label="hidden_layers")
     norm_layers = sorted({l % config.n_layers for l in layers})
-    previous = fs.backend()
-    try:
-        results = {b: _run_chunks(model, ids, cuts, layers, b) for b in BACKENDS}
-        whole = {b: (fs.set_backend(b), model.forward(ids).logits)[1] for b in BACKENDS}
-    finally:
-        fs.set_backend(previous)
+    results = {b: _run_chunks(model, ids, cuts, layers, b) for b in BACKENDS}
+    whole = {b: _whole(model, ids, b) for b in BACKENDS}
     ref_logits, ref_hidden = results["numpy"]
     assert ref_logits.shape == (n, config.vocab_size)
     assert np.isfinite(ref_logits).all()
@@ -93,18 +94,14 @@ def _forward_embeddings_property(config, seed, data):
     causal = data.draw(st.booleans(), label="causal")
     x = rng.standard_normal((n, config.dim)).astype(config.dtype)
     prefix = rng.integers(0, config.vocab_size, p)
-    previous = fs.backend()
     got = {}
-    try:
-        for b in BACKENDS:
-            fs.set_backend(b)
+    for b in BACKENDS:
+        with fs.using_backend(b):
             cache = model.new_cache()
             if p:
                 model.forward(prefix, cache)
             got[b] = model.forward_embeddings(x, cache, causal=causal).logits.copy()
-            assert cache.length == p
-    finally:
-        fs.set_backend(previous)
+        assert cache.length == p
     rtol, atol = _tol(config.dtype, got["numpy"])
     for b in BACKENDS:
         np.testing.assert_allclose(got[b], got["numpy"], rtol=rtol, atol=atol, err_msg=b)

@@ -102,18 +102,14 @@ def test_backends_agree(dtype, family):
     model = make(family, dtype, seed=3)
     ids = ids_for(model, 21)
     results = {}
-    previous = fs.backend()
-    try:
-        for name in ("numpy", "cython"):
-            fs.set_backend(name)
+    for name in ("numpy", "cython"):
+        with fs.using_backend(name):
             cache = model.new_cache()
             first = model.forward(ids[:13], cache, hidden_layers=(1,))
             second = model.forward(ids[13:], cache, causal=False)
             one = model.forward(ids[:1], cache)
-            results[name] = (first.logits, first.hidden[1], second.logits, one.logits,
-                             cache.k[:, :, :cache.length], cache.v[:, :, :cache.length])
-    finally:
-        fs.set_backend(previous)
+        results[name] = (first.logits, first.hidden[1], second.logits, one.logits,
+                         cache.k[:, :, :cache.length], cache.v[:, :, :cache.length])
     for a, b in zip(results["numpy"], results["cython"]):
         scale = np.max(np.abs(a))
         assert np.max(np.abs(a - b)) <= RTOL[dtype] * scale
@@ -266,9 +262,7 @@ def test_threaded_products_agree():
     from fastspec import _model
     model = make("llama-gqa", np.float64)
     big = Transformer.random(ModelConfig.tiny_llama(dtype="float64", n_layers=1, max_seq_len=32))
-    previous = fs.backend()
-    fs.set_backend("cython")
-    try:
+    with fs.using_backend("cython"):
         for m in (model, big):
             ids = ids_for(m, 9)
             one = m.forward(ids).logits
@@ -278,8 +272,6 @@ def test_threaded_products_agree():
             finally:
                 _model.set_threads(1)
             np.testing.assert_allclose(two, one, rtol=1e-12, atol=1e-12)
-    finally:
-        fs.set_backend(previous)
 
 
 @needs_cython
@@ -297,9 +289,7 @@ def test_block_rows_are_bit_identical_to_decode_steps(weight_dtype, head_dim):
     # and those of the decode steps that vanilla decoding would run, one token at a time.
     # The fused float32 forward computes each row the same way in both (linear: products in
     # k order; attention: per-row tiles), so they agree bit for bit, not just within 1e-6.
-    previous = fs.backend()
-    fs.set_backend("cython")
-    try:
+    with fs.using_backend("cython"):
         cfg = ModelConfig(vocab_size=53, dim=4 * head_dim, n_layers=2, n_heads=4, n_kv_heads=2,
                           ffn_dim=3 * head_dim + 8, max_seq_len=300, weight_dtype=weight_dtype)
         model = Transformer.random(cfg, seed=3)
@@ -309,8 +299,6 @@ def test_block_rows_are_bit_identical_to_decode_steps(weight_dtype, head_dim):
         model.forward(ids[:141], step_cache)
         block = model.forward(ids[141:], block_cache, hidden_layers=(0,))
         steps = [model.forward(ids[i:i + 1], step_cache, hidden_layers=(0,)) for i in range(141, 150)]
-        np.testing.assert_array_equal(block.logits, np.concatenate([s.logits for s in steps]))
-        np.testing.assert_array_equal(block.hidden[0], np.concatenate([s.hidden[0] for s in steps]))
-        np.testing.assert_array_equal(block_cache.k[:, :, :150], step_cache.k[:, :, :150])
-    finally:
-        fs.set_backend(previous)
+    np.testing.assert_array_equal(block.logits, np.concatenate([s.logits for s in steps]))
+    np.testing.assert_array_equal(block.hidden[0], np.concatenate([s.hidden[0] for s in steps]))
+    np.testing.assert_array_equal(block_cache.k[:, :, :150], step_cache.k[:, :, :150])

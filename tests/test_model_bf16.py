@@ -65,22 +65,17 @@ def _isa_params():
 def isa(request):
     """Force the compiled products onto one path and the Cython backend, then restore both."""
     from fastspec import _model
-    prev_backend, prev_isa = fs.backend(), fs.kernels.isa_info()["forced"]
-    fs.set_backend("cython")
-    _model.set_isa(request.param)
-    assert fs.kernels.isa_info()["selected"] == request.param
-    yield request.param
-    _model.set_isa(prev_isa)
-    fs.set_backend(prev_backend)
+    prev_isa = fs.kernels.isa_info()["forced"]
+    with fs.using_backend("cython"):
+        _model.set_isa(request.param)
+        assert fs.kernels.isa_info()["selected"] == request.param
+        yield request.param
+        _model.set_isa(prev_isa)
 
 
 def on(backend, fn):
-    prev = fs.backend()
-    fs.set_backend(backend)
-    try:
+    with fs.using_backend(backend):
         return fn()
-    finally:
-        fs.set_backend(prev)
 
 
 # --- conversions and config -----------------------------------------------------------------

@@ -151,14 +151,10 @@ def test_forward_embeddings_and_context_kv_bit_identical(backend, models):
 def test_backends_agree_within_rounding(models):
     m16, _ = models
     ids = np.arange(30) % m16.config.vocab_size
-    prev = fs.backend()
-    try:
-        fs.set_backend("cython")
+    with fs.using_backend("cython"):
         a = m16.forward(ids).logits
-        fs.set_backend("numpy")
+    with fs.using_backend("numpy"):
         b = m16.forward(ids).logits
-    finally:
-        fs.set_backend(prev)
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
 
@@ -167,13 +163,8 @@ def test_runner_refuses_wrong_weight_arrays():
     m16, _ = pair("llama-gqa")
     m16.layers[0].wq = m16.layers[0].wq.astype(np.float32)  # a float32 matrix in a f16 model
     m16.invalidate()
-    prev = fs.backend()
-    try:
-        fs.set_backend("cython")
-        with pytest.raises(TypeError, match="float16"):
-            m16.forward([1, 2])
-    finally:
-        fs.set_backend(prev)
+    with fs.using_backend("cython"), pytest.raises(TypeError, match="float16"):
+        m16.forward([1, 2])
 
 
 def test_greedy_generate_identical(backend, models):
@@ -287,14 +278,13 @@ def test_threaded_products_bit_identical():
                                                     n_layers=1, max_seq_len=64), seed=2)
     m32 = m16.with_weight_dtype("float32")
     ids = np.arange(20) % m16.config.vocab_size
-    prev, threads = fs.backend(), _model.get_threads()
-    try:
-        fs.set_backend("cython")
-        single = m16.forward(ids).logits
-        _model.set_threads(2)
-        eq(m16.forward(ids).logits, m32.forward(ids).logits)
-        eq(m16.forward(ids[:1]).logits, m32.forward(ids[:1]).logits)
-        eq(m16.forward(ids).logits, single)
-    finally:
-        _model.set_threads(threads)
-        fs.set_backend(prev)
+    threads = _model.get_threads()
+    with fs.using_backend("cython"):
+        try:
+            single = m16.forward(ids).logits
+            _model.set_threads(2)
+            eq(m16.forward(ids).logits, m32.forward(ids).logits)
+            eq(m16.forward(ids[:1]).logits, m32.forward(ids[:1]).logits)
+            eq(m16.forward(ids).logits, single)
+        finally:
+            _model.set_threads(threads)

@@ -69,13 +69,9 @@ def test_probs_kernel_releases_the_gil():
 def test_fused_model_forward_releases_the_gil():
     model = fs.Transformer.random(fs.ModelConfig.tiny_llama(max_seq_len=512), seed=0)
     ids = np.arange(512) % 260
-    previous = fs.backend()
-    fs.set_backend("cython")
-    try:
+    with fs.using_backend("cython"):
         model.forward(ids[:4])  # build the fused runner outside the measured call
         assert _progress_during(lambda: model.forward(ids)) > 0
-    finally:
-        fs.set_backend(previous)
 
 
 def test_the_guard_detects_a_kernel_that_holds_the_gil():

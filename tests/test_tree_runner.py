@@ -33,17 +33,12 @@ def model_of(family, dt, weight_dtype=None, **over):
 
 def tree_step(model, context, ids, parents, backend, monkeypatch, hidden=(0, -1)):
     """Logits, hidden states and cache of a tree step after ``context``, on ``backend``."""
-    previous = fs.backend()
-    fs.set_backend(backend)
-    try:
-        with monkeypatch.context() as m:
-            if backend == "cython":  # the fused runner must take the tree, not the layer path
-                m.setattr(model, "_layers_numpy", None)
-            cache = model.new_cache()
-            model.step(context, cache)
-            out = model.step(ids, cache, tree_parents=parents, hidden_layers=hidden)
-    finally:
-        fs.set_backend(previous)
+    with fs.using_backend(backend), monkeypatch.context() as m:
+        if backend == "cython":  # the fused runner must take the tree, not the layer path
+            m.setattr(model, "_layers_numpy", None)
+        cache = model.new_cache()
+        model.step(context, cache)
+        out = model.step(ids, cache, tree_parents=parents, hidden_layers=hidden)
     return out, cache
 
 

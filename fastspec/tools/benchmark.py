@@ -14,13 +14,11 @@ from typing import Callable, Sequence
 
 import fastspec as fs
 from fastspec._progress import Progress
-from fastspec.tools.machine import (attention_rates, decode_bound, kernel_ratios, machine_limits,
-                                    stream_rate)
+from fastspec.tools.machine import attention_rates, decode_bound, kernel_ratios, machine_limits
 from fastspec.tools.markdown import performance_markdown, summary_text
 from fastspec.tools.peers import peers
 from fastspec.tools.rounds import (decode_step_time, prompt_tokens, round_costs, smollm_config,
                                    storage_costs, tree_costs)
-from fastspec.tools.timing import timeit
 
 __all__ = ["context_scaling", "gamma_scaling", "run", "bench_main"]
 
@@ -77,16 +75,18 @@ def context_scaling(target, draft, contexts: Sequence[int], new_tokens: int = 33
     draft = _with_context(draft, max(contexts) + new_tokens + 16)
     rows = []
     for name in fs.available_backends():
-        fs.set_backend(name)
-        for ctx in contexts:
-            ids = prompt_tokens(ctx, target.config.vocab_size)
-            van, _ = _per_token(lambda n: fs.generate(target, ids, n), new_tokens, vanilla=True)
-            spec, _ = _per_token(lambda n: fs.speculative_generate(
-                target, fs.DraftModelDrafter(draft), ids, n, gamma=gamma), new_tokens)
-            rows.append({"backend": name, "context": ctx, "vanilla_ms_per_token": 1e3 * van,
-                         "speculative_ms_per_token": 1e3 * spec, "speedup": van / spec})
-            if progress:
-                progress.update(f"{name} context {ctx}")
+        with fs.using_backend(name):
+            for ctx in contexts:
+                ids = prompt_tokens(ctx, target.config.vocab_size)
+                van, _ = _per_token(lambda n: fs.generate(target, ids, n), new_tokens,
+                                    vanilla=True)
+                spec, _ = _per_token(lambda n: fs.speculative_generate(
+                    target, fs.DraftModelDrafter(draft), ids, n, gamma=gamma), new_tokens)
+                rows.append({"backend": name, "context": ctx,
+                             "vanilla_ms_per_token": 1e3 * van,
+                             "speculative_ms_per_token": 1e3 * spec, "speedup": van / spec})
+                if progress:
+                    progress.update(f"{name} context {ctx}")
     return rows
 
 
@@ -99,23 +99,23 @@ def gamma_scaling(target, draft, dflash, gammas: Sequence[int] = (1, 2, 4, 8, 16
     rows = []
     ids = prompt_tokens(256, target.config.vocab_size)
     for name in fs.available_backends():
-        fs.set_backend(name)
-        van, _ = _per_token(lambda n: fs.generate(target, ids, n), new_tokens, vanilla=True)
-        for g in gammas:
-            runs = {"draft": lambda n: fs.speculative_generate(target, fs.DraftModelDrafter(draft), ids,
-                                                               n, gamma=g)}
-            if dflash is not None and g < 16:
-                runs["dflash"] = lambda n: fs.speculative_generate(
-                    target, fs.DFlashDrafter(dflash), ids, n,
-                    gamma=min(g, dflash.config.block_size - 1))
-            for drafter, fn in runs.items():
-                t, stats = _per_token(fn, new_tokens)
-                tau = stats.mean_accepted_length
-                eff = g if drafter == "draft" else min(g, dflash.config.block_size - 1)
-                rows.append({"backend": name, "drafter": drafter, "gamma": eff, "speedup": van / t,
-                             "tau": tau, "ms_per_token": 1e3 * t})
-            if progress:
-                progress.update(f"{name} gamma {g}")
+        with fs.using_backend(name):
+            van, _ = _per_token(lambda n: fs.generate(target, ids, n), new_tokens, vanilla=True)
+            for g in gammas:
+                runs = {"draft": lambda n: fs.speculative_generate(
+                    target, fs.DraftModelDrafter(draft), ids, n, gamma=g)}
+                if dflash is not None and g < 16:
+                    runs["dflash"] = lambda n: fs.speculative_generate(
+                        target, fs.DFlashDrafter(dflash), ids, n,
+                        gamma=min(g, dflash.config.block_size - 1))
+                for drafter, fn in runs.items():
+                    t, stats = _per_token(fn, new_tokens)
+                    tau = stats.mean_accepted_length
+                    eff = g if drafter == "draft" else min(g, dflash.config.block_size - 1)
+                    rows.append({"backend": name, "drafter": drafter, "gamma": eff,
+                                 "speedup": van / t, "tau": tau, "ms_per_token": 1e3 * t})
+                if progress:
+                    progress.update(f"{name} gamma {g}")
     return rows
 
 
@@ -143,9 +143,9 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
     steps = 6 + len(backends) * (len(contexts) + len(gammas)) + (1 if with_peers else 0)
     bar = Progress(steps, "bench") if progress else None
     tick = (lambda what: bar.update(what)) if bar else (lambda what: None)
-    previous = fs.backend()
     report = {"environment": environment(), "mode": "full" if full else "quick"}
-    try:
+    fastest = "cython" if "cython" in backends else "numpy"
+    with fs.using_backend(fastest):
         report["machine"] = machine_limits(quick=not full)
         tick("machine limits")
         report["attention"] = attention_rates()
@@ -162,13 +162,11 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
                             "draft_params": draft.n_params}
         bounds = []
         for name in backends:
-            fs.set_backend(name)
-            step = decode_step_time(target, 64)
+            with fs.using_backend(name):
+                step = decode_step_time(target, 64)
             bounds.append({"backend": name, **decode_bound(target, report["machine"], step)})
         report["decode_bound"] = bounds
         tick("decode bound")
-        fastest = "cython" if "cython" in backends else "numpy"
-        fs.set_backend(fastest)
         report["round_costs"] = {"backend": fastest, **round_costs(target, draft, dflash)}
         # verify_n per weight storage; the SmolLM-135M shape (random, built in bf16) with --full
         report["storage_costs"] = {"target": storage_costs(target, 300)}
@@ -180,9 +178,8 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
         # Tree verification (nodes 8..64) vs a chain of as many positions, in decode steps
         report["tree_costs"] = []
         for name in backends:
-            fs.set_backend(name)
-            report["tree_costs"] += [{"backend": name, **r} for r in tree_costs(target)]
-        fs.set_backend(fastest)
+            with fs.using_backend(name):
+                report["tree_costs"] += [{"backend": name, **r} for r in tree_costs(target)]
         tick("tree costs")
         report["context_scaling"] = context_scaling(target, draft, contexts, progress=bar)
         report["gamma_scaling"] = gamma_scaling(target, draft, dflash, gammas, progress=bar)
@@ -190,32 +187,28 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
             from fastspec.tools.bench_real import real_size_rows
 
             report["real_size"] = real_size_rows(threads=(1, 2))
-            fs.set_backend(fastest)  # gamma_scaling leaves the last backend set
             try:  # the SmolLM-135M shape as a BF16 folder, both libraries loading it
                 report["real_peers"] = _real_peers()
             except ImportError as exc:
                 report["real_peers_skipped"] = f"needs the [hf] extra: {exc}"
-        fs.set_backend(previous)
-        if with_peers:
-            try:
-                tiny = fs.Transformer.random(fs.ModelConfig.tiny_llama(), 0)
-                tiny_draft = fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=1), 1)
-                report["peers"] = [
-                    {"models": "random tiny Llama", **peers(tiny, tiny_draft)},
-                    # The same architecture with its matrices held as float16 values (as
-                    # checkpoints ship): transformers loads them into float32, fastspec keeps
-                    # them in float16 and computes in float32; the outputs are the same.
-                    {"models": "random tiny Llama, float16 weights",
-                     **peers(tiny.with_weight_dtype("float16"),
-                             tiny_draft.with_weight_dtype("float16"))},
-                ]
-                if source == "embedded":
-                    report["peers"].append({"models": "embedded", **peers(target, draft)})
-            except ImportError as exc:
-                report["peers"] = {"skipped": f"needs the [hf] extra: {exc}"}
-            tick("peers")
-    finally:
-        fs.set_backend(previous)
+    if with_peers:  # on the caller's backend
+        try:
+            tiny = fs.Transformer.random(fs.ModelConfig.tiny_llama(), 0)
+            tiny_draft = fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=1), 1)
+            report["peers"] = [
+                {"models": "random tiny Llama", **peers(tiny, tiny_draft)},
+                # The same architecture with its matrices held as float16 values (as
+                # checkpoints ship): transformers loads them into float32, fastspec keeps
+                # them in float16 and computes in float32; the outputs are the same.
+                {"models": "random tiny Llama, float16 weights",
+                 **peers(tiny.with_weight_dtype("float16"),
+                         tiny_draft.with_weight_dtype("float16"))},
+            ]
+            if source == "embedded":
+                report["peers"].append({"models": "embedded", **peers(target, draft)})
+        except ImportError as exc:
+            report["peers"] = {"skipped": f"needs the [hf] extra: {exc}"}
+        tick("peers")
     return report
 
 
