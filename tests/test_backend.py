@@ -45,3 +45,15 @@ def test_using_backend_restores_the_previous_one():
     with pytest.raises(ValueError, match="backend"), fs.using_backend("fortran"):
         pass  # pragma: no cover - the bad name raises before the block
     assert fs.backend() == previous
+
+
+def test_cli_backend_option_does_not_outlive_main(capsys):
+    from fastspec.cli import main
+    previous = fs.backend()
+    others = [b for b in fs.available_backends() if b != previous]
+    if not others:
+        pytest.skip("needs a second backend")
+    other = others[0]
+    assert main(["--backend", other]) == 0  # no command: the info page
+    assert other in capsys.readouterr().out
+    assert fs.backend() == previous
