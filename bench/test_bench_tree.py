@@ -65,3 +65,30 @@ def test_tree_step_cost(benchmark, backend_name):
         print(f"\n{backend_name}: " + ", ".join(f"{k}={v:.3g}" for k, v in info.items()))
         benchmark.pedantic(calls["tree_16"], rounds=3, iterations=3)
 
+
+@pytest.mark.parametrize("nodes", [8, 32])
+def test_sampled_tree_draw_at_qwen_vocab(benchmark, nodes):
+    """Drawing a sampled tree without replacement (``sample_tree_without_replacement``) at
+    V = 151936 (Qwen3), over the cost of ``probs`` of its depths' rows, which a sampled round
+    computes anyway: what filling the tree adds. Each node writes its q row (V float64s), so
+    the draw is bound by that write, one pass per node."""
+    from fastspec.tree import sample_tree_without_replacement, tree_depths
+
+    vocab, rng = 151936, np.random.default_rng(nodes)
+    parents = side_branch_tree(nodes)
+    depth = int(tree_depths(parents).max())
+    logits = (3.0 * rng.standard_normal((depth, vocab))).astype(np.float32)
+    depth_q = fs.kernels.probs(logits, 1.0, 50)
+    u = rng.random(parents.shape[0])
+
+    def draw():
+        return sample_tree_without_replacement(parents, depth_q, u)
+
+    draw()
+    t_probs = median_time(lambda: fs.kernels.probs(logits, 1.0, 50), repeat=7)
+    t_draw = median_time(draw, repeat=7)
+    benchmark.extra_info.update(draw_ms=1e3 * t_draw, probs_ms=1e3 * t_probs,
+                                draw_over_probs=t_draw / t_probs, depth=depth)
+    print(f"\n{nodes} nodes, depth {depth}: draw {1e3 * t_draw:.2f} ms, probs of the "
+          f"{depth} rows {1e3 * t_probs:.2f} ms, ratio {t_draw / t_probs:.2f}")
+    benchmark.pedantic(draw, rounds=3, iterations=1)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastspec._checks import check_uniforms
+from fastspec._reference import _inverse_cdf
 from fastspec.drafters.base import Proposal
 
 __all__ = ["MAX_TREE_NODES", "TreeProposal", "check_parents", "tree_depths", "ancestor_mask",
@@ -220,14 +221,6 @@ def verify_tree_greedy(tokens: np.ndarray, parents: np.ndarray,
         row = nxt + 1
 
 
-def _inverse_cdf(weights: np.ndarray, u: float) -> int:
-    cumulative = np.cumsum(weights)
-    hits = np.flatnonzero(cumulative > u * cumulative[-1])
-    if hits.size:
-        return int(hits[0])
-    return int(np.flatnonzero(weights > 0)[-1])
-
-
 def verify_tree_rejection(tokens: np.ndarray, parents: np.ndarray, p: np.ndarray,
                           q: np.ndarray | None, uniforms: np.ndarray,
                           normalise: bool = True) -> tuple[np.ndarray, int]:
@@ -294,6 +287,58 @@ def verify_tree_rejection(tokens: np.ndarray, parents: np.ndarray, p: np.ndarray
         row = accepted + 1
 
 
+class _DepthLaw:
+    """One depth's law ``max(depth_q[d - 1], 0)``, prepared once (its running sum and support)
+    so that each sibling's draw without replacement costs one pass, the write of its row: the
+    earlier siblings' tokens are a short list subtracted from the running sum, not a copy of
+    the law with them zeroed."""
+
+    def __init__(self, row: np.ndarray):
+        # a row of probabilities is used as it is (summed in float64, as a float64 copy would be):
+        # every array allocated here costs its page faults at a large vocabulary
+        self.weights = row if row.min(initial=0.0) >= 0 else np.maximum(row, 0.0)
+        self.cumulative = np.cumsum(self.weights, dtype=np.float64)
+        self.support = int(np.count_nonzero(self.weights))
+
+    def draw(self, removed: list[int], u: float, q_out: np.ndarray) -> int:
+        """Draw with ``uniforms`` value ``u`` from the law without the ``removed`` tokens (each
+        in its support, no repeats); write that law, renormalised, to ``q_out`` (V,) and return
+        the token, or -1 (``q_out`` untouched) when no mass is left."""
+        w = self.weights
+        if len(removed) >= self.support:
+            return -1
+        gone = sorted(removed)
+        # mass removed up to and including each removed token, in token order
+        steps = np.cumsum(w[gone], dtype=np.float64) if gone else np.zeros(0)
+        total = float(self.cumulative[-1] - (steps[-1] if gone else 0.0))
+        if not total > 0:  # rounding ate a tiny remainder: sum it exactly
+            rest = w.astype(np.float64)
+            rest[gone] = 0.0
+            total = float(rest.sum())
+            if not total > 0:
+                return -1
+        np.divide(w, total, out=q_out, dtype=np.float64)
+        q_out[gone] = 0.0
+        # inverse CDF of the remaining law: between removed tokens j and j + 1 its running sum
+        # is cumulative - steps[j], so search each segment for the first sum past u * total
+        target = u * total
+        lo = 0
+        for j in range(len(gone) + 1):
+            hi = gone[j] if j < len(gone) else w.shape[0]
+            shift = steps[j - 1] if j else 0.0
+            x = lo + int(np.searchsorted(self.cumulative[lo:hi], target + shift, side="right"))
+            if x < hi:
+                break
+            lo = hi + 1
+        else:
+            return int(np.flatnonzero(q_out > 0)[-1])  # u * total rounded past the last sum
+        if q_out[x] > 0:
+            return x
+        # rounding across a removed token landed on a zero weight: its next drawable token
+        later = np.flatnonzero(q_out[x:] > 0)
+        return x + int(later[0]) if later.size else int(np.flatnonzero(q_out > 0)[-1])
+
+
 def sample_tree_without_replacement(parents: np.ndarray, depth_q: np.ndarray,
                                     uniforms: np.ndarray
                                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -334,25 +379,25 @@ def sample_tree_without_replacement(parents: np.ndarray, depth_q: np.ndarray,
     tokens = np.empty(size, dtype=np.int64)
     q = np.empty((size, vocab), dtype=np.float64)
     out_parents = np.empty(size, dtype=np.int64)
-    left: dict[int, np.ndarray] = {}  # block row -> unnormalised law of the next sibling
+    laws: dict[int, _DepthLaw] = {}  # depth -> its law, prepared once for all its nodes
+    drawn: dict[int, list[int]] = {}  # block row -> tokens its earlier children drew
     kept = 0
     for i, par in enumerate(parents.tolist()):
         if par >= 0 and new_index[par] < 0:
             continue  # the parent was dropped
-        row = par + 1
-        law = left.get(row)
+        d = int(depths[i])
+        law = laws.get(d)
         if law is None:
-            law = np.maximum(depth_q[depths[i] - 1].astype(np.float64), 0.0)
-        total = law.sum()
-        if not total > 0:
-            continue
-        q[kept] = law / total
-        x = _inverse_cdf(law, float(uniforms[i]))
+            law = laws[d] = _DepthLaw(depth_q[d - 1])
+        removed = drawn.setdefault(par + 1, [])
+        x = law.draw(removed, float(uniforms[i]), q[kept])
+        if x < 0:
+            continue  # no mass left
         tokens[kept] = x
         out_parents[kept] = -1 if par < 0 else new_index[par]
         new_index[i] = kept
         kept += 1
-        law = law.copy()
-        law[x] = 0.0
-        left[row] = law
-    return tokens[:kept].copy(), q[:kept].copy(), out_parents[:kept].copy()
+        removed.append(x)
+    # q[:kept] is a C-contiguous view: copying its rows again would double the work at a
+    # large vocabulary
+    return tokens[:kept].copy(), q[:kept], out_parents[:kept].copy()

@@ -6,7 +6,7 @@ import pytest
 from fastspec import audit
 from fastspec.audit import chi_square_test
 from fastspec.audit.tree import tree_law_tv, tree_round_law
-from fastspec.tree import sample_tree_without_replacement, verify_tree_rejection
+from fastspec.tree import sample_tree_without_replacement, tree_depths, verify_tree_rejection
 
 V = 4
 
@@ -162,6 +162,56 @@ def test_without_replacement_drops_nodes_once_support_is_used_up():
     tok, q, kept = sample_tree_without_replacement(par, depth_q, np.full(5, 0.1))
     assert tok.tolist() == [0, 1, 0] and kept.tolist() == [-1, -1, 0]
     np.testing.assert_allclose(q[1], [0.0, 1.0, 0.0, 0.0])
+
+
+def _wor_reference(parents, depth_q, uniforms):
+    """sample_tree_without_replacement written plainly: each sibling's law is a copy of its
+    depth's row with the earlier siblings' tokens zeroed, drawn by inverse CDF."""
+    depths = tree_depths(parents)
+    new_index = np.full(len(parents), -1)
+    tokens, q, kept, left = [], [], [], {}
+    for i, par in enumerate(parents.tolist()):
+        if par >= 0 and new_index[par] < 0:
+            continue
+        law = left.get(par + 1, np.maximum(depth_q[depths[i] - 1].astype(np.float64), 0.0))
+        total = law.sum()
+        if not total > 0:
+            continue
+        cumulative = np.cumsum(law)
+        hits = np.flatnonzero(cumulative > uniforms[i] * cumulative[-1])
+        x = int(hits[0]) if hits.size else int(np.flatnonzero(law > 0)[-1])
+        tokens.append(x)
+        q.append(law / total)
+        kept.append(-1 if par < 0 else new_index[par])
+        new_index[i] = len(tokens) - 1
+        left[par + 1] = law.copy()
+        left[par + 1][x] = 0.0
+    return np.array(tokens, dtype=np.int64), np.array(q).reshape(-1, depth_q.shape[1]), kept
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 7, 300])
+def test_without_replacement_matches_the_plain_sampler(vocab):
+    """The fast sampler (one pass per sibling) against the plain one: same tokens, same q rows
+    within rounding, over sparse and dense laws, uniforms at 0 and near 1, and siblings that
+    use up the support."""
+    rng = np.random.default_rng(vocab)
+    for trial in range(60):
+        n = int(rng.integers(1, 12))
+        par = np.array([-1] + [int(rng.integers(-1, i)) for i in range(n - 1)], dtype=np.int64)
+        depth_q = rng.random((n, vocab)) * (rng.random((n, vocab)) < rng.uniform(0.2, 1.0))
+        depth_q[:, int(rng.integers(vocab))] += 0.01  # every row has some mass
+        if trial % 3 == 0:
+            depth_q = depth_q.astype(np.float32) - 0.001  # float32 rows, negative entries
+        elif trial % 3 == 1:
+            depth_q = depth_q.astype(np.float32)
+        u = rng.random(n)
+        u[rng.random(n) < 0.2] = 0.0
+        u[rng.random(n) < 0.2] = np.nextafter(1.0, 0.0)
+        tok, q, kept = sample_tree_without_replacement(par, depth_q, u)
+        want_tok, want_q, want_kept = _wor_reference(par, depth_q, u)
+        np.testing.assert_array_equal(tok, want_tok)
+        np.testing.assert_array_equal(kept, want_kept)
+        np.testing.assert_allclose(q, want_q, rtol=1e-12, atol=1e-15)
 
 
 def _wor_monte_carlo(parents, draws, report_base_q):
