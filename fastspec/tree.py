@@ -288,17 +288,22 @@ def verify_tree_rejection(tokens: np.ndarray, parents: np.ndarray, p: np.ndarray
 
 
 class _DepthLaw:
-    """One depth's law ``max(depth_q[d - 1], 0)``, prepared once (its running sum and support)
-    so that each sibling's draw without replacement costs one pass, the write of its row: the
-    earlier siblings' tokens are a short list subtracted from the running sum, not a copy of
-    the law with them zeroed."""
+    """One depth's law ``max(depth_q[d - 1], 0)`` with its running sum and support, prepared
+    once, so that each sibling's draw without replacement costs one pass, the write of its row:
+    the earlier siblings' tokens are a short list subtracted from the running sum, not a copy
+    of the law with them zeroed. :meth:`of_depths` prepares every depth in one allocation per
+    array: at a large vocabulary fresh pages cost more than the arithmetic."""
 
-    def __init__(self, row: np.ndarray):
-        # a row of probabilities is used as it is (summed in float64, as a float64 copy would be):
-        # every array allocated here costs its page faults at a large vocabulary
-        self.weights = row if row.min(initial=0.0) >= 0 else np.maximum(row, 0.0)
-        self.cumulative = np.cumsum(self.weights, dtype=np.float64)
-        self.support = int(np.count_nonzero(self.weights))
+    def __init__(self, weights: np.ndarray, cumulative: np.ndarray, support: int):
+        self.weights, self.cumulative, self.support = weights, cumulative, support
+
+    @classmethod
+    def of_depths(cls, depth_q: np.ndarray, depth: int) -> list[_DepthLaw]:
+        """The laws of depths ``1 .. depth`` (rows ``0 .. depth - 1`` of ``depth_q``)."""
+        weights = np.maximum(depth_q[:depth], 0.0, dtype=np.float64)
+        cumulative = np.cumsum(weights, axis=1)
+        support = np.count_nonzero(weights, axis=1)
+        return [cls(weights[d], cumulative[d], int(support[d])) for d in range(depth)]
 
     def draw(self, removed: list[int], u: float, q_out: np.ndarray) -> int:
         """Draw with ``uniforms`` value ``u`` from the law without the ``removed`` tokens (each
@@ -309,15 +314,15 @@ class _DepthLaw:
             return -1
         gone = sorted(removed)
         # mass removed up to and including each removed token, in token order
-        steps = np.cumsum(w[gone], dtype=np.float64) if gone else np.zeros(0)
+        steps = np.cumsum(w[gone]) if gone else np.zeros(0)
         total = float(self.cumulative[-1] - (steps[-1] if gone else 0.0))
         if not total > 0:  # rounding ate a tiny remainder: sum it exactly
-            rest = w.astype(np.float64)
+            rest = w.copy()
             rest[gone] = 0.0
             total = float(rest.sum())
             if not total > 0:
                 return -1
-        np.divide(w, total, out=q_out, dtype=np.float64)
+        np.divide(w, total, out=q_out)
         q_out[gone] = 0.0
         # inverse CDF of the remaining law: between removed tokens j and j + 1 its running sum
         # is cumulative - steps[j], so search each segment for the first sum past u * total
@@ -379,16 +384,13 @@ def sample_tree_without_replacement(parents: np.ndarray, depth_q: np.ndarray,
     tokens = np.empty(size, dtype=np.int64)
     q = np.empty((size, vocab), dtype=np.float64)
     out_parents = np.empty(size, dtype=np.int64)
-    laws: dict[int, _DepthLaw] = {}  # depth -> its law, prepared once for all its nodes
+    laws = _DepthLaw.of_depths(depth_q, int(depths.max()) if size else 0)
     drawn: dict[int, list[int]] = {}  # block row -> tokens its earlier children drew
     kept = 0
     for i, par in enumerate(parents.tolist()):
         if par >= 0 and new_index[par] < 0:
             continue  # the parent was dropped
-        d = int(depths[i])
-        law = laws.get(d)
-        if law is None:
-            law = laws[d] = _DepthLaw(depth_q[d - 1])
+        law = laws[depths[i] - 1]
         removed = drawn.setdefault(par + 1, [])
         x = law.draw(removed, float(uniforms[i]), q[kept])
         if x < 0:
