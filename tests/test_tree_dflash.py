@@ -18,6 +18,25 @@ def small_llama(dtype="float64"):
         max_seq_len=128, dtype=dtype), seed=3)
 
 
+@pytest.mark.parametrize("kind", ["normal", "ties", "minus_inf", "nan"])
+def test_top_tokens_is_the_stable_sort_head(kind):
+    """best_first_tree's selection of each row's best tokens (a partition, then a sort of the
+    few above the cut) lists what the full stable sort lists first, ties in token order."""
+    from fastspec.drafters.dflash import _top_tokens
+    rng = np.random.default_rng(len(kind))
+    for _ in range(40):
+        vocab, g = int(rng.integers(1, 3000)), int(rng.integers(1, 6))
+        width = int(rng.integers(1, min(vocab, 80) + 1))
+        x = (rng.integers(-4, 4, (g, vocab)).astype(np.float64) if kind == "ties"
+             else rng.standard_normal((g, vocab)).astype(np.float32))
+        if kind == "minus_inf":
+            x[rng.random((g, vocab)) < 0.5] = -np.inf
+        if kind == "nan":
+            x[rng.random((g, vocab)) < 0.95] = np.nan
+        np.testing.assert_array_equal(_top_tokens(x, width),
+                                      np.argsort(-x, axis=1, kind="stable")[:, :width])
+
+
 def test_best_first_tree_is_the_budget_best_prefixes():
     rng = np.random.default_rng(0)
     for _ in range(20):

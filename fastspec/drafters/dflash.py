@@ -27,6 +27,32 @@ def denoise_schedule(n_positions: int, steps: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(steps)]
 
 
+def _top_tokens(logp: np.ndarray, width: int) -> np.ndarray:
+    """``np.argsort(-logp, axis=1, kind="stable")[:, :width]`` without sorting whole rows.
+
+    A row's ``width`` best are its values above the ``width``-th best (sorted) and then that
+    value's ties in token order, which is what the stable sort lists first. At V = 151936 the
+    full sort of a 15-row block took 0.3 s, several target steps.
+    """
+    g, vocab = logp.shape
+    neg = -logp
+    if 8 * width >= vocab:
+        return np.argsort(neg, axis=1, kind="stable")[:, :width]
+    kth = np.partition(neg, width - 1, axis=1)[:, width - 1]
+    top = np.empty((g, width), dtype=np.intp)
+    for r in range(g):
+        row, t = neg[r], kth[r]
+        better = np.flatnonzero(row < t)
+        better = better[np.argsort(row[better], kind="stable")]
+        ties = np.flatnonzero(row == t)[:width - better.size]
+        if better.size + ties.size < width:  # NaNs in the row: the sort's order for them
+            top[r] = np.argsort(row, kind="stable")[:width]
+        else:
+            top[r, :better.size] = better
+            top[r, better.size:] = ties
+    return top
+
+
 def best_first_tree(logp: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
     """Grow a tree best-first over independent per-position distributions.
 
@@ -49,7 +75,7 @@ def best_first_tree(logp: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarr
     g, vocab = logp.shape
     width = min(budget, vocab)
     # The `width` likeliest tokens of every position, best first: no node needs more.
-    top = np.argsort(-logp, axis=1, kind="stable")[:, :width]
+    top = _top_tokens(logp, width)
     top_lp = np.take_along_axis(logp, top, axis=1).astype(np.float64)
     tokens: list[int] = []
     parents: list[int] = []
