@@ -66,29 +66,27 @@ def test_tree_step_cost(benchmark, backend_name):
         benchmark.pedantic(calls["tree_16"], rounds=3, iterations=3)
 
 
-@pytest.mark.parametrize("nodes", [8, 32])
-def test_sampled_tree_draw_at_qwen_vocab(benchmark, nodes):
-    """Drawing a sampled tree without replacement (``sample_tree_without_replacement``) at
-    V = 151936 (Qwen3), over the cost of ``probs`` of its depths' rows, which a sampled round
-    computes anyway: what filling the tree adds. Each node writes its q row (V float64s), so
-    the draw is bound by that write, one pass per node."""
-    from fastspec.tree import sample_tree_without_replacement, tree_depths
 
-    vocab, rng = 151936, np.random.default_rng(nodes)
-    parents = side_branch_tree(nodes)
-    depth = int(tree_depths(parents).max())
-    logits = (3.0 * rng.standard_normal((depth, vocab))).astype(np.float32)
-    depth_q = fs.kernels.probs(logits, 1.0, 50)
-    u = rng.random(parents.shape[0])
+@pytest.mark.parametrize("budget", [16, 64])
+def test_tree_drafting_at_qwen_vocab(benchmark, budget):
+    """A DFlash tree's host-side work at V = 151936 (Qwen3), for a block of 15 positions: the
+    shape (``best_first_tree`` over the block's log-probabilities) and, when sampling, its
+    draw without replacement (``sample_tree_without_replacement``), each over the cost of
+    ``probs`` of the 15 rows (top-k 50), which a sampled round computes anyway."""
+    from fastspec.drafters.dflash import best_first_tree
+    from fastspec.tree import sample_tree_without_replacement
 
-    def draw():
-        return sample_tree_without_replacement(parents, depth_q, u)
-
-    draw()
-    t_probs = median_time(lambda: fs.kernels.probs(logits, 1.0, 50), repeat=7)
-    t_draw = median_time(draw, repeat=7)
-    benchmark.extra_info.update(draw_ms=1e3 * t_draw, probs_ms=1e3 * t_probs,
-                                draw_over_probs=t_draw / t_probs, depth=depth)
-    print(f"\n{nodes} nodes, depth {depth}: draw {1e3 * t_draw:.2f} ms, probs of the "
-          f"{depth} rows {1e3 * t_probs:.2f} ms, ratio {t_draw / t_probs:.2f}")
-    benchmark.pedantic(draw, rounds=3, iterations=1)
+    vocab, g, rng = 151936, 15, np.random.default_rng(budget)
+    logits = (3.0 * rng.standard_normal((g, vocab))).astype(np.float32)
+    q = fs.kernels.probs(logits, 1.0, 50).astype(np.float64)
+    logp = np.log(np.maximum(q, 1e-300))
+    _, shape = best_first_tree(logp, budget)
+    u = rng.random(shape.shape[0])
+    t = {"probs": median_time(lambda: fs.kernels.probs(logits, 1.0, 50), repeat=7),
+         "shape": median_time(lambda: best_first_tree(logp, budget), repeat=7),
+         "draw": median_time(lambda: sample_tree_without_replacement(shape, q, u), repeat=7)}
+    info = {f"{k}_ms": 1e3 * v for k, v in t.items()}
+    info.update(shape_over_probs=t["shape"] / t["probs"], draw_over_probs=t["draw"] / t["probs"])
+    benchmark.extra_info.update(info)
+    print(f"\nbudget {budget}: " + ", ".join(f"{k}={v:.3g}" for k, v in info.items()))
+    benchmark.pedantic(lambda: best_first_tree(logp, budget), rounds=3, iterations=1)
