@@ -37,6 +37,27 @@ def test_top_tokens_is_the_stable_sort_head(kind):
                                       np.argsort(-x, axis=1, kind="stable")[:, :width])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_drafter_trees_rank_like_best_first_tree(dtype):
+    """The drafter's greedy and sampled tree shapes (ranked on logits or probabilities, with
+    logarithms of the kept tokens only) are best_first_tree's over the full log-probabilities,
+    also when the budget outgrows a top-k support (ties)."""
+    from fastspec.drafters.dflash import _logits_tree, _probs_tree
+    rng = np.random.default_rng(7)
+    for _ in range(10):
+        g, vocab = int(rng.integers(1, 8)), int(rng.integers(2, 2000))
+        budget = int(rng.integers(1, 70))
+        logits = (3 * rng.standard_normal((g, vocab))).astype(dtype)
+        z = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        for got, want in zip(_logits_tree(logits, budget), best_first_tree(logp, budget)):
+            np.testing.assert_array_equal(got, want)
+        q = fs.kernels.probs(logits, 1.0, int(rng.integers(1, 40)))
+        want = best_first_tree(np.log(np.maximum(q.astype(np.float64), 1e-300)), budget)
+        for got, w in zip(_probs_tree(q, budget), want):
+            np.testing.assert_array_equal(got, w)
+
+
 def test_best_first_tree_is_the_budget_best_prefixes():
     rng = np.random.default_rng(0)
     for _ in range(20):

@@ -72,11 +72,17 @@ def best_first_tree(logp: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarr
     -------
     tokens, parents : ndarray of shape (min(budget, ...),), int64
     """
-    g, vocab = logp.shape
-    width = min(budget, vocab)
-    # The `width` likeliest tokens of every position, best first: no node needs more.
-    top = _top_tokens(logp, width)
-    top_lp = np.take_along_axis(logp, top, axis=1).astype(np.float64)
+    # The likeliest tokens of every position, best first: no node needs more than `budget`.
+    top = _top_tokens(logp, min(budget, logp.shape[1]))
+    return _best_first(top, np.take_along_axis(logp, top, axis=1).astype(np.float64), budget)
+
+
+def _best_first(top: np.ndarray, top_lp: np.ndarray, budget: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`best_first_tree` from each position's best tokens ``top`` (g, width), best
+    first, and their log-probabilities ``top_lp`` (g, width), float64: the drafter ranks the
+    tokens on its logits or probabilities and takes logarithms of these few only."""
+    g, width = top.shape
     tokens: list[int] = []
     parents: list[int] = []
     # entries: (-score, tie, parent node, parent score, depth index, rank among top tokens)
@@ -95,6 +101,25 @@ def best_first_tree(logp: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarr
             heapq.heappush(heap, (neg - top_lp[depth + 1, 0], tie, node, -neg, depth + 1, 0))
             tie += 1
     return np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64)
+
+
+def _logits_tree(logits: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """``best_first_tree(log_softmax(logits), budget)``, ranked on the logits (a log-softmax
+    keeps a row's order) with the logarithms of the kept tokens only: at V = 151936 the
+    float64 log-softmax of a block cost more than a target step."""
+    top = _top_tokens(logits, min(budget, logits.shape[1]))
+    peak = logits.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(logits - peak).sum(axis=1, keepdims=True, dtype=np.float64))
+    top_lp = (np.take_along_axis(logits, top, axis=1).astype(np.float64) - peak) - lse
+    return _best_first(top, top_lp, budget)
+
+
+def _probs_tree(q: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    """``best_first_tree(log(max(q, 1e-300)), budget)`` for probabilities ``q`` (g, V), ranked
+    on ``q`` (the logarithm keeps its order) with the logarithms of the kept tokens only."""
+    top = _top_tokens(q, min(budget, q.shape[1]))
+    top_lp = np.log(np.maximum(np.take_along_axis(q, top, axis=1).astype(np.float64), 1e-300))
+    return _best_first(top, top_lp, budget)
 
 
 class DFlashDrafter:
@@ -250,10 +275,7 @@ class DFlashDrafter:
             if self.tree_budget is not None:
                 if self.sample_block and not sampling.greedy:
                     return self._sampled_tree(logits, sampling, rng)
-                z = logits.astype(np.float64)
-                z -= z.max(axis=1, keepdims=True)
-                logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-                tokens, parents = best_first_tree(logp, self.tree_budget)
+                tokens, parents = _logits_tree(logits, self.tree_budget)
                 return TreeProposal(tokens, None, parents)
             if self.sample_block and not sampling.greedy:
                 q = kernels.probs(np.ascontiguousarray(logits), sampling.temperature,
@@ -328,10 +350,10 @@ class DFlashDrafter:
         row is exactly the law it was drawn from given its path and earlier siblings.
         """
         q = kernels.probs(np.ascontiguousarray(logits), sampling.temperature, sampling.top_k,
-                          sampling.top_p).astype(np.float64)
+                          sampling.top_p)
         # Tokens outside top-k/top-p score far below every allowed one: they enter the shape
         # only when the budget outgrows the support, and the sampler then drops them.
-        _, shape = best_first_tree(np.log(np.maximum(q, 1e-300)), self.tree_budget)
+        _, shape = _probs_tree(q, self.tree_budget)
         tokens, q_rows, parents = sample_tree_without_replacement(
             shape, q, rng.random(shape.shape[0]))
         return TreeProposal(tokens, q_rows, parents)
