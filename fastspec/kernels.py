@@ -3,7 +3,8 @@
 ``fastspec.kernels.attention(...)`` and friends call the active backend: the compiled
 :mod:`fastspec._kernels` ("cython") when it was built, else the NumPy twin
 :mod:`fastspec._reference` ("numpy"). ``FASTSPEC_BACKEND=numpy|cython`` chooses at import;
-:func:`set_backend` switches at run time, :func:`using_backend` for one ``with`` block. Both backends expose the same names and signatures.
+:func:`set_backend` switches at run time, :func:`using_backend` for one ``with`` block.
+Both backends expose the same names and signatures.
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from typing import Any
 
 from fastspec import _reference
 
-__all__ = ["KERNEL_NAMES", "backend", "set_backend", "using_backend", "available_backends", "module", "isa_info",
-           "attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
-           "tree_attention", "compact_kv"]
+__all__ = ["KERNEL_NAMES", "backend", "set_backend", "using_backend", "available_backends",
+           "module", "isa_info", "attention", "cache_write", "probs", "sample", "verify_greedy",
+           "verify_rejection", "tree_attention", "compact_kv"]
 
 #: The kernels every backend provides, with identical signatures.
 KERNEL_NAMES = ("attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
