@@ -1,12 +1,16 @@
 """Type stub of :mod:`fastspec._model_weights` (a model's weights in the C layout)."""
+from collections.abc import Iterable
+
 import numpy as np
 from typing_extensions import disjoint_base
 
 from fastspec.model import Transformer
 
-__all__ = ["ModelWeights", "linear_weights"]
+__all__ = ["ModelWeights", "linear_weights", "packed_of", "forget_packed"]
 
 def linear_weights(a: np.ndarray) -> np.ndarray: ...
+def packed_of(a: np.ndarray) -> np.ndarray | None: ...
+def forget_packed(arrays: Iterable[np.ndarray]) -> None: ...
 
 @disjoint_base
 class ModelWeights:

@@ -6,6 +6,8 @@ fills the C structs of ``csrc/fs_model.h`` with raw pointers to them, keeping ev
 points into alive. :class:`fastspec._model.TransformerRunner` runs the forward over them.
 """
 import mmap
+import weakref
+from functools import partial
 
 import numpy as np
 
@@ -30,7 +32,7 @@ from fastspec._csrc cimport (
 
 cnp.import_array()
 
-__all__ = ["ModelWeights", "linear_weights"]
+__all__ = ["ModelWeights", "linear_weights", "packed_of", "forget_packed"]
 
 _ACTS = {"swiglu": 0, "tanh": 1, "gelu": 2}
 _LAYER_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "attn_norm", "mlp_norm",
@@ -74,6 +76,44 @@ def _packed(object a, bint half, object arena=None):
     else:
         fs_pack_f32(<const float *>_ptr(a), rows, cols, <float *>cnp.PyArray_DATA(p))
     return p
+
+
+# The packed copy of each source matrix, by the source's id: runners built over the same array
+# share one copy (a DFlash drafter's stack multiplies by its target's head, 311 MB packed at
+# the Qwen3 shape; each thread builds its own runner). Values: weak references to the source
+# and to its packed copy; an entry whose copy died is replaced on the next build.
+_packed_by_source: dict = {}
+
+
+def packed_of(a):
+    """The live packed copy of matrix ``a`` that runners share, or None."""
+    hit = _packed_by_source.get(id(a))
+    if hit is None or hit[0]() is not a:
+        return None
+    return hit[1]()
+
+
+def forget_packed(arrays):
+    """Stop sharing the packed copies of ``arrays`` (``Transformer.invalidate``: they may have
+    changed in place); runners built later pack them afresh."""
+    for a in arrays:
+        _packed_by_source.pop(id(a), None)
+
+
+def _shared_packed(object a, bint half, object arena):
+    """:func:`_packed` of ``a``, or the copy another runner already made of the same array."""
+    p = packed_of(a)
+    if p is None:
+        p = _packed(a, half, arena)
+        _packed_by_source[id(a)] = (weakref.ref(a, partial(_drop_entry, id(a))), weakref.ref(p))
+    return p
+
+
+def _drop_entry(key, source_ref):
+    """Remove the entry of a source array that died (unless its id already names another)."""
+    hit = _packed_by_source.get(key)
+    if hit is not None and hit[0] is source_ref:
+        del _packed_by_source[key]
 
 
 _HUGE_PAGE = 2 << 20
@@ -182,7 +222,7 @@ cdef class ModelWeights:
             a = arr(a, shape, wdt)
             if a is None or self.is64:
                 return a
-            a = _packed(a, self.half, arena)
+            a = _shared_packed(a, self.half, arena)
             keep.append(a)
             return a
 

@@ -20,8 +20,9 @@ from fastspec.schema import MATRICES, LayerWeights, check_layer, random_layer
 
 try:  # the fused forward; without it every model runs on the NumPy path
     from fastspec import _model as _model_ext
+    from fastspec import _model_weights
 except ImportError:  # pragma: no cover - exercised by source checkouts without a build
-    _model_ext = None
+    _model_ext = _model_weights = None
 
 __all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
 
@@ -400,6 +401,9 @@ class Transformer(NumpyForward, ModelIO):
         self._runners = threading.local()
         self._packed_fc = None
         self._wide = None
+        if _model_weights is not None:  # runners share packed copies: these may be stale now
+            _model_weights.forget_packed([self.head] + [a for lw in self.layers
+                                                        for a in lw.arrays().values()])
 
     def _numpy_weights(self) -> tuple[np.ndarray, np.ndarray, list[LayerWeights]]:
         """Return ``embed, head, layers`` with every matrix in the compute dtype.

@@ -144,6 +144,37 @@ def test_embedding_and_head_are_shared_not_copied(backend, dtype):
                                rtol=1e-12 if dtype == "float64" else 1e-6)
 
 
+@pytest.mark.parametrize("weight_dtype", [None, "bfloat16"])
+def test_runners_share_packed_matrices_until_invalidated(weight_dtype):
+    """Runners over the same arrays (a DFlash drafter's stack reads its target's head, each
+    thread builds its own runner) share one packed copy; invalidate() makes the next runner
+    pack afresh, so in-place updates are seen."""
+    if "cython" not in fs.available_backends():
+        pytest.skip("needs the compiled runner")
+    from fastspec import _model_weights
+
+    target = small_llama("float32", weight_dtype=weight_dtype)
+    model = DFlashModel.random(DFlashConfig(), target)
+    with fs.using_backend("cython"):
+        target.forward([1, 2, 3])
+        packed_head = _model_weights.packed_of(target.head)
+        assert packed_head is not None
+        cache = model.new_cache()
+        before = model.draft_block(cache, 1).copy()
+        assert _model_weights.packed_of(target.head) is packed_head  # not packed again
+        twin = fs.Transformer(target.config, target.embed, target.layers, target.head,
+                              target.final_norm)
+        np.testing.assert_array_equal(twin.forward([1, 2, 3]).logits,
+                                      target.forward([1, 2, 3]).logits)
+        assert _model_weights.packed_of(target.layers[0].wq) is not None
+        target.head[:] = target.head[:, ::-1]  # in place, then refreshed
+        model.invalidate()
+        assert _model_weights.packed_of(target.head) is None
+        after = model.draft_block(cache, 1)
+        assert _model_weights.packed_of(target.head) is not packed_head
+    np.testing.assert_array_equal(after, before[:, ::-1])
+
+
 # --- context cache ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype,weights", [("float64", None), ("float32", None),
