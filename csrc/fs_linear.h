@@ -55,6 +55,7 @@
 
 #include "fs_common.h"
 #include "fs_isa.h"
+#include "fs_linear_amx.h"
 
 #if defined(FASTSPEC_HAVE_OPENMP) && defined(_OPENMP)
 #include <omp.h>
@@ -64,8 +65,9 @@
 #endif
 
 /* The packed float kernels' variant: -1 (default) the widest the CPU runs, else FS_ISA_PORTABLE,
- * FS_ISA_AVX2 or FS_ISA_AVX512 (fs_linear_set_path). Process-wide; set it while no product
- * runs. */
+ * FS_ISA_AVX2, FS_ISA_AVX512 or FS_ISA_AMX (fs_linear_set_path; AMX runs the bf16 products on
+ * tiles, fs_linear_amx.h, and the others as AVX-512). Process-wide; set it while no product
+ * runs, and repack bf16 weights after a change (fs_linear_bf16_amx says which layout). */
 static int fs_lin_path = -1;
 
 /* Most rows of x handled in one pass over W (accumulators: rows x 2 vectors <= 20 zmm). */
@@ -352,8 +354,24 @@ FS_ALWAYS_INLINE void fs_linf_load16_def(fs_v16f_u *dst, const uint16_t *p,
  * F16C, so f32, f32h and f32b always run the same arithmetic), unless fs_linear_set_path
  * forced one. */
 #if FS_LINF_SIMD
+/* AMX tiles with the Linux tile-data grant (asked for once, by fs_isa_detect). */
+static inline int fs_linf_amx(void)
+{
+#if FS_AMX_BUILD
+    static int granted = -1;
+    if (granted < 0) {
+        fs_isa_features f;
+        fs_isa_detect(&f);
+        granted = f.amx_bf16;
+    }
+    return granted;
+#else
+    return 0;
+#endif
+}
 static inline int fs_linf_auto(void)
 {
+    if (fs_linf_amx()) return FS_ISA_AMX;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c")) return FS_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
         && __builtin_cpu_supports("f16c"))
@@ -363,7 +381,7 @@ static inline int fs_linf_auto(void)
 #define FS_LINF_DISPATCH(SFX, args)                                                            \
     do {                                                                                       \
         int path_ = fs_lin_path < 0 ? fs_linf_auto() : fs_lin_path;                            \
-        if (path_ == FS_ISA_AVX512)                                                            \
+        if (path_ >= FS_ISA_AVX512)                                                            \
             fs_linf_part_##SFX##_avx512 args;                                                  \
         else if (path_ == FS_ISA_AVX2)                                                         \
             fs_linf_part_##SFX##_avx2 args;                                                    \
@@ -371,6 +389,7 @@ static inline int fs_linf_auto(void)
             fs_linf_part_##SFX##_def args;                                                     \
     } while (0)
 #else
+static inline int fs_linf_amx(void) { return 0; }
 static inline int fs_linf_auto(void) { return FS_ISA_PORTABLE; }
 #define FS_LINF_DISPATCH(SFX, args) fs_linf_part_##SFX##_def args
 #endif
@@ -392,13 +411,16 @@ static void fs_linear_part_f32b(const float *x, const uint16_t *W, float *y, int
 #endif /* __GNUC__ */
 #else
 #define FS_LIN_VEC_F64(x, W, y, R, in, out, lo, hi, acc) (lo)
+static inline int fs_linf_amx(void) { return 0; }
 static inline int fs_linf_auto(void) { return FS_ISA_PORTABLE; }
 #endif
 
 /* Force path p (-1: automatic); returns 0, or -1 when this build or CPU cannot run it. */
 static inline int fs_linear_set_path(int p)
 {
-    if (p < -1 || p > FS_ISA_AVX512 || (p > fs_linf_auto())) return -1;
+    if (p == FS_ISA_AMX ? !fs_linf_amx()
+                        : (p < -1 || p > FS_ISA_AVX512 || p > fs_linf_auto()))
+        return -1;
     fs_lin_path = p;
     return 0;
 }
@@ -407,6 +429,11 @@ static inline int fs_linear_get_path(void)
 {
     return fs_lin_path < 0 ? fs_linf_auto() : fs_lin_path;
 }
+/* 1 when the bf16 products run on AMX tiles now: their weights must then be packed by
+ * fs_pack_bf16_amx (fs_amx_packed_len), else by fs_pack_f32h (fs_packed_len). */
+static inline int fs_linear_bf16_amx(void) { return fs_linear_get_path() == FS_ISA_AMX; }
+/* 1 when this build has the AMX kernel (GCC >= 11 on x86-64 Linux). */
+static inline int fs_linear_amx_built(void) { return FS_AMX_BUILD; }
 
 /* Threads for large products: 1 by default. On a loaded machine (or one shared with other
  * BLAS/OpenMP users) a descheduled worker stalls every barrier, which costs far more than
@@ -510,11 +537,47 @@ FS_CLONES static void fs_linear_part_f64(const double *x, const double *W, doubl
 #endif
 #include "fs_linear_api_impl.h"
 
+#if FS_AMX_BUILD
+/* y (n, out) [+]= round_bf16(x) @ W [+ bias] on AMX tiles, W packed by fs_pack_bf16_amx; the
+ * rows are rounded once into xa (n * fs_amx_kp(in) bf16 bits), then the column tiles are
+ * split between threads in groups of FS_AMX_G (each thread configures its own tiles). */
+static void fs_linear_f32b_amx(const float *x, const uint16_t *P, const float *bias, float *y,
+                               int n, int in, int out, int accumulate, uint16_t *xa)
+{
+    int kp = fs_amx_kp(in), nt = (out + 15) / 16, parts = 1;
+    fs_amx_round_rows(x, n, in, kp, xa);
+    if (FS_LIN_OMP && (size_t)in * out >= FS_LIN_PARALLEL_MIN && out >= 128)
+        parts = fs_lin_threads();
+    if (parts <= 1) {
+        fs_amx_part(xa, kp, P, y, n, out, 0, nt, accumulate);
+    } else {
+        int groups = (nt + FS_AMX_G - 1) / FS_AMX_G, chunk = (groups + parts - 1) / parts;
+        FS_LIN_PRAGMA_PARALLEL
+        for (int p = 0; p < parts; p++) {
+            int lo = p * chunk * FS_AMX_G, hi = lo + chunk * FS_AMX_G < nt ? lo + chunk * FS_AMX_G
+                                                                         : nt;
+            if (lo < hi) fs_amx_part(xa, kp, P, y, n, out, lo, hi, accumulate);
+        }
+    }
+    if (bias != NULL)
+        for (int r = 0; r < n; r++)
+            for (int c = 0; c < out; c++) y[(size_t)r * out + c] += bias[c];
+}
+#endif
+
 /* The bf16 compute rule: y (n, out) [+]= round_bf16(x) @ W for bf16 W (packed), the rounded
- * rows written to xr (n * in floats, may be x itself) once, before any thread starts. */
+ * rows written to xr (n * max(in, 16) floats; x itself when in >= 16) once, before any
+ * thread starts. On the AMX path W is in the tile layout and xr receives the rows as bf16 bits
+ * (n * fs_amx_kp(in) of them, which fit: fs_amx_kp(in) <= 2 * max(in, 16)). */
 static void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, float *y,
                                  int n, int in, int out, int accumulate, float *xr)
 {
+#if FS_AMX_BUILD
+    if (fs_linear_bf16_amx()) {  /* W in the tile layout; xr holds the rows as bf16 bits */
+        fs_linear_f32b_amx(x, W, bias, y, n, in, out, accumulate, (uint16_t *)(void *)xr);
+        return;
+    }
+#endif
     fs_round_bf16(x, xr, (size_t)n * in);
     fs_linear_f32b(xr, W, bias, y, n, in, out, accumulate);
 }

@@ -55,12 +55,15 @@ typedef struct {
     double eps;
 } fs_dims;
 
-/* Widest input of a product: the rows of xb, the bf16-rounded copy of a product's input. */
+/* Widest input of a product, and at least 16: the rows of xb, the bf16-rounded copy of a
+ * product's input (on the AMX path fs_amx_kp(in) bf16 bits a row, which fit in
+ * max(in, 16) floats). */
 static inline size_t fs_scratch_in(const fs_dims *d)
 {
     size_t w = (size_t)d->dim, hd = (size_t)d->n_heads * d->head_dim;
     if (hd > w) w = hd;
-    return (size_t)d->ffn_dim > w ? (size_t)d->ffn_dim : w;
+    if ((size_t)d->ffn_dim > w) w = (size_t)d->ffn_dim;
+    return w > 16 ? w : 16;
 }
 
 /* Scratch rows per position, in elements of the model dtype:

@@ -5,14 +5,15 @@ AMX, the Linux tile-data grant), and the checks of a requested path. The path it
 of the products in :mod:`fastspec._model` (it must share their C translation unit), which calls
 :func:`resolve` and :func:`describe` from its ``set_isa`` and ``isa_info``.
 """
-from fastspec._csrc cimport fs_isa_detect, fs_isa_features, fs_isa_supported
+from fastspec._csrc cimport fs_isa_detect, fs_isa_features, fs_isa_supported, fs_linear_amx_built
 
 __all__ = ["NAMES", "KERNELS", "features", "available", "resolve", "describe", "from_env"]
 
 #: Path names in fs_isa.h's order (FS_ISA_PORTABLE .. FS_ISA_AMX).
 NAMES = ("portable", "avx2", "avx512", "avx512bf16", "amx")
-#: Paths with kernels in this build (the others are detected and reported only).
-KERNELS = ("portable", "avx2", "avx512")
+#: Paths with kernels in this build (the others are detected and reported only). ``amx`` runs
+#: the bf16 products on AMX tiles and the others as ``avx512``.
+KERNELS = ("portable", "avx2", "avx512") + (("amx",) if fs_linear_amx_built() else ())
 
 
 def features():
@@ -48,7 +49,7 @@ def resolve(name):
                            f"available here: {', '.join(have)}")
     if name not in KERNELS:
         raise RuntimeError(f"ISA {name!r} is available on this CPU but fastspec has no {name} "
-                           "kernel yet; use 'avx512', 'avx2' or 'portable'")
+                           f"kernel yet; use one of {', '.join(reversed(KERNELS))}")
     return NAMES.index(name)
 
 

@@ -37,6 +37,7 @@ from fastspec._csrc cimport (
     fs_layers_f32b,
     fs_layers_f32h,
     fs_layers_f64,
+    fs_linear_bf16_amx,
     fs_linear_get_path,
     fs_linear_get_threads,
     fs_linear_set_path,
@@ -57,7 +58,8 @@ from fastspec._model_weights import linear_weights
 
 cnp.import_array()
 
-__all__ = ["TransformerRunner", "set_threads", "get_threads", "isa_info", "set_isa"]
+__all__ = ["TransformerRunner", "set_threads", "get_threads", "isa_info", "set_isa",
+           "bf16_tiles"]
 
 
 def set_threads(int n):
@@ -103,8 +105,11 @@ def set_isa(name):
     Parameters
     ----------
     name : {"amx", "avx512bf16", "avx512", "avx2", "portable"} or None
-        ``portable`` is the baseline build (no AVX); None (or ``"auto"``) picks the widest path
-        the CPU runs. Process-wide; do not call while another thread runs a forward.
+        ``portable`` is the baseline build (no AVX); ``amx`` runs the bf16 products on AMX
+        tiles (the others as ``avx512``); None (or ``"auto"``) picks the widest path the CPU
+        runs. Process-wide; do not call while another thread runs a forward. bf16 weights are
+        packed for the path: runners built before a change between ``amx`` and another path
+        are :attr:`TransformerRunner.stale` (a :class:`fastspec.Transformer` rebuilds its own).
 
     Raises
     ------
@@ -112,13 +117,20 @@ def set_isa(name):
         For an unknown name.
     RuntimeError
         When the CPU (or the OS) lacks the instructions of ``name``, or when this build has no
-        kernel for it yet (``amx``, ``avx512bf16``); the message names the ISA.
+        kernel for it (``avx512bf16``; ``amx`` without GCC >= 11); the message names the ISA.
     """
     global _forced
     cdef int path = _isa.resolve(name)
     if fs_linear_set_path(path) != 0:  # the build's own check (__builtin_cpu_supports)
         raise RuntimeError(f"ISA {name!r} is not available in this build")
     _forced = name if path >= 0 else None
+
+
+def bf16_tiles():
+    """Whether the bf16 products run on AMX tiles now (the ``amx`` path), so that bf16 weights
+    are packed in the tile layout (:mod:`fastspec._model_weights` asks here: the path is state
+    of this module's C translation unit)."""
+    return bool(fs_linear_bf16_amx())
 
 
 def _isa_from_env():
@@ -195,6 +207,13 @@ cdef class TransformerRunner:
         self._dcap = 0
         self._reserve(16, 256)
 
+    @property
+    def stale(self):
+        """True when the bf16 products now run on a path whose packed layout differs from the
+        one this runner's weights were packed in (the AMX tiles against panels, after
+        :func:`set_isa`): the runner refuses to run, and a new one must be built."""
+        return self.bf16 and self.w.tiles != fs_linear_bf16_amx()
+
     cdef int _reserve(self, size_t rows, size_t capacity) except -1:
         """Grow the scratch buffers (GIL held) to ``rows`` positions and ``capacity`` keys."""
         if rows > self._rows:
@@ -236,6 +255,10 @@ cdef class TransformerRunner:
                       _Call *c) except -1:
         """Check the cache for ``n`` positions at ``start``, grow the scratch buffers and
         fill ``c``: scratch views of the model dtype, the cache's pointers and layout."""
+        if self.stale:
+            raise RuntimeError("the matrix-product path changed (set_isa) since this runner "
+                               "packed its bfloat16 weights; build a new runner "
+                               "(Transformer does so itself)")
         self._check_cache(k_cache, v_cache, start, n)
         c.capacity = <int>k_cache.shape[2]
         c.stride = <size_t>k_cache.shape[1] * c.capacity * self.dims.head_dim

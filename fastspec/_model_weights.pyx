@@ -25,6 +25,8 @@ from fastspec._csrc cimport (
     fs_model_set_f32,
     fs_model_set_f32h,
     fs_model_set_f64,
+    fs_amx_packed_len,
+    fs_pack_bf16_amx,
     fs_pack_f32,
     fs_pack_f32h,
     fs_packed_len,
@@ -32,7 +34,7 @@ from fastspec._csrc cimport (
 
 cnp.import_array()
 
-__all__ = ["ModelWeights", "linear_weights", "packed_of", "forget_packed"]
+__all__ = ["ModelWeights", "linear_weights", "packed_of", "forget_packed", "bf16_tiles"]
 
 _ACTS = {"swiglu": 0, "tanh": 1, "gelu": 2}
 _LAYER_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "attn_norm", "mlp_norm",
@@ -63,31 +65,56 @@ def linear_weights(object a):
     return _packed(a, False)
 
 
-def _packed(object a, bint half, object arena=None):
-    """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``),
-    carved from ``arena`` (a :class:`_Arena`) when one is given."""
+def bf16_tiles() -> bool:
+    """Whether bf16 matrices are packed for the AMX tiles now: the bf16 products run on the
+    ``amx`` path. The path is state of :mod:`fastspec._model`'s C translation unit (every
+    extension has its own copy of the header's statics), so ask it there."""
+    from fastspec import _model  # at call time: _model cimports this module
+    return _model.bf16_tiles()
+
+
+cdef inline bint _tile_layout(object a, bint tiles):
+    """Whether matrix ``a`` is packed for the AMX tiles: bf16 bits (uint16) and ``tiles``."""
+    return tiles and a.dtype == np.uint16
+
+
+cdef inline size_t _packed_len(object a, bint tiles):
+    """Elements of the packed copy of matrix ``a`` in its layout."""
+    cdef int rows = <int>a.shape[0], cols = <int>a.shape[1]
+    return fs_amx_packed_len(rows, cols) if _tile_layout(a, tiles) else fs_packed_len(rows, cols)
+
+
+def _packed(object a, bint half, object arena=None, bint tiles=False):
+    """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``;
+    bf16 with ``tiles``: ``fs_pack_bf16_amx``), carved from ``arena`` (a :class:`_Arena`)
+    when one is given."""
     if a.ndim != 2:
         raise ValueError(f"weight matrices must be 2-D, got shape {a.shape}")
     cdef int rows = <int>a.shape[0], cols = <int>a.shape[1]
-    cdef size_t n = fs_packed_len(rows, cols)
+    cdef size_t n = _packed_len(a, tiles)
     cdef cnp.ndarray p = arena.take(n, a.dtype) if arena is not None else np.empty(n, a.dtype)
-    if half:
+    if half and _tile_layout(a, tiles):
+        fs_pack_bf16_amx(<const uint16_t *>_ptr(a), rows, cols, <uint16_t *>cnp.PyArray_DATA(p))
+    elif half:
         fs_pack_f32h(<const uint16_t *>_ptr(a), rows, cols, <uint16_t *>cnp.PyArray_DATA(p))
     else:
         fs_pack_f32(<const float *>_ptr(a), rows, cols, <float *>cnp.PyArray_DATA(p))
     return p
 
 
-# The packed copy of each source matrix, by the source's id: runners built over the same array
-# share one copy (a DFlash drafter's stack multiplies by its target's head, 311 MB packed at
-# the Qwen3 shape; each thread builds its own runner). Values: weak references to the source
-# and to its packed copy; an entry whose copy died is replaced on the next build.
+# The packed copy of each source matrix, by the source's id and layout: runners built over the
+# same array share one copy (a DFlash drafter's stack multiplies by its target's head, 311 MB
+# packed at the Qwen3 shape; each thread builds its own runner). Values: weak references to
+# the source and to its packed copy; an entry whose copy died is replaced on the next build.
 _packed_by_source: dict = {}
 
 
-def packed_of(a):
-    """The live packed copy of matrix ``a`` that runners share, or None."""
-    hit = _packed_by_source.get(id(a))
+def packed_of(a, tiles=None):
+    """The live packed copy of matrix ``a`` that runners share, or None; in the AMX tile
+    layout or not (``tiles``; None: the layout the products read now, :func:`bf16_tiles`)."""
+    if tiles is None:
+        tiles = bf16_tiles()
+    hit = _packed_by_source.get((id(a), _tile_layout(a, tiles)))
     if hit is None or hit[0]() is not a:
         return None
     return hit[1]()
@@ -97,15 +124,17 @@ def forget_packed(arrays):
     """Stop sharing the packed copies of ``arrays`` (``Transformer.invalidate``: they may have
     changed in place); runners built later pack them afresh."""
     for a in arrays:
-        _packed_by_source.pop(id(a), None)
+        for layout in (False, True):
+            _packed_by_source.pop((id(a), layout), None)
 
 
-def _shared_packed(object a, bint half, object arena):
+def _shared_packed(object a, bint half, object arena, bint tiles):
     """:func:`_packed` of ``a``, or the copy another runner already made of the same array."""
-    p = packed_of(a)
+    p = packed_of(a, tiles)
     if p is None:
-        p = _packed(a, half, arena)
-        _packed_by_source[id(a)] = (weakref.ref(a, partial(_drop_entry, id(a))), weakref.ref(p))
+        key = (id(a), _tile_layout(a, tiles))
+        p = _packed(a, half, arena, tiles)
+        _packed_by_source[key] = (weakref.ref(a, partial(_drop_entry, key)), weakref.ref(p))
     return p
 
 
@@ -154,14 +183,14 @@ class _Arena:
         return self._bytes[start:start + nbytes].view(dtype)
 
 
-def _packed_bytes(model, itemsize: int) -> int:
+def _packed_bytes(model, itemsize: int, bint tiles) -> int:
     """The arena bytes of the packed layer matrices and head of ``model`` (the ones present
     and 2-D; :class:`ModelWeights` rejects the rest)."""
     mats = [getattr(lw, name, None) for lw in model.layers for name in _LAYER_FIELDS[:_N_MATRICES]]
     total = 0
     for a in mats + [model.head]:
         if isinstance(a, np.ndarray) and a.ndim == 2:
-            total += _Arena.padded(fs_packed_len(a.shape[0], a.shape[1]) * itemsize)
+            total += _Arena.padded(_packed_len(a, tiles) * itemsize)
     return total
 
 
@@ -173,7 +202,9 @@ cdef class ModelWeights:
     model : fastspec.Transformer
         Its weight arrays must stay alive and keep their shapes; this object holds references.
         float64 models are read in place; float32 and 16-bit matrices are copied once into the
-        packed layout, so updates of those arrays are seen only by new weights.
+        packed layout, so updates of those arrays are seen only by new weights. bf16 matrices
+        are packed for the path the products run when the weights are built (AMX tiles or
+        panels): see :attr:`tiles`.
     """
 
     def __cinit__(self):
@@ -188,6 +219,7 @@ cdef class ModelWeights:
             raise TypeError(f"model dtype must be float32 or float64, got {dt}")
         wname = getattr(cfg, "weight_dtype", None) or str(dt)
         self.bf16 = wname == "bfloat16"
+        self.tiles = self.bf16 and bf16_tiles()
         wdt = np.dtype(np.uint16) if self.bf16 else np.dtype(wname)  # bf16: raw bit patterns
         if wdt != dt and (dt != np.dtype(np.float32) or wdt not in (np.dtype(np.float16),
                                                                   np.dtype(np.uint16))):
@@ -206,7 +238,7 @@ cdef class ModelWeights:
         d.qk_norm = bool(cfg.qk_norm)
         d.eps = cfg.norm_eps
         keep = []
-        arena = None if self.is64 else _Arena(_packed_bytes(model, wdt.itemsize))
+        arena = None if self.is64 else _Arena(_packed_bytes(model, wdt.itemsize, self.tiles))
 
         def arr(a, shape=None, want=dt):
             if a is None:
@@ -222,7 +254,7 @@ cdef class ModelWeights:
             a = arr(a, shape, wdt)
             if a is None or self.is64:
                 return a
-            a = _shared_packed(a, self.half, arena)
+            a = _shared_packed(a, self.half, arena, self.tiles)
             keep.append(a)
             return a
 

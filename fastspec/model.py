@@ -389,7 +389,7 @@ class Transformer(NumpyForward, ModelIO):
         # One runner per thread: its scratch buffers are not shared, so threads may run the
         # same model concurrently (each on its own cache).
         runner = getattr(self._runners, "runner", None)
-        if runner is None:
+        if runner is None or runner.stale:  # stale: bf16 packed for another path (set_isa)
             runner = self._runners.runner = _model_ext.TransformerRunner(self)
         return runner
 

@@ -309,6 +309,46 @@ def test_c_kernels_bf16_equal_f32_on_widened_weights(tmp_path, flags):
     run_c_harness("linear_bf16", flags, tmp_path)
 
 
+@needs_c_harness
+def test_c_kernels_amx_tiles(tmp_path):
+    # tests/c/linear_amx.c: the tile products against a double product of the rounded inputs,
+    # each row alone == the same row inside a block, passes of 16 rows, remainders of 16
+    # columns and 32 inputs; on a CPU without AMX it checks that the path is refused.
+    run_c_harness("linear_amx", [], tmp_path)
+
+
+@needs_cython
+def test_runners_repack_bf16_weights_when_the_path_changes():
+    # The tile layout of the AMX path and the panels of the others differ: a runner packed for
+    # one must not run on the other. Transformer rebuilds its runner; a bare runner refuses.
+    from fastspec import _model
+    info = _model.isa_info()
+    if "amx" not in info["available"] or "amx" not in info["kernels"]:
+        pytest.skip("needs the amx path")
+    m = bf16_model()
+    ids = np.arange(12) % m.config.vocab_size
+    prev = info["forced"]
+    try:
+        with fs.using_backend("cython"):
+            _model.set_isa("amx")
+            tiles = m.forward(ids).logits
+            runner = m._fused()
+            _model.set_isa("avx512")
+            assert runner.stale
+            with pytest.raises(RuntimeError, match="set_isa"):
+                cache = m.new_cache()
+                runner.forward(ids, cache.k, cache.v, 0)
+            panels = m.forward(ids).logits  # a new runner, packed in panels
+            assert not m._fused().stale and m._fused() is not runner
+            _model.set_isa("amx")
+            again = m.forward(ids).logits
+    finally:
+        _model.set_isa(prev)
+    np.testing.assert_array_equal(again, tiles)
+    close(panels, tiles)
+    assert not np.array_equal(panels, tiles)  # two paths, two summation orders
+
+
 # --- files -----------------------------------------------------------------------------------
 
 def test_npz_round_trip_keeps_bits(tmp_path):

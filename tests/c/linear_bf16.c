@@ -163,8 +163,12 @@ int main(void)
                         free(Pf); free(Pb); free(ref);
                     }
 #ifndef FS_TEST_PORTABLE
-    if (fs_linear_set_path(FS_ISA_AMX) != -1 || fs_linear_set_path(7) != -1) {
+    if (fs_linear_set_path(FS_ISA_AVX512BF16) != -1 || fs_linear_set_path(7) != -1) {
         printf("fs_linear_set_path accepted a path without kernels\n");
+        fails++;
+    }
+    if ((fs_linear_set_path(FS_ISA_AMX) == 0) != fs_linf_amx()) {
+        printf("fs_linear_set_path(FS_ISA_AMX) disagrees with the CPU's AMX grant\n");
         fails++;
     }
     if (variants < 3 && fs_linear_set_path(FS_ISA_AVX512) != -1) {
