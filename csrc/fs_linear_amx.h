@@ -139,24 +139,23 @@ static FS_AMX_ATTR void fs_amx_tiles(const uint16_t *xa, int kp, const uint16_t 
             _tile_zero(2);
             _tile_zero(3);
         }
+        const size_t len = (size_t)16 * kp;  /* one tile column: one stream */
         if (g == FS_AMX_G) {
-            const uint16_t *b0 = P + (size_t)16 * t0 * kp, *b1 = b0 + 16 * kp, *b2 = b1 + 16 * kp,
-                           *b3 = b2 + 16 * kp;
-            const size_t len = (size_t)16 * kp;
+            const uint16_t *b1 = b + len, *b2 = b1 + len, *b3 = b2 + len;
             for (int kc = 0; kc < nk; kc++) {
                 const size_t o = (size_t)kc * 512;
                 if (FS_AMX_PF) {
                     size_t a = o + FS_AMX_PF / 2;
                     if (a >= len) a += 3 * len;  /* past the stream's end: the next group's */
                     for (int i = 0; i < 512; i += 32) {
-                        __builtin_prefetch(b0 + a + i, 0, 3);
+                        __builtin_prefetch(b + a + i, 0, 3);
                         __builtin_prefetch(b1 + a + i, 0, 3);
                         __builtin_prefetch(b2 + a + i, 0, 3);
                         __builtin_prefetch(b3 + a + i, 0, 3);
                     }
                 }
                 _tile_loadd(4, xa + kc * 32, xs);
-                _tile_loadd(5, b0 + o, 64);
+                _tile_loadd(5, b + o, 64);
                 _tile_loadd(6, b1 + o, 64);
                 _tile_loadd(7, b2 + o, 64);
                 _tile_dpbf16ps(0, 4, 5);
@@ -166,18 +165,17 @@ static FS_AMX_ATTR void fs_amx_tiles(const uint16_t *xa, int kp, const uint16_t 
                 _tile_dpbf16ps(3, 4, 5);
             }
         } else {
-            const uint16_t *b0 = P + (size_t)16 * t0 * kp;
             for (int kc = 0; kc < nk; kc++) {
                 const size_t o = (size_t)kc * 512;
                 _tile_loadd(4, xa + kc * 32, xs);
-                _tile_loadd(5, b0 + o, 64);
+                _tile_loadd(5, b + o, 64);
                 _tile_dpbf16ps(0, 4, 5);
                 if (g > 1) {
-                    _tile_loadd(6, b0 + 16 * kp + o, 64);
+                    _tile_loadd(6, b + len + o, 64);
                     _tile_dpbf16ps(1, 4, 6);
                 }
                 if (g > 2) {
-                    _tile_loadd(7, b0 + 32 * kp + o, 64);
+                    _tile_loadd(7, b + 2 * len + o, 64);
                     _tile_dpbf16ps(2, 4, 7);
                 }
             }

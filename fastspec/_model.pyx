@@ -212,6 +212,9 @@ cdef class TransformerRunner:
         """True when the bf16 products now run on a path whose packed layout differs from the
         one this runner's weights were packed in (the AMX tiles against panels, after
         :func:`set_isa`): the runner refuses to run, and a new one must be built."""
+        return self._stale()
+
+    cdef inline bint _stale(self):
         return self.bf16 and self.w.tiles != fs_linear_bf16_amx()
 
     cdef int _reserve(self, size_t rows, size_t capacity) except -1:
@@ -255,7 +258,7 @@ cdef class TransformerRunner:
                       _Call *c) except -1:
         """Check the cache for ``n`` positions at ``start``, grow the scratch buffers and
         fill ``c``: scratch views of the model dtype, the cache's pointers and layout."""
-        if self.stale:
+        if self._stale():
             raise RuntimeError("the matrix-product path changed (set_isa) since this runner "
                                "packed its bfloat16 weights; build a new runner "
                                "(Transformer does so itself)")

@@ -93,7 +93,7 @@ def _packed(object a, bint half, object arena=None, bint tiles=False):
     cdef int rows = <int>a.shape[0], cols = <int>a.shape[1]
     cdef size_t n = _packed_len(a, tiles)
     cdef cnp.ndarray p = arena.take(n, a.dtype) if arena is not None else np.empty(n, a.dtype)
-    if half and _tile_layout(a, tiles):
+    if _tile_layout(a, tiles):
         fs_pack_bf16_amx(<const uint16_t *>_ptr(a), rows, cols, <uint16_t *>cnp.PyArray_DATA(p))
     elif half:
         fs_pack_f32h(<const uint16_t *>_ptr(a), rows, cols, <uint16_t *>cnp.PyArray_DATA(p))
