@@ -125,6 +125,26 @@ static void fs_pack(const void *W, size_t esz, int in, int out, void *P)
         }
     }
 }
+
+/* The same layout from Wt (out, in), the transpose of W: a tied head packed straight from the
+ * embedding (no (in, out) copy). A panel's 32 source rows (32 x in elements) stay in cache
+ * while its k loop walks them. T is the element type. */
+#define FS_PACK_T(T, Wt, in, out, P) do {                                                  \
+        int outp_ = ((out) + 15) / 16 * 16;                                                \
+        T *p_ = (P);                                                                       \
+        for (int c0 = 0; c0 < outp_; c0 += 32) {                                          \
+            int width = outp_ - c0 >= 32 ? 32 : 16;                                        \
+            int real = (out) - c0 < width ? (out) - c0 : width;                            \
+            for (int k = 0; k < (in); k++) {                                               \
+                for (int c = 0; c < real; c++)                                             \
+                    p_[c] = (Wt)[(size_t)(c0 + c) * (in) + k];                             \
+                for (int c = real; c < width; c++)                                         \
+                    p_[c] = 0;                                                             \
+                p_ += width;                                                               \
+            }                                                                              \
+        }                                                                                  \
+    } while (0)
+
 static void fs_pack_f32(const float *W, int in, int out, float *P)
 {
     fs_pack(W, sizeof *W, in, out, P);
@@ -133,6 +153,15 @@ static void fs_pack_f32(const float *W, int in, int out, float *P)
 static void fs_pack_f32h(const uint16_t *W, int in, int out, uint16_t *P)
 {
     fs_pack(W, sizeof *W, in, out, P);
+}
+/* fs_pack_f32 / fs_pack_f32h of W = Wt^T, Wt of shape (out, in) */
+static void fs_pack_f32_t(const float *Wt, int in, int out, float *P)
+{
+    FS_PACK_T(float, Wt, in, out, P);
+}
+static void fs_pack_f32h_t(const uint16_t *Wt, int in, int out, uint16_t *P)
+{
+    FS_PACK_T(uint16_t, Wt, in, out, P);
 }
 
 #if defined(__GNUC__)

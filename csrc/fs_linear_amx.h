@@ -50,8 +50,10 @@ static inline size_t fs_amx_packed_len(int in, int out)
     return (size_t)fs_amx_kp(in) * ((out + 15) / 16 * 16);
 }
 
-/* Pack W (in, out) of bf16 bits into P (fs_amx_packed_len elements). */
-static void fs_pack_bf16_amx(const uint16_t *W, int in, int out, uint16_t *P)
+/* Pack W (in, out) of bf16 bits, element (k, col) at W[k * rs + col * cs], into P
+ * (fs_amx_packed_len elements). */
+static void fs_pack_bf16_amx_strided(const uint16_t *W, int in, int out, size_t rs, size_t cs,
+                                     uint16_t *P)
 {
     int kp = fs_amx_kp(in), nt = (out + 15) / 16;
     for (int t = 0; t < nt; t++)
@@ -60,8 +62,18 @@ static void fs_pack_bf16_amx(const uint16_t *W, int in, int out, uint16_t *P)
                 for (int c = 0; c < 16; c++)
                     for (int e = 0; e < 2; e++) {
                         int k = k0 + 2 * p + e, col = t * 16 + c;
-                        *P++ = (k < in && col < out) ? W[(size_t)k * out + col] : 0;
+                        *P++ = (k < in && col < out) ? W[(size_t)k * rs + (size_t)col * cs] : 0;
                     }
+}
+/* W (in, out) C-contiguous */
+static void fs_pack_bf16_amx(const uint16_t *W, int in, int out, uint16_t *P)
+{
+    fs_pack_bf16_amx_strided(W, in, out, (size_t)out, 1, P);
+}
+/* W = Wt^T, Wt (out, in) C-contiguous: a tied head packed straight from the embedding */
+static void fs_pack_bf16_amx_t(const uint16_t *Wt, int in, int out, uint16_t *P)
+{
+    fs_pack_bf16_amx_strided(Wt, in, out, 1, (size_t)in, P);
 }
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) \

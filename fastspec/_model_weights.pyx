@@ -27,8 +27,11 @@ from fastspec._csrc cimport (
     fs_model_set_f64,
     fs_amx_packed_len,
     fs_pack_bf16_amx,
+    fs_pack_bf16_amx_t,
     fs_pack_f32,
+    fs_pack_f32_t,
     fs_pack_f32h,
+    fs_pack_f32h_t,
     fs_packed_len,
 )
 
@@ -87,18 +90,33 @@ cdef inline size_t _packed_len(object a, bint tiles):
 def _packed(object a, bint half, object arena=None, bint tiles=False):
     """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``;
     bf16 with ``tiles``: ``fs_pack_bf16_amx``), carved from ``arena`` (a :class:`_Arena`)
-    when one is given."""
+    when one is given. ``a`` is C-contiguous, or the transpose of a C-contiguous array (a
+    tied head, ``embed.T``), packed from there without a copy."""
     if a.ndim != 2:
         raise ValueError(f"weight matrices must be 2-D, got shape {a.shape}")
+    if not (a.flags.c_contiguous or a.flags.f_contiguous):
+        raise ValueError("weight matrices must be C-contiguous or the transpose of such")
     cdef int rows = <int>a.shape[0], cols = <int>a.shape[1]
     cdef size_t n = _packed_len(a, tiles)
     cdef cnp.ndarray p = arena.take(n, a.dtype) if arena is not None else np.empty(n, a.dtype)
+    # a 1-row or 1-column matrix is both: read it as C-contiguous
+    cdef bint t = not a.flags.c_contiguous
+    cdef void *src = _ptr(a)
+    cdef void *dst = cnp.PyArray_DATA(p)
     if _tile_layout(a, tiles):
-        fs_pack_bf16_amx(<const uint16_t *>_ptr(a), rows, cols, <uint16_t *>cnp.PyArray_DATA(p))
+        if t:
+            fs_pack_bf16_amx_t(<const uint16_t *>src, rows, cols, <uint16_t *>dst)
+        else:
+            fs_pack_bf16_amx(<const uint16_t *>src, rows, cols, <uint16_t *>dst)
     elif half:
-        fs_pack_f32h(<const uint16_t *>_ptr(a), rows, cols, <uint16_t *>cnp.PyArray_DATA(p))
+        if t:
+            fs_pack_f32h_t(<const uint16_t *>src, rows, cols, <uint16_t *>dst)
+        else:
+            fs_pack_f32h(<const uint16_t *>src, rows, cols, <uint16_t *>dst)
+    elif t:
+        fs_pack_f32_t(<const float *>src, rows, cols, <float *>dst)
     else:
-        fs_pack_f32(<const float *>_ptr(a), rows, cols, <float *>cnp.PyArray_DATA(p))
+        fs_pack_f32(<const float *>src, rows, cols, <float *>dst)
     return p
 
 
@@ -251,8 +269,14 @@ cdef class ModelWeights:
             return a
 
         def matrix(a, shape=None):
-            a = arr(a, shape, wdt)
-            if a is None or self.is64:
+            # the transpose of a C-contiguous matrix (a tied head, embed.T) is packed from there
+            t = (isinstance(a, np.ndarray) and a.ndim == 2 and a.flags.f_contiguous
+                 and not a.flags.c_contiguous)
+            if t and self.is64:  # the float64 kernels read matrices in place
+                a, t = np.ascontiguousarray(a), False
+            if t:
+                arr(a.T, None if shape is None else shape[::-1], wdt)
+            elif arr(a, shape, wdt) is None or self.is64:
                 return a
             a = _shared_packed(a, self.half, arena, self.tiles)
             keep.append(a)

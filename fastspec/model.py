@@ -44,6 +44,14 @@ class ForwardOutput:
     hidden: dict[int, np.ndarray] = field(default_factory=dict)
 
 
+def _is_transpose_of(a, b) -> bool:
+    """Whether ndarray ``a`` is a view of ndarray ``b``'s transpose (same memory, same dtype)."""
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.ndim == b.ndim == 2
+            and a.dtype == b.dtype and a.shape == b.shape[::-1]
+            and a.strides == b.strides[::-1]
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
 class Transformer(NumpyForward, ModelIO):
     """A causal decoder over a preallocated KV cache.
 
@@ -53,7 +61,9 @@ class Transformer(NumpyForward, ModelIO):
     embed : ndarray of shape (vocab_size, dim)
     layers : list of LayerWeights
     head : ndarray of shape (dim, vocab_size)
-        Output projection in ``(in, out)`` layout (for tied embeddings, ``embed.T`` copied).
+        Output projection in ``(in, out)`` layout. ``embed.T`` (a tied head) stays a view of
+        the stored embedding: one copy of the matrix, which the compiled runner packs from
+        there, and an in-place update of either is an update of both.
         ``embed``, ``head`` and the layers' projections are converted to
         ``config.matrix_dtype``, everything else to ``config.dtype`` (C-contiguous). A uint16
         array is read as bf16 bit patterns (kept for bfloat16 matrices, else widened).
@@ -72,7 +82,12 @@ class Transformer(NumpyForward, ModelIO):
         self.embed = cast(embed, wdt)
         self.layers = [LayerWeights(**{k: cast(v, wdt if k in _MATRICES else dt)
                                        for k, v in lw.arrays().items()}) for lw in layers]
-        self.head = cast(head, wdt)
+        if not _is_transpose_of(head, embed):
+            self.head = cast(head, wdt)
+        elif self.embed is embed:
+            self.head = head  # the same object: runners share packed copies by identity
+        else:
+            self.head = self.embed.T
         self.final_norm = cast(final_norm)
         self.pos_embed = cast(pos_embed)
         self._check_shapes()
@@ -427,7 +442,11 @@ class Transformer(NumpyForward, ModelIO):
                 embed = self.embed.astype(dt)
             layers = [LayerWeights(**{k: widen(v) if k in _MATRICES else v
                                       for k, v in lw.arrays().items()}) for lw in self.layers]
-            wide = self._wide = (embed, widen(self.head), layers)
+            if _is_transpose_of(self.head, self.embed):  # tied: one widened copy
+                head = RoundingMatrix(embed.T) if self.config.weight_dtype == BF16 else embed.T
+            else:
+                head = widen(self.head)
+            wide = self._wide = (embed, head, layers)
         return wide
 
     def with_weight_dtype(self, weight_dtype: str | None) -> "Transformer":

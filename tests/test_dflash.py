@@ -132,9 +132,10 @@ def test_block_forward_float32_close_to_float64(backend):
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_embedding_and_head_are_shared_not_copied(backend, dtype):
-    target = small_llama(dtype)
+    target = small_llama(dtype, tie_embeddings=False)  # scaling the head alone, below
     model = DFlashModel.random(DFlashConfig(), target)
     assert model.target is target
+    assert model._stack.embed is target.embed and model._stack.head is target.head
     assert not any(k.startswith(("embed", "model.embed", "lm_head")) for k in model.state_dict())
     cache = model.new_cache()
     before = model.draft_block(cache, 1).copy()
@@ -153,7 +154,8 @@ def test_runners_share_packed_matrices_until_invalidated(weight_dtype):
         pytest.skip("needs the compiled runner")
     from fastspec import _model_weights
 
-    target = small_llama("float32", weight_dtype=weight_dtype)
+    # untied: the head is reordered in place below, the embedding must stay as it is
+    target = small_llama("float32", weight_dtype=weight_dtype, tie_embeddings=False)
     model = DFlashModel.random(DFlashConfig(), target)
     with fs.using_backend("cython"):
         target.forward([1, 2, 3])

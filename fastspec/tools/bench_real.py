@@ -112,7 +112,9 @@ load_s = time.perf_counter() - t0
 row = {"load_s": load_s, "peak_rss_load_bytes": rss("VmHWM:") - base,
        "rss_after_load_bytes": rss("VmRSS:") - base, "threads": threads}
 mats = [a for lw in model.layers for k, a in lw.arrays().items() if a.ndim == 2]
-row["weight_bytes"] = sum(a.nbytes for a in mats) + model.embed.nbytes + model.head.nbytes
+tied = np.may_share_memory(model.head, model.embed)  # a tied head is a view: stored once
+row["weight_bytes"] = (sum(a.nbytes for a in mats) + model.embed.nbytes
+                       + (0 if tied else model.head.nbytes))
 row["step_bytes"] = sum(a.nbytes for a in mats) + model.head.nbytes
 if new_tokens:
     ctx = 64
