@@ -181,6 +181,17 @@ class FileTensor:
             raise ValueError(f"{self.path}: tensor {self.name!r} is truncated")
         return raw.reshape(((stop - start),) + tuple(self.shape[1:]) if self.shape else ())
 
+    def mapped(self) -> np.ndarray:
+        """Return the tensor as a copy-on-write map of the file: nothing is read until a page
+        is touched, the pages read are the kernel's page cache (shared, reclaimable), and
+        writes stay private to this process. The file must not be truncated or rewritten
+        while the array lives."""
+        if math.prod(self.shape) == 0:
+            return self.read()
+        mm = np.memmap(self.path, dtype=self.dtype, mode="c", offset=self._start + self._offset,
+                       shape=tuple(self.shape))
+        return mm.view(np.ndarray)  # a plain array (its base keeps the map alive)
+
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         a = self.read()
         return a if dtype is None else a.astype(dtype, copy=False)

@@ -143,6 +143,10 @@ def _add_generate(sub) -> None:
                    help="storage of a --model folder's matrices (default auto: the folder's "
                         "own dtype when it is bfloat16 or float16, else float32; 16-bit "
                         "matrices halve the bytes each decode step reads)")
+    p.add_argument("--mmap", action="store_true",
+                   help="map a --model folder's safetensors instead of reading them: tensors "
+                        "already in their storage dtype are not read at load (the first "
+                        "forward packs them) and their pages stay reclaimable page cache")
     p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
                    help="threads of the compiled runner's matrix products (default 1). More "
                         "help on an idle machine; on a busy one also set "

@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from fastspec import kernels
-from fastspec._bf16 import BF16, RoundingMatrix, as_storage, from_bits
+from fastspec._bf16 import BF16, RoundingMatrix, as_storage, from_bits, storage_dtype
 from fastspec._checks import check_index
 from fastspec.cache import KVCache
 from fastspec.config import ModelConfig
@@ -52,6 +52,16 @@ def _is_transpose_of(a, b) -> bool:
             and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
 
 
+def _as_matrix(a, name: str) -> np.ndarray:
+    """``a`` in storage dtype ``name``: C-contiguous, or kept as it is when it already is the
+    transpose of a C-contiguous array of that dtype (a mapped file tensor's ``(in, out)``
+    view; the compiled runner packs from either)."""
+    if (isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype == storage_dtype(name)
+            and a.T.flags.c_contiguous):
+        return a
+    return as_storage(a, name)
+
+
 class Transformer(NumpyForward, ModelIO):
     """A causal decoder over a preallocated KV cache.
 
@@ -80,10 +90,10 @@ class Transformer(NumpyForward, ModelIO):
         dt, wdt = config.dtype, config.matrix_dtype
         cast = lambda a, t=dt: None if a is None else as_storage(a, t)  # noqa: E731
         self.embed = cast(embed, wdt)
-        self.layers = [LayerWeights(**{k: cast(v, wdt if k in _MATRICES else dt)
+        self.layers = [LayerWeights(**{k: _as_matrix(v, wdt) if k in _MATRICES else cast(v)
                                        for k, v in lw.arrays().items()}) for lw in layers]
         if not _is_transpose_of(head, embed):
-            self.head = cast(head, wdt)
+            self.head = _as_matrix(head, wdt)
         elif self.embed is embed:
             self.head = head  # the same object: runners share packed copies by identity
         else:

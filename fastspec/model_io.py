@@ -52,8 +52,12 @@ def _file_keys(c: ModelConfig) -> dict[str, tuple[object, bool, str]]:
     return keys
 
 
-def _final(raw: "np.ndarray | FileTensor", name: str, transpose: bool) -> np.ndarray:
+def _final(raw: "np.ndarray | FileTensor", name: str, transpose: bool,
+           mapped: bool = False) -> np.ndarray:
     """Return ``raw`` as a C-contiguous array of storage dtype ``name`` (transposed when asked).
+
+    With ``mapped``, a FileTensor already in storage dtype ``name`` comes back as a map of the
+    file (:meth:`FileTensor.mapped`), transposed as a view: not read, not copied.
 
     ``raw`` is an array or a :class:`~fastspec.checkpoints.FileTensor`. It is converted in
     blocks of rows (read from the file block by block when it is a FileTensor) so that the
@@ -61,6 +65,9 @@ def _final(raw: "np.ndarray | FileTensor", name: str, transpose: bool) -> np.nda
     the result is returned as it is; a FileTensor that needs no conversion is read whole,
     straight into the result.
     """
+    if mapped and isinstance(raw, FileTensor) and raw.dtype == storage_dtype(name):
+        a = raw.mapped()
+        return a.T if transpose else a
     if raw.ndim != 2 or (not transpose and raw.dtype == storage_dtype(name)):
         return as_storage(np.asarray(raw), name)
     read = raw.read if isinstance(raw, FileTensor) else (lambda a, b: raw[a:b])
@@ -100,7 +107,8 @@ class ModelIO:
 
     @classmethod
     def from_tensors(cls, config: ModelConfig,
-                     tensors: Iterable[tuple[str, "np.ndarray | FileTensor"]]) -> "Transformer":
+                     tensors: Iterable[tuple[str, "np.ndarray | FileTensor"]],
+                     mmap: bool = False) -> "Transformer":
         """Build a model from ``(name, array)`` pairs in Hugging Face names and layout.
 
         Each array is converted into its final form (storage dtype, ``(in, out)`` layout) as
@@ -109,6 +117,8 @@ class ModelIO:
         loading reads each file tensor block by block into its final array: the peak is the
         finished weights plus one block, never a second copy of the model. Unknown names are
         ignored; missing ones raise KeyError. A uint16 array is read as bf16 bit patterns.
+        With ``mmap``, FileTensors already in their storage dtype are mapped, not read
+        (:meth:`load`).
         """
         c = config
         slots = _file_keys(c)
@@ -118,7 +128,8 @@ class ModelIO:
             if slot is not None:
                 raw = raw if isinstance(raw, FileTensor) else np.asarray(raw)
                 got[name] = _final(raw, c.matrix_dtype if slot[1] else c.dtype,
-                                   transpose=slot[1] and raw.ndim == 2 and slot[0] != "embed")
+                                   transpose=slot[1] and raw.ndim == 2 and slot[0] != "embed",
+                                   mapped=mmap)
             del raw  # drop ours before the next tensor is read
         missing = [k for k in slots if k not in got]
         if missing:
@@ -141,7 +152,7 @@ class ModelIO:
 
     @classmethod
     def load(cls, path: str | Path, dtype: str | None = None,
-             weight_dtype: str | None = None) -> "Transformer":
+             weight_dtype: str | None = None, mmap: bool = False) -> "Transformer":
         """Load an ``.npz`` written by :meth:`save` or a Hugging Face checkpoint folder.
 
         Parameters
@@ -154,11 +165,29 @@ class ModelIO:
             ``weight_dtype`` when it fits ``dtype`` (float16 and bfloat16 need float32), else
             ``dtype``. A bf16 Hugging Face checkpoint loaded with ``"bfloat16"`` keeps its bit
             patterns (no widening, no rounding).
+        mmap : bool, default False
+            Hugging Face folders only: map every tensor whose file dtype is its storage dtype
+            (a bf16 folder loaded with ``weight_dtype="bfloat16"``, a float16 one with
+            ``"float16"``) instead of reading it. Loading then reads nothing but the headers
+            and the tensors that need converting; the matrices are copy-on-write views of the
+            file (the projections as transposed views), which the compiled runner packs on
+            its first forward. Their pages are page cache: shared, and reclaimable under
+            memory pressure, where read arrays are the process's own. The files must not be
+            truncated or rewritten while the model lives.
+
+        Raises
+        ------
+        ValueError
+            ``mmap`` with an ``.npz`` file.
         """
         path = Path(path)
         if path.is_dir():
             config = read_hf_config(path, dtype=dtype, weight_dtype=weight_dtype)
-            return cls.from_tensors(config, iter_hf(path, config))  # one file tensor at a time
+            # one file tensor at a time
+            return cls.from_tensors(config, iter_hf(path, config), mmap=mmap)
+        if mmap:
+            raise ValueError(f"{path}: mmap=True maps Hugging Face folders (safetensors), not "
+                             ".npz files")
         from fastspec._npz import read_npz  # bounded: validates every header before reading
         cfg, sd = read_npz(path, "model")
         bits = sorted(k for k, a in sd.items() if a.dtype == np.uint16)

@@ -105,7 +105,8 @@ class Pretrained(NamedTuple):
 
 
 def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
-                    weight_dtype: str | None = None, tokenizer: bool = True) -> Pretrained:
+                    weight_dtype: str | None = None, tokenizer: bool = True,
+                    mmap: bool = False) -> Pretrained:
     """Load a Llama/Qwen2/Qwen3 folder's model and its ``tokenizer.json`` in one call.
 
     Parameters
@@ -117,6 +118,8 @@ def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
         As in :func:`read_hf`.
     tokenizer : bool, default True
         False skips the tokenizer (for callers that pass token ids).
+    mmap : bool, default False
+        Map the safetensors instead of reading them (:meth:`Transformer.load`).
 
     Returns
     -------
@@ -132,7 +135,7 @@ def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
     """
     folder = Path(folder)
     tok = HFTokenizer.from_folder(folder) if tokenizer else None  # before the slow part
-    model = Transformer.load(folder, dtype=dtype, weight_dtype=weight_dtype)  # streams tensors
+    model = Transformer.load(folder, dtype=dtype, weight_dtype=weight_dtype, mmap=mmap)
     if tok is not None:
         V = model.config.vocab_size
         if tok.vocab_size > V:

@@ -115,6 +115,9 @@ def _load(args):
     if args.model is None and args.weight_dtype != "auto":
         raise GenerateError("--weight-dtype applies to --model folders (the embedded models "
                             "keep their own)")
+    if args.model is None and args.mmap:
+        raise GenerateError("--mmap applies to --model folders (the embedded models are "
+                            "package .npz files)")
     if args.model is None:
         from fastspec import pretrained
 
@@ -139,8 +142,8 @@ def _load(args):
     ids = _prompt_ids(args, tok)
     config = hf_config(raw)
     _check_length(len(ids), args.max_new_tokens, config.max_seq_len, str(folder / "config.json"))
-    return (fs.Transformer.load(folder, weight_dtype=_folder_weight_dtype(args.weight_dtype, raw)),
-            tok, ids, None)
+    return (fs.Transformer.load(folder, weight_dtype=_folder_weight_dtype(args.weight_dtype, raw),
+                                mmap=args.mmap), tok, ids, None)
 
 
 def _drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype: str):

@@ -218,3 +218,21 @@ def test_16_bit_folder_keeps_its_dtype_unless_told(capsys, tmp_path, choice, wei
 def test_weight_dtype_is_for_folders(capsys):
     rc, _, err = _run(capsys, "--prompt-ids", "1,2", "--weight-dtype", "float32")
     assert rc == 2 and "--weight-dtype applies to --model folders" in err
+    rc, _, err = _run(capsys, "--prompt-ids", "1,2", "--mmap")
+    assert rc == 2 and "--mmap applies to --model folders" in err
+
+
+def test_mmap_folder_generates_the_same_tokens(capsys, tmp_path):
+    from fastspec.tools.bench_real import write_random_folder
+
+    cfg = fs.ModelConfig(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                         ffn_dim=96, max_seq_len=128, qk_norm=True)
+    write_random_folder(cfg, tmp_path)  # a BF16 folder: auto keeps bf16, which maps
+    argv = ("--model", str(tmp_path), "--prompt-ids", "1,5,7,9", "--max-new-tokens", "12",
+            "--drafter", "ngram", "--json")
+    runs = []
+    for extra in ((), ("--mmap",)):
+        rc, out, err = _run(capsys, *argv, *extra)
+        assert rc == 0, err
+        runs.append(json.loads(out)["tokens"])
+    assert runs[0] == runs[1]
