@@ -75,8 +75,10 @@ class Transformer(NumpyForward, ModelIO):
         the stored embedding: one copy of the matrix, which the compiled runner packs from
         there, and an in-place update of either is an update of both.
         ``embed``, ``head`` and the layers' projections are converted to
-        ``config.matrix_dtype``, everything else to ``config.dtype`` (C-contiguous). A uint16
-        array is read as bf16 bit patterns (kept for bfloat16 matrices, else widened).
+        ``config.matrix_dtype``, everything else to ``config.dtype`` (C-contiguous; a matrix
+        that already is the transpose of a C-contiguous array in its storage dtype, as a
+        mapped file tensor is, stays a view). A uint16 array is read as bf16 bit patterns
+        (kept for bfloat16 matrices, else widened).
     final_norm : ndarray of shape (dim,), optional
         RMSNorm weight (Llama family).
     pos_embed : ndarray of shape (max_seq_len, dim), optional
