@@ -110,8 +110,12 @@ static void fs_round_bf16(const float *x, float *xr, size_t count)
  * A tile of rows then reads its weights as one sequential stream per panel. */
 static inline size_t fs_packed_len(int in, int out) { return (size_t)in * ((out + 15) / 16 * 16); }
 
-/* Pack W (in, out) of elements of esz bytes into P (fs_packed_len elements). */
-static void fs_pack(const void *W, size_t esz, int in, int out, void *P)
+/* Pack W (in, out) of elements of esz bytes (2 or 4), element (k, col) at element offset
+ * k * rs + col * cs, into P (fs_packed_len elements). cs == 1 (C-contiguous W) copies rows of
+ * a panel; otherwise (the transpose of a C-contiguous matrix: a tied head read straight from
+ * the embedding) elements one by one, a panel's 32 source rows staying in cache meanwhile. */
+static void fs_pack_strided(const void *W, size_t esz, int in, int out, size_t rs, size_t cs,
+                            void *P)
 {
     const char *w = (const char *)W;
     char *p = (char *)P;
@@ -119,49 +123,28 @@ static void fs_pack(const void *W, size_t esz, int in, int out, void *P)
     for (int c0 = 0; c0 < outp; c0 += 32) {
         int width = outp - c0 >= 32 ? 32 : 16, real = out - c0 < width ? out - c0 : width;
         for (int k = 0; k < in; k++) {
-            memcpy(p, w + ((size_t)k * out + c0) * esz, (size_t)real * esz);
+            const char *row = w + ((size_t)k * rs + (size_t)c0 * cs) * esz;
+            if (cs == 1)
+                memcpy(p, row, (size_t)real * esz);
+            else if (esz == 2)
+                for (int c = 0; c < real; c++)
+                    ((uint16_t *)p)[c] = ((const uint16_t *)row)[(size_t)c * cs];
+            else
+                for (int c = 0; c < real; c++)
+                    ((float *)p)[c] = ((const float *)row)[(size_t)c * cs];
             memset(p + (size_t)real * esz, 0, (size_t)(width - real) * esz);
             p += (size_t)width * esz;
         }
     }
 }
-
-/* The same layout from Wt (out, in), the transpose of W: a tied head packed straight from the
- * embedding (no (in, out) copy). A panel's 32 source rows (32 x in elements) stay in cache
- * while its k loop walks them. T is the element type. */
-#define FS_PACK_T(T, Wt, in, out, P) do {                                                  \
-        int outp_ = ((out) + 15) / 16 * 16;                                                \
-        T *p_ = (P);                                                                       \
-        for (int c0 = 0; c0 < outp_; c0 += 32) {                                          \
-            int width = outp_ - c0 >= 32 ? 32 : 16;                                        \
-            int real = (out) - c0 < width ? (out) - c0 : width;                            \
-            for (int k = 0; k < (in); k++) {                                               \
-                for (int c = 0; c < real; c++)                                             \
-                    p_[c] = (Wt)[(size_t)(c0 + c) * (in) + k];                             \
-                for (int c = real; c < width; c++)                                         \
-                    p_[c] = 0;                                                             \
-                p_ += width;                                                               \
-            }                                                                              \
-        }                                                                                  \
-    } while (0)
-
 static void fs_pack_f32(const float *W, int in, int out, float *P)
 {
-    fs_pack(W, sizeof *W, in, out, P);
+    fs_pack_strided(W, sizeof *W, in, out, (size_t)out, 1, P);
 }
 /* any 16-bit weights (float16 or bfloat16 bits) */
 static void fs_pack_f32h(const uint16_t *W, int in, int out, uint16_t *P)
 {
-    fs_pack(W, sizeof *W, in, out, P);
-}
-/* fs_pack_f32 / fs_pack_f32h of W = Wt^T, Wt of shape (out, in) */
-static void fs_pack_f32_t(const float *Wt, int in, int out, float *P)
-{
-    FS_PACK_T(float, Wt, in, out, P);
-}
-static void fs_pack_f32h_t(const uint16_t *Wt, int in, int out, uint16_t *P)
-{
-    FS_PACK_T(uint16_t, Wt, in, out, P);
+    fs_pack_strided(W, sizeof *W, in, out, (size_t)out, 1, P);
 }
 
 #if defined(__GNUC__)

@@ -70,11 +70,6 @@ static void fs_pack_bf16_amx(const uint16_t *W, int in, int out, uint16_t *P)
 {
     fs_pack_bf16_amx_strided(W, in, out, (size_t)out, 1, P);
 }
-/* W = Wt^T, Wt (out, in) C-contiguous: a tied head packed straight from the embedding */
-static void fs_pack_bf16_amx_t(const uint16_t *Wt, int in, int out, uint16_t *P)
-{
-    fs_pack_bf16_amx_strided(Wt, in, out, 1, (size_t)in, P);
-}
 
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) \
     && defined(__linux__) && !defined(FS_NO_CLONES)

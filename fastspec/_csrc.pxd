@@ -116,11 +116,12 @@ cdef extern from "fs_model.h" nogil:  # with fs_linear.h
     size_t fs_packed_len(int rows, int cols)
     void fs_pack_f32(const float *W, int rows, int cols, float *P)
     void fs_pack_f32h(const uint16_t *W, int rows, int cols, uint16_t *P)
-    void fs_pack_f32_t(const float *Wt, int rows, int cols, float *P)
-    void fs_pack_f32h_t(const uint16_t *Wt, int rows, int cols, uint16_t *P)
+    void fs_pack_strided(const void *W, size_t esz, int rows, int cols, size_t rs, size_t cs,
+                         void *P)
     size_t fs_amx_packed_len(int rows, int cols)
     void fs_pack_bf16_amx(const uint16_t *W, int rows, int cols, uint16_t *P)
-    void fs_pack_bf16_amx_t(const uint16_t *Wt, int rows, int cols, uint16_t *P)
+    void fs_pack_bf16_amx_strided(const uint16_t *W, int rows, int cols, size_t rs, size_t cs,
+                                  uint16_t *P)
     int fs_linear_bf16_amx()
     int fs_linear_amx_built()
     void fs_linear_set_threads(int n)

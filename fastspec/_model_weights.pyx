@@ -26,12 +26,8 @@ from fastspec._csrc cimport (
     fs_model_set_f32h,
     fs_model_set_f64,
     fs_amx_packed_len,
-    fs_pack_bf16_amx,
-    fs_pack_bf16_amx_t,
-    fs_pack_f32,
-    fs_pack_f32_t,
-    fs_pack_f32h,
-    fs_pack_f32h_t,
+    fs_pack_bf16_amx_strided,
+    fs_pack_strided,
     fs_packed_len,
 )
 
@@ -65,7 +61,7 @@ def linear_weights(object a):
         return a
     if a.dtype != np.float32:
         raise TypeError(f"weights must be float32 or float64, got {a.dtype}")
-    return _packed(a, False)
+    return _packed(a)
 
 
 def bf16_tiles() -> bool:
@@ -87,11 +83,11 @@ cdef inline size_t _packed_len(object a, bint tiles):
     return fs_amx_packed_len(rows, cols) if _tile_layout(a, tiles) else fs_packed_len(rows, cols)
 
 
-def _packed(object a, bint half, object arena=None, bint tiles=False):
-    """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``;
-    bf16 with ``tiles``: ``fs_pack_bf16_amx``), carved from ``arena`` (a :class:`_Arena`)
-    when one is given. ``a`` is C-contiguous, or the transpose of a C-contiguous array (a
-    tied head, ``embed.T``), packed from there without a copy."""
+def _packed(object a, object arena=None, bint tiles=False):
+    """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``'s
+    layout; bf16 with ``tiles``: ``fs_pack_bf16_amx``'s), carved from ``arena`` (a
+    :class:`_Arena`) when one is given. ``a`` is C-contiguous, or the transpose of a
+    C-contiguous array (a tied head, ``embed.T``), packed from there without a copy."""
     if a.ndim != 2:
         raise ValueError(f"weight matrices must be 2-D, got shape {a.shape}")
     if not (a.flags.c_contiguous or a.flags.f_contiguous):
@@ -99,24 +95,15 @@ def _packed(object a, bint half, object arena=None, bint tiles=False):
     cdef int rows = <int>a.shape[0], cols = <int>a.shape[1]
     cdef size_t n = _packed_len(a, tiles)
     cdef cnp.ndarray p = arena.take(n, a.dtype) if arena is not None else np.empty(n, a.dtype)
-    # a 1-row or 1-column matrix is both: read it as C-contiguous
-    cdef bint t = not a.flags.c_contiguous
-    cdef void *src = _ptr(a)
-    cdef void *dst = cnp.PyArray_DATA(p)
+    # element strides; a 1-row or 1-column matrix is both layouts: read it as C-contiguous
+    cdef size_t rs = cols, cs = 1
+    if not a.flags.c_contiguous:
+        rs, cs = 1, rows
     if _tile_layout(a, tiles):
-        if t:
-            fs_pack_bf16_amx_t(<const uint16_t *>src, rows, cols, <uint16_t *>dst)
-        else:
-            fs_pack_bf16_amx(<const uint16_t *>src, rows, cols, <uint16_t *>dst)
-    elif half:
-        if t:
-            fs_pack_f32h_t(<const uint16_t *>src, rows, cols, <uint16_t *>dst)
-        else:
-            fs_pack_f32h(<const uint16_t *>src, rows, cols, <uint16_t *>dst)
-    elif t:
-        fs_pack_f32_t(<const float *>src, rows, cols, <float *>dst)
+        fs_pack_bf16_amx_strided(<const uint16_t *>_ptr(a), rows, cols, rs, cs,
+                                 <uint16_t *>cnp.PyArray_DATA(p))
     else:
-        fs_pack_f32(<const float *>src, rows, cols, <float *>dst)
+        fs_pack_strided(_ptr(a), a.dtype.itemsize, rows, cols, rs, cs, cnp.PyArray_DATA(p))
     return p
 
 
@@ -146,12 +133,12 @@ def forget_packed(arrays):
             _packed_by_source.pop((id(a), layout), None)
 
 
-def _shared_packed(object a, bint half, object arena, bint tiles):
+def _shared_packed(object a, object arena, bint tiles):
     """:func:`_packed` of ``a``, or the copy another runner already made of the same array."""
     p = packed_of(a, tiles)
     if p is None:
         key = (id(a), _tile_layout(a, tiles))
-        p = _packed(a, half, arena, tiles)
+        p = _packed(a, arena, tiles)
         _packed_by_source[key] = (weakref.ref(a, partial(_drop_entry, key)), weakref.ref(p))
     return p
 
@@ -278,7 +265,7 @@ cdef class ModelWeights:
                 arr(a.T, None if shape is None else shape[::-1], wdt)
             elif arr(a, shape, wdt) is None or self.is64:
                 return a
-            a = _shared_packed(a, self.half, arena, self.tiles)
+            a = _shared_packed(a, arena, self.tiles)
             keep.append(a)
             return a
 

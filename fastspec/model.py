@@ -94,12 +94,10 @@ class Transformer(NumpyForward, ModelIO):
         self.embed = cast(embed, wdt)
         self.layers = [LayerWeights(**{k: _as_matrix(v, wdt) if k in _MATRICES else cast(v)
                                        for k, v in lw.arrays().items()}) for lw in layers]
-        if not _is_transpose_of(head, embed):
-            self.head = _as_matrix(head, wdt)
-        elif self.embed is embed:
-            self.head = head  # the same object: runners share packed copies by identity
-        else:
-            self.head = self.embed.T
+        # a tied head stays a view; the very object when the embedding needed no cast (as a
+        # DFlash stack's over its target's: runners share packed copies by identity)
+        recast = _is_transpose_of(head, embed) and self.embed is not embed
+        self.head = self.embed.T if recast else _as_matrix(head, wdt)
         self.final_norm = cast(final_norm)
         self.pos_embed = cast(pos_embed)
         self._check_shapes()

@@ -41,9 +41,8 @@ def test_packing_a_transpose_equals_packing_its_copy(kind):
         src = rng.normal(size=(cols, rows)).astype(np.float32)
         src = src.view(np.uint16)[:, 1::2].copy() if dtype == np.uint16 else src.astype(dtype)
         view = src.T  # (rows, cols), not C-contiguous unless a side is 1
-        got = _model_weights._packed(view, dtype != np.float32, None, kind == "bf16-tiles")
-        want = _model_weights._packed(np.ascontiguousarray(view), dtype != np.float32, None,
-                                      kind == "bf16-tiles")
+        got = _model_weights._packed(view, None, kind == "bf16-tiles")
+        want = _model_weights._packed(np.ascontiguousarray(view), None, kind == "bf16-tiles")
         assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got, want, err_msg=f"{kind} {rows}x{cols}")
 
@@ -53,7 +52,7 @@ def test_packing_refuses_other_strides():
     from fastspec import _model_weights
     a = np.zeros((8, 64), np.float32)[:, ::2]
     with pytest.raises(ValueError, match="C-contiguous or the transpose"):
-        _model_weights._packed(a, False)
+        _model_weights._packed(a)
 
 
 @pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16"])
