@@ -75,7 +75,7 @@ directives = {
 
 extensions = [
     Extension(
-        f"fastspec.{Path(pyx).stem}",
+        str(Path(pyx).with_suffix("")).replace("/", "."),
         [pyx],
         include_dirs=[np.get_include(), str(HERE / "csrc")],
         define_macros=macros,
@@ -83,7 +83,7 @@ extensions = [
         extra_link_args=link_args,
         depends=sorted(glob("csrc/*.h")),
     )
-    for pyx in sorted(glob("fastspec/*.pyx"))
+    for pyx in sorted(glob("fastspec/**/*.pyx", recursive=True))
 ]
 
 

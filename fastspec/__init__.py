@@ -4,17 +4,18 @@ See ``docs/`` and the README for the API tour. Everything public is importable f
 """
 from fastspec.kernels import backend, set_backend, using_backend, available_backends
 from fastspec import kernels
-from fastspec.cache import KVCache
+from fastspec.kernels.cache import KVCache
 from fastspec.model import ModelConfig, Transformer, ForwardOutput
-from fastspec.sampling import SamplingParams
+from fastspec import formats  # registers the model file reader behind Transformer.load
 from fastspec.drafters import Drafter, Proposal, Target, DraftModelDrafter, NgramDrafter
+from fastspec.drafters.base import SamplingParams
 from fastspec.decoding import DecodeStats, GenerationResult, generate, speculative_generate
-from fastspec.dflash import DFlashConfig, DFlashModel
+from fastspec.drafters.dflash_model import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
-from fastspec.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
-from fastspec.pretrained import load_pretrained
-from fastspec.hf_tokenizer import HFTokenizer
-from fastspec import pretrained
+from fastspec.text.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
+from fastspec.models.pretrained import load_pretrained
+from fastspec.text.hf_tokenizer import HFTokenizer
+from fastspec.models import pretrained
 
 __version__ = "0.1.0"
 

@@ -31,7 +31,7 @@ def built_with_openmp() -> bool:
     ``GOMP_parallel`` (libgomp) or ``__kmpc_fork_call`` (libomp); the names sit in its file.
     """
     try:
-        from fastspec import _model
+        from fastspec.model import _model
     except ImportError:
         return False
     with open(_model.__file__, "rb") as f:

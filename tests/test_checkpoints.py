@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from fastspec.checkpoints import read_hf, read_safetensors, save_hf, write_safetensors
+from fastspec.formats.hf_folder import read_hf, read_safetensors, save_hf, write_safetensors
 from fastspec.model import ModelConfig, Transformer
 
 

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.dflash import DFlashConfig, DFlashModel, default_tap_layers
+from fastspec.drafters.dflash_model import DFlashConfig, DFlashModel, default_tap_layers
 from fastspec.audit import ExactOracle, exact_speculative_law, exact_target_law, total_variation
 from fastspec.audit.dflash import (AUDIT_PROMPT, WrongQDenoiseDrafter, run_distribution_audit,
                                    toy_setup)
-from fastspec.sampling import SamplingParams
+from fastspec.decoding.sampling import SamplingParams
 from fastspec.drafters.dflash import DFlashDrafter, denoise_schedule
 
 PROMPT = [0, 1, 3, 2, 4, 1, 5, 6]
@@ -152,7 +152,7 @@ def test_runners_share_packed_matrices_until_invalidated(weight_dtype):
     pack afresh, so in-place updates are seen."""
     if "cython" not in fs.available_backends():
         pytest.skip("needs the compiled runner")
-    from fastspec import _model_weights
+    from fastspec.model import _model_weights
 
     # untied: the head is reordered in place below, the embedding must stay as it is
     target = small_llama("float32", weight_dtype=weight_dtype, tie_embeddings=False)
@@ -201,7 +201,7 @@ def test_append_hidden_equals_features_then_append_context(backend, dtype, weigh
 
 
 def test_context_kv_taps_rejects_bad_arguments():
-    _model = pytest.importorskip("fastspec._model")
+    _model = pytest.importorskip("fastspec.model._model")
     target = small_llama("float32")
     model = DFlashModel.random(DFlashConfig(block_size=4), target, seed=2)
     runner = _model.TransformerRunner(model._stack)

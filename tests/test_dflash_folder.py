@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.checkpoints import read_safetensors, write_safetensors
+from fastspec.formats.hf_folder import read_safetensors, write_safetensors
 
 V = 64
 

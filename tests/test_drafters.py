@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import fastspec as fs
-from fastspec.sampling import SamplingParams
+from fastspec.decoding.sampling import SamplingParams
 
 from _helpers import PREFIX, toy
 

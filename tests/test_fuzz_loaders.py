@@ -18,7 +18,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import fastspec as fs
-from fastspec.checkpoints import read_safetensors, write_safetensors
+from fastspec.formats.hf_folder import read_safetensors, write_safetensors
 
 from _helpers import fast_and_slow
 

@@ -8,7 +8,7 @@ import pytest
 
 import fastspec as fs
 from fastspec.cli import main
-from fastspec.textgen import GenerateError, parse_drafter
+from fastspec.cli.generate import GenerateError, parse_drafter
 
 PROMPT = "def add(a, b):\n"
 
@@ -43,7 +43,7 @@ def test_embedded_greedy_equals_vanilla_and_streams_the_text(capsys, bundle, dra
 
 
 def test_threads_give_the_same_tokens(capsys):
-    model = pytest.importorskip("fastspec._model")
+    model = pytest.importorskip("fastspec.model._model")
     args = ("--prompt", PROMPT, "--max-new-tokens", "30", "--drafter", "draft", "--json")
     one = json.loads(_run(capsys, *args)[1])
     try:
@@ -118,7 +118,7 @@ def hf_folder(tmp_path_factory):
 
 
 def test_hf_folder_streams_decoded_text(capsys, hf_folder):
-    from fastspec.hf_tokenizer import HFTokenizer
+    from fastspec.text.hf_tokenizer import HFTokenizer
 
     rc, out, err = _run(capsys, "--model", str(hf_folder), "--prompt", PROMPT,
                         "--max-new-tokens", "30")

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.tokenizer import StreamDecoder, Tokenizer
+from fastspec.text.tokenizer import StreamDecoder, Tokenizer
 
 tokenizers = pytest.importorskip("tokenizers")
-from fastspec.hf_tokenizer import HFTokenizer  # noqa: E402
+from fastspec.text.hf_tokenizer import HFTokenizer  # noqa: E402
 
 TEXT = ("def add(a, b):\n    return a + b  # héllo wörld ✓\n"
         "class Point:\n    x: int = 0\n    y: int = 0\n") * 4

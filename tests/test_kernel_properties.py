@@ -8,7 +8,7 @@ from hypothesis import HealthCheck
 from hypothesis import strategies as st
 
 import fastspec as fs
-from fastspec import _reference
+from fastspec.kernels import _reference
 
 from _helpers import (BACKENDS, DTYPES, RTOL, assert_close_rel, fast_and_slow, naive_attention,
                       naive_probs_row, random_rows)

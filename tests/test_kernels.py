@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec import _reference
+from fastspec.kernels import _reference
 
 from _helpers import RTOL, assert_close_rel, naive_attention, naive_probs_row, random_rows
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.checkpoints import read_hf
+from fastspec.formats.hf_folder import read_hf
 
 # Untied, many small tensors: the largest file tensor is about 5% of the model, so a loader
 # that keeps every raw tensor until the end needs about 2x and one that streams about 1.05x.

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.checkpoints import iter_hf, read_hf_config
+from fastspec.formats.hf_folder import iter_hf, read_hf_config
 
 CFG = fs.ModelConfig(vocab_size=2000, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=256,
                      max_seq_len=64, qk_norm=True)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.functional import apply_rope, rms_norm
+from fastspec.model.functional import apply_rope, rms_norm
 from fastspec.model import ModelConfig, Transformer
 
 from _helpers import RTOL, needs_cython, needs_openmp
@@ -259,7 +259,7 @@ def test_config_validation():
 @needs_cython
 @needs_openmp
 def test_threaded_products_agree():
-    from fastspec import _model
+    from fastspec.model import _model
     model = make("llama-gqa", np.float64)
     big = Transformer.random(ModelConfig.tiny_llama(dtype="float64", n_layers=1, max_seq_len=32))
     with fs.using_backend("cython"):
@@ -276,7 +276,7 @@ def test_threaded_products_agree():
 
 @needs_cython
 def test_set_threads_rejects_zero():
-    from fastspec import _model
+    from fastspec.model import _model
     with pytest.raises(ValueError, match="n must be"):
         _model.set_threads(0)
 

@@ -3,7 +3,7 @@
 The compute rule (docs/FORMATS.md): each matrix product rounds its input rows to bf16 (nearest
 even) and accumulates in float32; norms, attention, softmax and residuals stay float32. The
 compiled path gives a position the same bits alone or inside a block of up to 16; the NumPy
-twin (fastspec._bf16.RoundingMatrix) applies the same rounding and agrees within BF16_TOL.
+twin (fastspec.kernels.bf16.RoundingMatrix) applies the same rounding and agrees within BF16_TOL.
 Every matrix-product path this CPU runs (FASTSPEC_ISA) is checked; the others are skipped.
 """
 import json
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec import _bf16
-from fastspec.checkpoints import read_safetensors, save_hf, write_safetensors
+from fastspec.kernels import bf16 as _bf16
+from fastspec.formats.hf_folder import read_safetensors, save_hf, write_safetensors
 from fastspec.model import ModelConfig, Transformer
 
 from _helpers import BACKENDS, MODEL_CONFIGS, needs_c_harness, run_c_harness
@@ -64,7 +64,7 @@ def _isa_params():
 @pytest.fixture(params=_isa_params())
 def isa(request):
     """Force the compiled products onto one path and the Cython backend, then restore both."""
-    from fastspec import _model
+    from fastspec.model import _model
     prev_isa = fs.kernels.isa_info()["forced"]
     with fs.using_backend("cython"):
         _model.set_isa(request.param)
@@ -261,7 +261,7 @@ def test_dflash_on_a_bf16_target(backend):
 
 @needs_cython
 def test_set_isa_errors_name_the_isa():
-    from fastspec import _model
+    from fastspec.model import _model
     info = _model.isa_info()
     assert info["selected"] in info["available"]
     with pytest.raises(ValueError, match="'sse9'"):
@@ -321,7 +321,7 @@ def test_c_kernels_amx_tiles(tmp_path):
 def test_runners_repack_bf16_weights_when_the_path_changes():
     # The tile layout of the AMX path and the panels of the others differ: a runner packed for
     # one must not run on the other. Transformer rebuilds its runner; a bare runner refuses.
-    from fastspec import _model
+    from fastspec.model import _model
     info = _model.isa_info()
     if "amx" not in info["available"] or "amx" not in info["kernels"]:
         pytest.skip("needs the amx path")

@@ -273,7 +273,7 @@ def test_dflash_block_bit_identical(backend, embedded):
 @needs_openmp
 def test_threaded_products_bit_identical():
     """Column blocks split between OpenMP threads (when built with it) change nothing."""
-    from fastspec import _model
+    from fastspec.model import _model
 
     # products of >= 65536 weights and >= 128 columns are split (fs_linear.h); 300 columns
     # leave a remainder that is not a multiple of 16

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec import _reference
+from fastspec.kernels import _reference
 
 from _helpers import RTOL
 

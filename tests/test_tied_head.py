@@ -11,7 +11,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from fastspec.dflash import DFlashConfig, DFlashModel
+from fastspec.drafters.dflash_model import DFlashConfig, DFlashModel
 from fastspec.model import ModelConfig, Transformer
 
 from _helpers import needs_cython
@@ -34,7 +34,7 @@ def with_copied_head(m: Transformer) -> Transformer:
 @needs_cython
 @pytest.mark.parametrize("kind", ["float32", "float16", "bf16", "bf16-tiles"])
 def test_packing_a_transpose_equals_packing_its_copy(kind):
-    from fastspec import _model_weights
+    from fastspec.model import _model_weights
     rng = np.random.default_rng(0)
     dtype = {"float32": np.float32, "float16": np.float16}.get(kind, np.uint16)
     for rows, cols in SHAPES:
@@ -49,7 +49,7 @@ def test_packing_a_transpose_equals_packing_its_copy(kind):
 
 @needs_cython
 def test_packing_refuses_other_strides():
-    from fastspec import _model_weights
+    from fastspec.model import _model_weights
     a = np.zeros((8, 64), np.float32)[:, ::2]
     with pytest.raises(ValueError, match="C-contiguous or the transpose"):
         _model_weights._packed(a)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec import corpus
+from fastspec.text import corpus
 from fastspec.cli import main
 
 

@@ -4,7 +4,7 @@ import pytest
 
 import fastspec as fs
 from fastspec.drafters.base import Proposal
-from fastspec.tree import (MAX_TREE_NODES, TreeProposal, ancestor_mask, block_parents,
+from fastspec.decoding.tree import (MAX_TREE_NODES, TreeProposal, ancestor_mask, block_parents,
                            chain_parents, check_parents, verify_tree_greedy,
                            verify_tree_rejection)
 

@@ -8,8 +8,8 @@ import pytest
 import fastspec as fs
 from fastspec.audit import chi_square_test, exact_continuation_probs
 from fastspec.decoding import plan_speculative, run_plan
-from fastspec.sampling import SamplingParams
-from fastspec.tree import MAX_TREE_NODES, TreeProposal, verify_tree_rejection
+from fastspec.decoding.sampling import SamplingParams
+from fastspec.decoding.tree import MAX_TREE_NODES, TreeProposal, verify_tree_rejection
 
 from _helpers import toy
 

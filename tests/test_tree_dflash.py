@@ -7,7 +7,7 @@ import pytest
 import fastspec as fs
 from fastspec import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import best_first_tree
-from fastspec.tree import MAX_TREE_NODES, TreeProposal, check_parents
+from fastspec.decoding.tree import MAX_TREE_NODES, TreeProposal, check_parents
 
 PROMPT = [0, 1, 3, 2, 4, 1, 5, 6]
 
@@ -104,12 +104,12 @@ def test_dflash_tree_proposal_shape():
     seq = np.array(PROMPT)
     out = target.forward(seq[:-1], hidden_layers=drafter.hidden_layers)
     drafter.reset(seq, out.hidden)
-    prop = drafter.propose(seq, 5, fs.sampling.SamplingParams(), np.random.default_rng(0))
+    prop = drafter.propose(seq, 5, fs.SamplingParams(), np.random.default_rng(0))
     assert isinstance(prop, TreeProposal) and len(prop) == 10 and prop.depth <= 5
     # the argmax chain's first token is the tree's first node
     drafter2 = fs.DFlashDrafter(model)
     drafter2.reset(seq, out.hidden)
-    chain = drafter2.propose(seq, 5, fs.sampling.SamplingParams(), None)
+    chain = drafter2.propose(seq, 5, fs.SamplingParams(), None)
     assert prop.tokens[0] == chain.tokens[0] and prop.parents[0] == -1
 
 
@@ -144,7 +144,7 @@ def test_dflash_sampled_tree_proposal():
     out = target.forward(seq[:-1], hidden_layers=model.config.tap_layers)
     sampled = fs.DFlashDrafter(model, tree_budget=12, sample_block=True)
     sampled.reset(seq, out.hidden)
-    prop = sampled.propose(seq, 5, fs.sampling.SamplingParams(1.0, 0, 1.0),
+    prop = sampled.propose(seq, 5, fs.SamplingParams(1.0, 0, 1.0),
                            np.random.default_rng(0))
     assert isinstance(prop, TreeProposal) and len(prop) == 12 and prop.q.shape == (12, 40)
     np.testing.assert_allclose(prop.q.sum(axis=1), 1.0)
@@ -155,7 +155,7 @@ def test_dflash_sampled_tree_proposal():
             assert (prop.q[c, prop.tokens[kids[:k]]] == 0).all() and prop.q[c, prop.tokens[c]] > 0
     argmax = fs.DFlashDrafter(model, tree_budget=12)
     argmax.reset(seq, out.hidden)
-    greedy = fs.sampling.SamplingParams()
+    greedy = fs.SamplingParams()
     a = argmax.propose(seq, 5, greedy, None)
     sampled.reset(seq, out.hidden)
     b = sampled.propose(seq, 5, greedy, None)
@@ -224,7 +224,7 @@ def test_dflash_sampled_tree_has_the_target_law(broken):
     target = fs.Transformer.random(fs.ModelConfig.toy(n_layers=2, dtype="float64"), 69)
     model = DFlashModel.random(DFlashConfig(block_size=4, mask_token_id=7), target, seed=2)
     prompt = [1, 2, 3, 1, 2, 4]
-    exact = exact_continuation_probs(target, prompt, 2, fs.sampling.SamplingParams(1.0, 0, 1.0))
+    exact = exact_continuation_probs(target, prompt, 2, fs.SamplingParams(1.0, 0, 1.0))
     drafter = (_BaseQTree if broken else fs.DFlashDrafter)(model, tree_budget=6,
                                                            sample_block=True)
     plan = plan_speculative(target, drafter, np.array(prompt), 3, 2, 1.0, 0, 1.0, 0, None, None)

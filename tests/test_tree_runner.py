@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.tree import MAX_TREE_NODES, ancestor_mask, tree_depths
+from fastspec.decoding.tree import MAX_TREE_NODES, ancestor_mask, tree_depths
 
 from _helpers import MODEL_CONFIGS, RTOL, needs_cython
 
@@ -95,7 +95,7 @@ def test_fused_tree_step_long_context(family, dt, monkeypatch):
 
 
 def _runner(model):
-    from fastspec import _model
+    from fastspec.model import _model
     return _model.TransformerRunner(model)
 
 

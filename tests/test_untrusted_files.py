@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.checkpoints import write_safetensors
+from fastspec.formats.hf_folder import write_safetensors
 
 Q0 = "model.layers.0.self_attn.q_proj.weight"
 

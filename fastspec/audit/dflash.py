@@ -32,9 +32,9 @@ from fastspec.audit.oracle import ExactOracle, exact_speculative_law, exact_targ
 from fastspec.audit.registry import NEW_TOKENS, PREFIX, SEEDS, register_check
 from fastspec.audit.stats import chi_square_expected, total_variation
 from fastspec.decoding import generate, speculative_generate
-from fastspec.dflash import DFlashConfig, DFlashModel
+from fastspec.drafters.dflash_model import DFlashConfig, DFlashModel
 from fastspec.drafters.base import Proposal
-from fastspec.sampling import SamplingParams
+from fastspec.decoding.sampling import SamplingParams
 from fastspec.drafters.dflash import DFlashDrafter, denoise_schedule
 from fastspec.model import ModelConfig, Transformer
 

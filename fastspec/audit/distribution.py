@@ -22,7 +22,7 @@ from fastspec.audit.registry import ALPHA, DRAFTERS, PREFIX
 from fastspec.audit.stats import chi_square_test
 from fastspec.decoding import plan_speculative, run_plan
 from fastspec.drafters.base import Proposal
-from fastspec.sampling import SamplingParams
+from fastspec.decoding.sampling import SamplingParams
 from fastspec.drafters.draft_model import DraftModelDrafter
 from fastspec.model import ModelConfig, Transformer
 

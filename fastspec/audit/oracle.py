@@ -16,7 +16,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from fastspec import _reference, kernels
+from fastspec import kernels
+from fastspec.kernels import _reference
 from fastspec.drafters.base import SamplingParams
 from fastspec.model import Transformer
 

@@ -7,7 +7,7 @@ import time
 import traceback
 from typing import Callable
 
-from fastspec._json import jsonable
+from fastspec.formats.json_io import jsonable
 from fastspec.audit.registry import (ALPHA, CHECKS, DRAFTERS, GAMMAS, NEW_TOKENS, PREFIX, SEEDS,
                                      AuditContext)
 from fastspec.tools.environment import environment

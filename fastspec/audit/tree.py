@@ -1,6 +1,6 @@
 """Exact law of one round of tree verification, by recursion over the tree (the audit's oracle).
 
-The rule of :func:`fastspec.tree.verify_tree_rejection` is re-derived here in closed form:
+The rule of :func:`fastspec.decoding.tree.verify_tree_rejection` is re-derived here in closed form:
 at a node the children are tested in order, child ``x`` accepted with probability
 ``min(1, p_res(x) / q(x))``, the residual updated after each rejection; the mass left after
 the last child goes to the residual's tokens. Completing each round's output with the target's
@@ -188,7 +188,7 @@ def _toy_laws(ctx: AuditContext):
     1 + k/2), temperature 1."""
     from fastspec import kernels
     from fastspec.audit.oracle import ExactOracle
-    from fastspec.sampling import SamplingParams
+    from fastspec.decoding.sampling import SamplingParams
     sampling = SamplingParams(1.0, 0, 1.0)
     target = ExactOracle(ctx.model(69, 2), sampling)
     draft = ExactOracle(ctx.model(69, 1), sampling)

@@ -7,7 +7,7 @@ Each round:
 1. ``proposal = drafter.propose(seq, gamma, sampling, rng)``: up to ``gamma`` tokens that
    would follow ``seq``; ``proposal.q`` is the per-position distribution they were sampled
    from, or None for deterministic proposals (verified with the one-hot rule). A
-   :class:`fastspec.tree.TreeProposal` adds ``parents``: a tree of depth <= ``gamma`` whose
+   :class:`fastspec.decoding.tree.TreeProposal` adds ``parents``: a tree of depth <= ``gamma`` whose
    nodes the target scores in one forward (each seeing its ancestors only); the accepted
    path is kept and the drafter's ``hidden`` rows are the root's and that path's.
 2. The target runs ``[seq[-1], *proposal.tokens]`` (g + 1 positions) in one forward, also
@@ -29,14 +29,30 @@ from typing import TYPE_CHECKING, Iterable, Protocol, runtime_checkable
 
 import numpy as np
 
-from fastspec.cache import KVCache
-from fastspec.sampling import SamplingParams
+from fastspec.kernels.cache import KVCache
+from fastspec.kernels.tree_shape import chain_parents, check_parents
 
 if TYPE_CHECKING:  # annotations only: the model module does not import the protocols
-    from fastspec.config import ModelConfig
+    from fastspec.model.config import ModelConfig
     from fastspec.model import ForwardOutput
 
-__all__ = ["Drafter", "Proposal", "Target"]
+__all__ = ["Drafter", "Proposal", "Target", "TreeProposal", "SamplingParams"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target's distribution is formed: temperature -> top-k -> top-p.
+
+    ``temperature == 0`` is greedy decoding. Drafters that sample use the same settings.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
 
 
 @dataclass
@@ -107,3 +123,34 @@ class Target(Protocol):
     def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
                 out: np.ndarray | None = None) -> ForwardOutput:
         """:meth:`step`, or a whole sequence on a temporary cache when ``cache`` is None."""
+
+
+@dataclass
+class TreeProposal(Proposal):
+    """A drafter's tree: ``tokens[i]`` under ``parents[i]`` (-1: the root), topological order.
+
+    Attributes
+    ----------
+    tokens : ndarray of shape (N,), int64
+    q : ndarray of shape (N, V) or None
+        The distribution node ``i`` was drawn from given its path and its earlier siblings
+        (independently, or without replacement: see the module notes), or None for
+        deterministic nodes (one-hot rule).
+    parents : ndarray of shape (N,), int64
+    """
+
+    parents: np.ndarray = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tokens, np.ndarray) or self.tokens.ndim != 1:
+            raise ValueError("tokens must be a 1-D ndarray")
+        self.depths = check_parents(self.parents, self.tokens.shape[0])
+
+    @property
+    def depth(self) -> int:
+        """Length of the longest root-to-node path (0 for an empty tree)."""
+        return int(self.depths.max()) if self.depths.size else 0
+
+    def is_chain(self) -> bool:
+        """True when ``parents`` is ``[-1, 0, 1, ...]``."""
+        return bool(np.array_equal(self.parents, chain_parents(self.tokens.shape[0])))

@@ -7,11 +7,11 @@ from typing import Mapping
 import numpy as np
 
 from fastspec import kernels
-from fastspec._checks import check_index
-from fastspec.dflash import DFlashModel
-from fastspec.drafters.base import Proposal
-from fastspec.sampling import SamplingParams
-from fastspec.tree import MAX_TREE_NODES, TreeProposal, sample_tree_without_replacement
+from fastspec.kernels.checks import check_index
+from fastspec.drafters.dflash_model import DFlashModel
+from fastspec.drafters.base import Proposal, SamplingParams, TreeProposal
+from fastspec.drafters.tree_sampling import sample_tree_without_replacement
+from fastspec.kernels.tree_shape import MAX_TREE_NODES
 
 __all__ = ["DFlashDrafter", "denoise_schedule", "best_first_tree"]
 
@@ -155,7 +155,7 @@ class DFlashDrafter:
         ``sample_block=True`` at temperature > 0 the same best-first *shape* (grown over the
         run's ``q``) is filled by sampling: each node's siblings are drawn without replacement
         from its depth's ``q`` and reported with the law each was drawn from
-        (:func:`fastspec.tree.sample_tree_without_replacement`), which the multi-draft rule
+        (:func:`fastspec.decoding.tree.sample_tree_without_replacement`), which the multi-draft rule
         verifies exactly (audit ``tree_exact_law_without_replacement``).
 
     Notes

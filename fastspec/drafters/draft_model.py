@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastspec import kernels
-from fastspec.drafters.base import Proposal
-from fastspec.sampling import SamplingParams
+from fastspec.drafters.base import Proposal, SamplingParams
 
 __all__ = ["DraftModelDrafter"]
 
@@ -32,7 +31,7 @@ class DraftModelDrafter:
     -----
     No tree proposals (issue 16 lists them as optional here). The verifier would take them as
     they are (siblings drawn without replacement from ``q`` with their rows reported, see
-    :func:`fastspec.tree.sample_tree_without_replacement`), but every branch needs its own draft
+    :func:`fastspec.decoding.tree.sample_tree_without_replacement`), but every branch needs its own draft
     forwards: ``Transformer.step(tree_parents=...)`` scores a tree hanging off a linear cache
     in one call, so growing one level at a time re-feeds the whole tree so far (about depth x
     nodes draft positions per round, in the fused runner). The embedded draft model's

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastspec._checks import check_index
-from fastspec.drafters.base import Proposal
-from fastspec.sampling import SamplingParams
-from fastspec.tree import MAX_TREE_NODES, TreeProposal
+from fastspec.kernels.checks import check_index
+from fastspec.drafters.base import Proposal, SamplingParams, TreeProposal
+from fastspec.kernels.tree_shape import MAX_TREE_NODES
 
 __all__ = ["NgramDrafter"]
 
@@ -34,7 +33,7 @@ class NgramDrafter:
     tree : bool, default False
         Offer up to ``max_branches`` continuations (the most recent matches of the longest
         suffix first, then of shorter ones) as a tree of shared prefixes
-        (:class:`fastspec.tree.TreeProposal`) when the context has several; a chain when
+        (:class:`fastspec.decoding.tree.TreeProposal`) when the context has several; a chain when
         they agree.
     max_branches : int, default 4
         Continuations per tree.
@@ -115,7 +114,7 @@ class NgramDrafter:
 
     def lookup_tree(self, seq: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray]:
         """Return ``(tokens, parents)``: the distinct continuations of the suffix's matches as
-        a tree of shared prefixes (see :mod:`fastspec.tree`), possibly empty."""
+        a tree of shared prefixes (see :mod:`fastspec.decoding.tree`), possibly empty."""
         self._sync(seq)
         toks = self._tokens
         n = len(toks)

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 import fastspec as fs
-from fastspec._json import jsonable
+from fastspec.formats.json_io import jsonable
 
 __all__ = ["SeedInputError", "check_out_dir", "write_report", "load_seed_file", "seed_path",
            "environment", "time_samples", "jsonable"]

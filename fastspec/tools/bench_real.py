@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fastspec._bf16 import to_bits
-from fastspec.checkpoints import hf_export_config, hf_tensor_names, write_safetensors
-from fastspec.config import ModelConfig
+from fastspec.kernels.bf16 import to_bits
+from fastspec.formats.hf_folder import hf_export_config, hf_tensor_names, write_safetensors
+from fastspec.model.config import ModelConfig
 
 __all__ = ["REAL_SHAPES", "write_random_folder", "measure_folder", "real_size_rows",
            "real_size_text", "real_size_markdown"]
@@ -101,7 +101,7 @@ def rss(field):
 folder, wdt, new_tokens, repeats, sampled, threads = sys.argv[1:7]
 new_tokens, repeats, threads = int(new_tokens), int(repeats), int(threads)
 try:
-    from fastspec import _model
+    from fastspec.model import _model
     _model.set_threads(threads)
 except ImportError:
     pass

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import fastspec as fs
-from fastspec._progress import Progress
+from fastspec.tools.progress import Progress
 from fastspec.tools.machine import attention_rates, decode_bound, kernel_ratios, machine_limits
 from fastspec.tools.markdown import performance_markdown, summary_text
 from fastspec.tools.peers import peers
@@ -27,7 +27,7 @@ __all__ = ["context_scaling", "gamma_scaling", "run", "bench_main"]
 
 def _models(prefer_pretrained: bool = True):
     """Return ``(target, draft, dflash_or_None, source)``: the embedded models, else random ones."""
-    from fastspec import pretrained
+    from fastspec.models import pretrained
 
     if prefer_pretrained and pretrained.available():
         b = pretrained.load()

@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import fastspec as fs
 from fastspec.tools.environment import environment
-from fastspec._progress import Progress
+from fastspec.tools.progress import Progress
 
 __all__ = ["METHODS", "DFLASH_TREE_BUDGET", "MethodResult", "run_methods", "demo_main", "eval_main", "is_looping"]
 
@@ -101,7 +101,7 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
 
     Parameters
     ----------
-    bundle : fastspec.pretrained.Bundle
+    bundle : fastspec.models.pretrained.Bundle
     prompt_ids : sequence of int
     max_new_tokens : int
     temperature : float
@@ -169,14 +169,14 @@ def format_table(results: Sequence[MethodResult], temperature: float) -> str:
 
 
 def _default_prompt() -> str:
-    from fastspec.corpus import heldout_prompts
+    from fastspec.text.corpus import heldout_prompts
 
     return heldout_prompts(1)[0]
 
 
 def demo_main(args) -> int:
     """Entry point of ``fastspec demo`` (``args`` from the CLI parser)."""
-    from fastspec import pretrained
+    from fastspec.models import pretrained
 
     if not pretrained.available():
         print("fastspec demo: the embedded model files are not installed "
@@ -237,8 +237,8 @@ def _summary(values: Sequence[float]) -> dict:
 
 def eval_main(args) -> int:
     """Entry point of ``fastspec eval``: held-out prompts x temperatures x drafters -> JSON."""
-    from fastspec import pretrained
-    from fastspec.corpus import heldout_prompts
+    from fastspec.models import pretrained
+    from fastspec.text.corpus import heldout_prompts
 
     bundle = pretrained.load()
     tok = bundle.tokenizer

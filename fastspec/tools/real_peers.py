@@ -43,7 +43,7 @@ def real_peers(folder, new_tokens: int = 64, prompt_len: int = 64, threads=(1, 2
     import transformers
 
     try:
-        from fastspec import _model
+        from fastspec.model import _model
         set_fs_threads = _model.set_threads
     except ImportError:  # pragma: no cover - NumPy-only install
         set_fs_threads = lambda n: None  # noqa: E731

@@ -20,7 +20,7 @@ TREE_NODES = (8, 16, 32, 64)
 def prompt_tokens(length: int, vocab: int) -> np.ndarray:
     """Real text when the corpus is there, cut to ``length`` byte tokens."""
     try:
-        from fastspec.corpus import load_bytes
+        from fastspec.text.corpus import load_bytes
 
         data = load_bytes("validation")
         if len(data) >= length:
@@ -118,7 +118,7 @@ def tree_costs(target, nodes: Sequence[int] = TREE_NODES, context: int = 300,
         ``nodes``, ``depth``, ``tree_steps``, ``chain_steps``, ``tree_over_chain`` and the
         decode step ``decode_s``.
     """
-    from fastspec.tree import block_parents, tree_depths
+    from fastspec.decoding.tree import block_parents, tree_depths
 
     cache = target.new_cache(context + max(nodes) + 1)
     target.step(prompt_tokens(context, target.config.vocab_size), cache)

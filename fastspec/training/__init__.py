@@ -12,8 +12,8 @@
 
     python -m fastspec.training target --minutes 65 --out fastspec/data/target.npz
 
-The corpus is the interpreter's standard library (:mod:`fastspec.corpus`), tokenised by
-:class:`fastspec.tokenizer.ByteTokenizer`. Weight files are ``.npz`` with a ``"config"`` key
+The corpus is the interpreter's standard library (:mod:`fastspec.text.corpus`), tokenised by
+:class:`fastspec.text.tokenizer.ByteTokenizer`. Weight files are ``.npz`` with a ``"config"`` key
 (JSON) and float16 weights; fastspec computes in float32. ``import fastspec`` never imports
 this package (nor torch).
 """

@@ -1,7 +1,7 @@
 """Training data: corpus windows, the target's greedy episodes and DFlash anchors.
 
-The corpus is the interpreter's standard library (:mod:`fastspec.corpus`), tokenised by
-:class:`fastspec.tokenizer.ByteTokenizer`.
+The corpus is the interpreter's standard library (:mod:`fastspec.text.corpus`), tokenised by
+:class:`fastspec.text.tokenizer.ByteTokenizer`.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastspec._progress import Progress
+from fastspec.tools.progress import Progress
 from fastspec.training.modules import autocast
 
 __all__ = ["lm_batch", "greedy_generate", "make_greedy_episodes", "load_episodes",
@@ -93,7 +93,7 @@ def load_episodes(path: str | Path):
     """Return the (train, validation) episodes of an episodes cache, each (seqs, plens).
 
     The cache is the trainer's own file (int16 tokens, so not a weight file for
-    :func:`fastspec._npz.read_npz`); it is read without pickles.
+    :func:`fastspec.formats.npz.read_npz`); it is read without pickles.
     """
     with np.load(path, allow_pickle=False) as z:
         return ((z["tr_seq"].astype(np.int64), z["tr_plen"]),

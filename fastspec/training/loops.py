@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fastspec._progress import Progress
-from fastspec.dflash_config import CONTEXT_WINDOW_KEY
+from fastspec.tools.progress import Progress
+from fastspec.drafters.dflash_config import CONTEXT_WINDOW_KEY
 from fastspec.training.data import (dflash_rows, lm_batch, load_episodes, make_greedy_episodes,
                                     sample_anchors, save_episodes)
 from fastspec.training.modules import autocast, build_dflash, build_transformer, n_params
@@ -81,7 +81,7 @@ def _corpus(data):
     """(train, validation) token arrays: `data` if given, else the standard-library corpus."""
     if data is not None:
         return data
-    from fastspec.corpus import load_tokens
+    from fastspec.text.corpus import load_tokens
 
     return load_tokens("train"), load_tokens("validation")
 

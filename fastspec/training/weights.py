@@ -2,7 +2,7 @@
 
 Configs are plain dicts with exactly the JSON keys of that format. Weight files hold a
 ``"config"`` key (JSON) and the weights under their Hugging Face names; they are read with
-fastspec's bounded reader (:func:`fastspec._npz.read_npz`), never with ``np.load``.
+fastspec's bounded reader (:func:`fastspec.formats.npz.read_npz`), never with ``np.load``.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from fastspec._npz import read_npz
-from fastspec.dflash_config import CONTEXT_WINDOW_KEY
+from fastspec.formats.npz import read_npz
+from fastspec.drafters.dflash_config import CONTEXT_WINDOW_KEY
 from fastspec.model import ModelConfig, Transformer as NumpyTransformer
-from fastspec.tokenizer import ByteTokenizer
+from fastspec.text.tokenizer import ByteTokenizer
 from fastspec.training.modules import DFlash, Transformer
 
 __all__ = ["model_config", "dflash_config", "export_npz", "load_transformer_npz",

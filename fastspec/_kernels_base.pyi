@@ -1,2 +1,0 @@
-"""Type stub of fastspec._kernels_base: cdef helpers only (cimported through its .pxd)."""
-__all__: list[str]

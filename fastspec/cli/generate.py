@@ -1,0 +1,256 @@
+"""``fastspec generate``: text in, streamed text out, with any drafter, on any checkpoint folder.
+
+Without ``--model`` it runs the embedded byte-level bundle. With ``--model DIR`` it reads a
+Llama/Qwen2/Qwen3 Hugging Face folder and its ``tokenizer.json`` (``[hf]`` extra for the
+tokenizer; ``--prompt-ids`` needs neither). Every check that can fail (tokenizer, prompt
+length, drafter spec) runs before the weights are read. (Named ``textgen``, not ``generate``:
+a submodule ``fastspec.generate`` would shadow the function ``fastspec.generate``.)
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+import fastspec as fs
+from fastspec.formats.json_io import read_json_object
+from fastspec.drafters.base import Proposal
+from fastspec.text.tokenizer import StreamDecoder
+
+__all__ = ["generate_main", "parse_drafter", "NoDrafter", "GenerateError"]
+
+
+class GenerateError(ValueError):
+    """A bad argument of ``fastspec generate`` (printed without a traceback, exit status 2)."""
+
+
+class NoDrafter:
+    """A drafter that never proposes: plain decoding through the speculative loop (which
+    streams through its per-round callback; one target call per token, as ``generate``)."""
+
+    hidden_layers: tuple[int, ...] = ()
+    max_gamma: int | None = None
+
+    def __init__(self) -> None:
+        self._empty = Proposal(np.zeros(0, dtype=np.int64))
+
+    def reset(self, prompt, hidden) -> None:
+        pass
+
+    def propose(self, seq, gamma, sampling, rng) -> Proposal:
+        return self._empty
+
+    def commit(self, seq, n_accepted, hidden) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """``--drafter``: ``kind`` in {none, ngram, draft, dflash}; ``path`` None = embedded."""
+
+    kind: str
+    path: Path | None = None
+
+
+def parse_drafter(text: str, embedded: bool) -> DrafterSpec:
+    """Parse ``none | ngram | draft[:DIR] | dflash[:DIR]`` (bare draft/dflash: embedded only)."""
+    kind, _, path = text.partition(":")
+    if kind not in ("none", "ngram", "draft", "dflash"):
+        raise GenerateError(f"--drafter must be none, ngram, draft:DIR or dflash:DIR, got {text!r}")
+    if kind in ("none", "ngram"):
+        if path:
+            raise GenerateError(f"--drafter {kind} takes no path, got {text!r}")
+        return DrafterSpec(kind)
+    if not path:
+        if not embedded:
+            raise GenerateError(f"--drafter {kind} needs a path with --model: {kind}:DIR")
+        return DrafterSpec(kind)
+    p = Path(path)
+    if not p.exists():
+        raise GenerateError(f"--drafter {text!r}: {p} does not exist")
+    return DrafterSpec(kind, p)
+
+
+def _prompt_ids(args, tokenizer) -> list[int]:
+    if args.prompt_ids is not None:
+        try:
+            return [int(t) for t in args.prompt_ids.replace(",", " ").split()]
+        except ValueError:
+            raise GenerateError("--prompt-ids must be integers separated by commas or spaces, "
+                                f"got {args.prompt_ids!r}") from None
+    text = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not text:
+        raise GenerateError("the prompt is empty: give --prompt TEXT, --prompt-ids or stdin")
+    return tokenizer.encode_prompt(text)
+
+
+def _check_length(n_prompt: int, max_new: int, max_seq_len: int, where: str) -> None:
+    if n_prompt < 1:
+        raise GenerateError("the prompt has no tokens")
+    if n_prompt >= max_seq_len:
+        raise GenerateError(f"the prompt has {n_prompt} tokens, longer than the model's "
+                            f"max_seq_len {max_seq_len} ({where}) minus one new token")
+    if n_prompt + max_new > max_seq_len:
+        raise GenerateError(f"the prompt ({n_prompt} tokens) + --max-new-tokens ({max_new}) "
+                            f"exceeds max_seq_len {max_seq_len} ({where}); use "
+                            f"--max-new-tokens {max_seq_len - n_prompt} or less")
+
+
+def _folder_weight_dtype(choice: str, config: dict) -> str | None:
+    """The ``weight_dtype`` to load a folder with: ``choice``, or for ``"auto"`` the folder's
+    own dtype (``config.json``'s ``torch_dtype``, or ``dtype`` in newer transformers) when it
+    is bfloat16 or float16, else None (float32)."""
+    if choice != "auto":
+        return choice
+    stored = config.get("torch_dtype") or config.get("dtype")
+    return stored if stored in ("bfloat16", "float16") else None
+
+
+def _load(args):
+    """Return ``(target, tokenizer or None, prompt ids, bundle or None)``; checks come first."""
+    if args.model is None and args.weight_dtype != "auto":
+        raise GenerateError("--weight-dtype applies to --model folders (the embedded models "
+                            "keep their own)")
+    if args.model is None and args.mmap:
+        raise GenerateError("--mmap applies to --model folders (the embedded models are "
+                            "package .npz files)")
+    if args.model is None:
+        from fastspec.models import pretrained
+
+        tok = fs.ByteTokenizer()
+        ids = _prompt_ids(args, tok)
+        with np.load(pretrained.data_dir() / "target.npz") as z:  # the package's own file
+            max_seq_len = int(json.loads(str(z["config"]))["max_seq_len"])
+        _check_length(len(ids), args.max_new_tokens, max_seq_len, "embedded target")
+        bundle = pretrained.load()
+        return bundle.target, tok, ids, bundle
+    from fastspec.formats.hf_folder import hf_config
+
+    folder = Path(args.model)
+    raw = read_json_object(folder / "config.json")
+    if raw is None:
+        raise GenerateError(f"--model {folder}: no config.json (not a Hugging Face folder)")
+    tok = None
+    if args.prompt_ids is None:
+        from fastspec.text.hf_tokenizer import HFTokenizer
+
+        tok = HFTokenizer.from_folder(folder)
+    ids = _prompt_ids(args, tok)
+    config = hf_config(raw)
+    _check_length(len(ids), args.max_new_tokens, config.max_seq_len, str(folder / "config.json"))
+    return (fs.Transformer.load(folder, weight_dtype=_folder_weight_dtype(args.weight_dtype, raw),
+                                mmap=args.mmap), tok, ids, None)
+
+
+def _drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype: str):
+    if spec.kind == "none":
+        return NoDrafter()
+    if spec.kind == "ngram":
+        return fs.NgramDrafter(max_ngram=3)
+    if spec.kind == "draft":
+        draft = bundle.draft if spec.path is None else fs.Transformer.load(
+            spec.path, weight_dtype=_folder_weight_dtype(
+                weight_dtype, read_json_object(Path(spec.path) / "config.json") or {}))
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise GenerateError(f"--drafter draft:{spec.path}: the draft model's vocabulary "
+                                f"({draft.config.vocab_size} ids) differs from the target's "
+                                f"({target.config.vocab_size} ids); a draft model must share "
+                                "the target's tokenizer")
+        return fs.DraftModelDrafter(draft)
+    model = bundle.dflash if spec.path is None else fs.DFlashModel.load(spec.path, target)
+    return fs.DFlashDrafter(model, sample_block=sampling)
+
+
+def _gamma(args, kind: str):
+    if args.gamma is not None:
+        return args.gamma
+    if kind in ("draft", "ngram", "dflash"):
+        from fastspec.tools.demo import default_gamma
+
+        return default_gamma(kind, args.temperature)
+    return 4
+
+
+def run_generate(args, write: Callable[[str], None]) -> dict:
+    """Run one generation as ``args`` say, streaming text to ``write``; return the report."""
+    spec = parse_drafter(args.drafter or ("dflash" if args.model is None else "ngram"),
+                         args.model is None)
+    target, tok, ids, bundle = _load(args)
+    drafter = _drafter(spec, target, bundle, args.temperature > 0, args.weight_dtype)
+    stops = set(tok.stop_ids) if tok is not None else set()
+    eos = tok.eos_id if tok is not None else None
+    decoder = StreamDecoder(tok) if tok is not None else None
+    n_prompt = len(ids)
+    state = {"shown": n_prompt, "stopped": False}
+
+    def stream(seq: np.ndarray, n: int) -> None:
+        if state["stopped"] or decoder is None:
+            return
+        new = seq[state["shown"]:n].tolist()
+        state["shown"] = n
+        for i, t in enumerate(new):  # stop ids other than eos: stop showing, truncate later
+            if t in stops:
+                new, state["stopped"] = new[:i], True
+                break
+        text = decoder.push(new)
+        if text:
+            write(text)
+
+    gamma = _gamma(args, spec.kind) if spec.kind != "none" else None
+    result = fs.speculative_generate(
+        target, drafter, ids, args.max_new_tokens, gamma=gamma or 1,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        eos_token_id=eos, callback=stream)
+    tokens = result.tokens
+    cut = next((i for i, t in enumerate(tokens) if t in stops), None)
+    if cut is not None:
+        tokens = tokens[:cut + 1]
+    stream(np.asarray(ids + tokens, dtype=np.int64), n_prompt + len(tokens))  # the last round
+    if decoder is not None and not state["stopped"]:
+        rest = decoder.flush()
+        if rest:
+            write(rest)
+    st = result.stats
+    elapsed = st.elapsed_s  # the whole call, prefill included
+    return {
+        "model": str(args.model) if args.model else "embedded",
+        "drafter": spec.kind if spec.path is None else f"{spec.kind}:{spec.path}",
+        "gamma": gamma, "weight_dtype": target.config.weight_dtype or target.config.dtype,
+        "prompt_tokens": n_prompt, "tokens": tokens,
+        "text": None if tok is None else tok.decode(  # the stop token has no text
+            tokens[:-1] if tokens and tokens[-1] in stops else tokens),
+        "new_tokens": len(tokens), "elapsed_s": elapsed,
+        "tokens_per_s": len(tokens) / elapsed if elapsed > 0 else None,
+        "tau": st.mean_accepted_length, "target_calls": st.target_calls,
+        "acceptance_rate": st.acceptance_rate, "stats": st.to_dict(),
+    }
+
+
+def generate_main(args) -> int:
+    """Entry point of ``fastspec generate``: text on stdout, the figures on stderr."""
+    def write(text: str) -> None:
+        if not args.json:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    try:
+        report = run_generate(args, write)
+    except (GenerateError, FileNotFoundError, ValueError) as exc:
+        print(f"fastspec generate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    if report["text"] is None:
+        print(" ".join(map(str, report["tokens"])), end="")
+    print()
+    print(f"{report['new_tokens']} tokens in {report['elapsed_s']:.2f} s: "
+          f"{report['tokens_per_s']:.1f} tokens/s, tau {report['tau']:.2f}, "
+          f"{report['target_calls']} target calls (drafter {report['drafter']}"
+          + (f", gamma {report['gamma']})" if report["gamma"] is not None else ")"),
+          file=sys.stderr)
+    return 0

@@ -1,0 +1,16 @@
+"""The decoding layer: generate, the speculative loop, verification, trees, sampling, stats.
+
+Lives here: ``generate``/``speculative`` (the loops), ``verify`` (the accept/reject rules of a
+round), ``tree`` (tree verification and sampling), ``sampling`` (next_token), ``stats``
+(DecodeStats, GenerationResult).
+
+May import: :mod:`fastspec.kernels`, :mod:`fastspec.model`, :mod:`fastspec.drafters` (the
+vocabulary the loop and the drafters share). Nothing above it.
+"""
+from fastspec.decoding.speculative import (ADAPTIVE_GAMMA_MAX, ADAPTIVE_GAMMA_START, DecodeStats,
+                                           GenerationResult, SpeculativePlan, generate,
+                                           plan_speculative, run_plan, speculative_generate)
+
+__all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate",
+           "plan_speculative", "run_plan", "SpeculativePlan", "ADAPTIVE_GAMMA_START",
+           "ADAPTIVE_GAMMA_MAX"]

@@ -1,0 +1,12 @@
+"""The file formats: Hugging Face safetensors folders, ``.npz``, the z-lab DFlash folder, JSON.
+
+Lives here: ``hf_folder`` (safetensors and config.json), ``npz`` (a bounded .npz reader),
+``transformer_io`` (a Transformer's ``.npz`` files and folders; importing it registers them
+behind :meth:`fastspec.Transformer.load` and ``save``), ``dflash_folder`` (z-lab DFlash
+drafter folders), ``json_io`` (strict JSON reads and writes).
+
+May import: :mod:`fastspec.kernels`, :mod:`fastspec.model`. Nothing above it.
+"""
+from fastspec.formats.transformer_io import load_transformer, save_transformer
+
+__all__ = ["load_transformer", "save_transformer"]

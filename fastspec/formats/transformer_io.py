@@ -1,0 +1,57 @@
+"""A Transformer's files: ``.npz`` files and Hugging Face folders, read and written.
+
+:func:`load_transformer` and :func:`save_transformer` are what :meth:`fastspec.Transformer.load`
+and :meth:`~fastspec.Transformer.save` run: this module registers them with
+:func:`fastspec.model.state.register_files` when it is imported. The tensors' names and layout
+are :mod:`fastspec.model.state`'s; Hugging Face folders are :mod:`fastspec.formats.hf_folder`'s.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fastspec.kernels.bf16 import BF16
+from fastspec.formats.hf_folder import iter_hf, read_hf_config, save_hf
+from fastspec.formats.npz import read_npz
+from fastspec.model.config import ModelConfig
+from fastspec.model.state import register_files
+from fastspec.model.transformer import Transformer
+
+__all__ = ["load_transformer", "save_transformer"]
+
+
+def save_transformer(model: Transformer, path: Path) -> None:
+    """Write ``model`` to ``path``: an ``.npz`` file, or a Hugging Face folder otherwise."""
+    if path.suffix == ".npz":
+        np.savez(path, config=np.array(json.dumps(model.config.to_dict())), **model.state_dict())
+    else:
+        save_hf(model, path)
+
+
+def load_transformer(cls: type[Transformer], path: Path, dtype: str | None = None,
+                     weight_dtype: str | None = None, mmap: bool = False) -> Transformer:
+    """Load an ``.npz`` or a Hugging Face folder as a ``cls`` (see :meth:`Transformer.load`)."""
+    if path.is_dir():
+        config = read_hf_config(path, dtype=dtype, weight_dtype=weight_dtype)
+        # one file tensor at a time
+        return cls.from_tensors(config, iter_hf(path, config), mmap=mmap)
+    if mmap:
+        raise ValueError(f"{path}: mmap=True maps Hugging Face folders (safetensors), not "
+                         ".npz files")
+    cfg, sd = read_npz(path, "model")  # bounded: validates every header before reading
+    bits = sorted(k for k, a in sd.items() if a.dtype == np.uint16)
+    if bits and cfg.get("weight_dtype") != BF16:
+        raise ValueError(f"{path}: tensors {bits[:3]} hold uint16 (bf16 bit patterns) but the "
+                         "config's weight_dtype is not 'bfloat16'")
+    if dtype is not None:
+        cfg["dtype"] = dtype
+        if cfg.get("weight_dtype") in ("float16", BF16) and dtype != "float32":
+            cfg["weight_dtype"] = None
+    if weight_dtype is not None:
+        cfg["weight_dtype"] = weight_dtype
+    return cls.from_state_dict(ModelConfig.from_dict(cfg), sd)
+
+
+register_files(load_transformer, save_transformer)

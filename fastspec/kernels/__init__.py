@@ -1,0 +1,140 @@
+"""Backend dispatch for the compute kernels.
+
+``fastspec.kernels.attention(...)`` and friends call the active backend: the compiled
+:mod:`fastspec.kernels._kernels` ("cython") when it was built, else the NumPy twin
+:mod:`fastspec.kernels._reference` ("numpy"). ``FASTSPEC_BACKEND=numpy|cython`` chooses at import;
+:func:`set_backend` switches at run time, :func:`using_backend` for one ``with`` block.
+Both backends expose the same names and signatures.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+from fastspec.kernels import _reference
+
+__all__ = ["KERNEL_NAMES", "backend", "set_backend", "using_backend", "available_backends",
+           "module", "isa_info", "attention", "cache_write", "probs", "sample", "verify_greedy",
+           "verify_rejection", "tree_attention", "compact_kv"]
+
+#: The kernels every backend provides, with identical signatures.
+KERNEL_NAMES = ("attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
+                "tree_attention", "compact_kv")
+
+_BACKENDS: dict[str, ModuleType] = {"numpy": _reference}
+try:
+    _BACKENDS["cython"] = importlib.import_module("fastspec.kernels._kernels")
+except ImportError as exc:  # the package still works on the NumPy twin
+    _IMPORT_ERROR: ImportError | None = exc
+else:
+    _IMPORT_ERROR = None
+
+_active = "numpy"
+
+
+def available_backends() -> tuple[str, ...]:
+    """Return the names of the backends that can be selected here."""
+    return tuple(sorted(_BACKENDS))
+
+
+def backend() -> str:
+    """Return the active backend, ``"cython"`` or ``"numpy"``."""
+    return _active
+
+
+def module(name: str | None = None) -> ModuleType:
+    """Return the kernel module of backend ``name`` (default: the active one)."""
+    return _BACKENDS[_active if name is None else name]
+
+
+def set_backend(name: str) -> None:
+    """Select the kernel backend for all later calls.
+
+    Parameters
+    ----------
+    name : {"cython", "numpy"}
+
+    Raises
+    ------
+    ValueError
+        For an unknown name.
+    RuntimeError
+        If ``"cython"`` is asked for but the compiled extension is not available.
+    """
+    global _active
+    if name not in ("cython", "numpy"):
+        raise ValueError(f"backend must be 'cython' or 'numpy', got {name!r}")
+    if name not in _BACKENDS:
+        raise RuntimeError(
+            "the Cython backend is not available (the compiled extension fastspec.kernels._kernels "
+            f"could not be imported: {_IMPORT_ERROR}); reinstall fastspec with a C compiler"
+        )
+    _active = name
+    for kernel in KERNEL_NAMES:
+        globals()[kernel] = getattr(_BACKENDS[name], kernel)
+
+
+@contextlib.contextmanager
+def using_backend(name: str) -> Iterator[None]:
+    """Select backend ``name`` for the body of a ``with`` block, then restore the previous one.
+
+    The previous backend comes back however the block ends (an exception included).
+
+    Parameters
+    ----------
+    name : {"cython", "numpy"}
+
+    Raises
+    ------
+    ValueError, RuntimeError
+        As :func:`set_backend`, before the block runs.
+
+    Examples
+    --------
+    >>> import fastspec as fs
+    >>> with fs.using_backend("numpy"):
+    ...     fs.backend()
+    'numpy'
+    """
+    previous = _active
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(previous)
+
+
+def isa_info() -> dict[str, Any]:
+    """Return the CPU features and the matrix-product path of the compiled model runner.
+
+    See :func:`fastspec.model._model.isa_info` (``FASTSPEC_ISA`` forces a path). Without the
+    compiled extension: ``{"selected": None, "available": [], ...}``.
+    """
+    try:
+        from fastspec.model import _model
+    except ImportError:
+        return {"features": {}, "available": [], "kernels": [], "selected": None, "forced": None}
+    return _model.isa_info()
+
+
+def _initial_backend() -> str:
+    requested = os.environ.get("FASTSPEC_BACKEND", "").strip().lower()
+    if requested:
+        return requested
+    return "cython" if "cython" in _BACKENDS else "numpy"
+
+
+# Bound at import so that ``fastspec.kernels.attention`` is a plain attribute lookup.
+attention: Any
+cache_write: Any
+probs: Any
+sample: Any
+verify_greedy: Any
+verify_rejection: Any
+tree_attention: Any
+compact_kv: Any
+set_backend(_initial_backend())

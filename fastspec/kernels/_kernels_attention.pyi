@@ -1,0 +1,30 @@
+"""Type stub of the compiled attention kernels (same signatures as fastspec.kernels._reference)."""
+from typing import Optional, Union
+
+import numpy as np
+import numpy.typing as npt
+
+_Float = Union[np.float32, np.float64]
+_FloatArray = npt.NDArray[_Float]
+_IntArray = npt.NDArray[np.integer]
+
+__all__ = ["attention", "cache_write", "compact_kv", "tree_attention"]
+
+def attention(
+    q: _FloatArray,
+    k_cache: _FloatArray,
+    v_cache: _FloatArray,
+    length: int,
+    causal: bool = ...,
+    out: Optional[_FloatArray] = ...,
+) -> _FloatArray: ...
+def cache_write(cache: _FloatArray, new: _FloatArray, start: int) -> None: ...
+def tree_attention(
+    q: _FloatArray,
+    k_cache: _FloatArray,
+    v_cache: _FloatArray,
+    length: int,
+    tree_mask: npt.NDArray[np.bool_],
+    out: Optional[_FloatArray] = ...,
+) -> _FloatArray: ...
+def compact_kv(k: _FloatArray, v: _FloatArray, start: int, rows: npt.NDArray[np.int64]) -> None: ...

@@ -1,0 +1,252 @@
+"""Compiled attention kernels and KV-cache moves of :mod:`fastspec.kernels`.
+
+``attention``, ``tree_attention`` and ``cache_write`` run the C loops of
+``csrc/fs_attention.h`` (the same attention code as the fused model forward, whose tree steps
+use the masked entry of ``tree_attention``); ``tree_attention`` and ``compact_kv`` serve tree
+verification. Same names, signatures, results and messages as :mod:`fastspec.kernels._reference`;
+every check happens before the GIL is released. Agreement with the twin: to rounding (float64
+accumulation in both).
+"""
+from cython cimport floating
+from libc.stdint cimport int64_t, uint8_t
+from libc.string cimport memcpy
+
+import numpy as np
+
+from fastspec.kernels.checks import (
+    check_attention_args,
+    check_cache_write_args,
+    check_compact_kv_args,
+    check_tree_mask,
+)
+
+from fastspec.kernels._csrc cimport (
+    fs_attention_f32,
+    fs_attention_f64,
+    fs_attention_masked_f32,
+    fs_attention_masked_f64,
+)
+from fastspec.kernels._kernels_base cimport check_int_sized, is_float_c, thread_scratch
+
+__all__ = ["attention", "cache_write", "compact_kv", "tree_attention"]
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+cdef void _attention_run(const floating[:, :, ::1] q,      # IN  (n, H, D)
+                         const floating[:, :, ::1] k,      # IN  (H_kv, C, D)
+                         const floating[:, :, ::1] v,      # IN  (H_kv, C, D)
+                         floating[:, :, ::1] out,          # OUT (n, H, D)
+                         int length, bint causal,
+                         double *scratch) noexcept:        # TMP (length,)
+    with nogil:
+        if floating is float:
+            fs_attention_f32(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
+                             <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
+                             <int>q.shape[2], <int>k.shape[1], length, causal, scratch)
+        else:
+            fs_attention_f64(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
+                             <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
+                             <int>q.shape[2], <int>k.shape[1], length, causal, scratch)
+
+
+cdef bint _fast_attention_args(q, k, v, length, out):
+    """True when check_attention_args would pass."""
+    if not is_float_c(q, 3) or not is_float_c(k, 3, q.dtype) or not is_float_c(v, 3, q.dtype):
+        return False
+    if type(length) is not int or v.shape != k.shape:
+        return False
+    n, n_heads, head_dim = q.shape
+    n_kv_heads, capacity, kdim = k.shape
+    if kdim != head_dim or n < 1 or head_dim < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
+        return False
+    if not n <= length <= capacity:
+        return False
+    if out is not None:
+        if not is_float_c(out, 3, q.dtype) or not out.flags.writeable or out.shape != q.shape:
+            return False
+    return True
+
+
+cdef object _int_sized_out(q, k_cache, out):
+    """Check that the C kernels' int sizes hold q and the cache; return ``out`` or a new one."""
+    check_int_sized(q.shape, "q")
+    check_int_sized(k_cache.shape, "k_cache")
+    return np.empty(q.shape, dtype=q.dtype) if out is None else out
+
+
+def attention(q, k_cache, v_cache, length, causal=True, out=None):
+    """Scaled dot-product attention of ``n`` queries over the first ``length`` cached keys.
+
+    Parameters
+    ----------
+    q : ndarray of shape (n, n_heads, head_dim)
+        Queries of the ``n`` newest positions ``length - n .. length - 1``.
+    k_cache, v_cache : ndarray of shape (n_kv_heads, capacity, head_dim)
+        Cached keys and values; positions ``[0, length)`` are valid. ``n_heads`` must be a
+        multiple of ``n_kv_heads`` (head ``h`` reads kv head ``h // (n_heads // n_kv_heads)``).
+    length : int
+        Number of valid keys, ``n <= length <= capacity``.
+    causal : bool, default True
+        If True, query ``i`` sees keys ``< length - n + i + 1``; otherwise every key.
+    out : ndarray of shape (n, n_heads, head_dim), optional
+        Caller-owned, writable, C-contiguous output of the same dtype.
+
+    Returns
+    -------
+    out : ndarray of shape (n, n_heads, head_dim)
+    """
+    if not _fast_attention_args(q, k_cache, v_cache, length, out):
+        check_attention_args(q, k_cache, v_cache, length, out)
+    out = _int_sized_out(q, k_cache, out)
+    cdef int n_valid = length
+    cdef bint is_causal = bool(causal)
+    if q.shape[1] == 0:  # no heads: nothing to compute (and no element to point at)
+        return out
+    cdef double *scratch = <double *>thread_scratch(n_valid * sizeof(double))
+    if q.dtype == np.float32:
+        _attention_run[float](q, k_cache, v_cache, out, n_valid, is_causal, scratch)
+    else:
+        _attention_run[double](q, k_cache, v_cache, out, n_valid, is_causal, scratch)
+    return out
+
+
+# ---- KV cache write ----------------------------------------------------------------------
+
+cdef void _cache_write_run(floating[:, :, ::1] cache,           # OUT (H_kv, C, D)
+                           const floating[:, :, ::1] new,        # IN  (n, H_kv, D)
+                           Py_ssize_t start) noexcept:
+    cdef Py_ssize_t n = new.shape[0], heads = new.shape[1], dim = new.shape[2]
+    cdef Py_ssize_t i, h
+    with nogil:
+        for h in range(heads):
+            for i in range(n):
+                memcpy(&cache[h, start + i, 0], &new[i, h, 0], dim * sizeof(floating))
+
+
+def cache_write(cache, new, start):
+    """Write ``n`` new positions into one layer's cache buffer, in place.
+
+    Parameters
+    ----------
+    cache : ndarray of shape (n_kv_heads, capacity, head_dim)
+        Writable, C-contiguous buffer; positions ``start .. start + n - 1`` are overwritten.
+    new : ndarray of shape (n, n_kv_heads, head_dim)
+        The keys (or values) of the new positions, same dtype as ``cache``.
+    start : int
+        First position to write, ``0 <= start`` and ``start + n <= capacity``.
+    """
+    cdef Py_ssize_t n
+    if (is_float_c(cache, 3) and is_float_c(new, 3, cache.dtype) and cache.flags.writeable
+            and type(start) is int and new.shape[1] == cache.shape[0]
+            and new.shape[2] == cache.shape[2] and 0 <= start
+            and start + new.shape[0] <= cache.shape[1]):
+        n = new.shape[0]
+    else:
+        n = check_cache_write_args(cache, new, start)
+    cdef Py_ssize_t first = start
+    if n == 0 or cache.shape[2] == 0 or cache.shape[0] == 0:
+        return
+    if cache.dtype == np.float32:
+        _cache_write_run[float](cache, new, first)
+    else:
+        _cache_write_run[double](cache, new, first)
+
+
+# ---- tree verification: tree attention, KV compaction ---------------------------------------
+
+cdef void _tree_attention_run(const floating[:, :, ::1] q,        # IN  (n, H, D)
+                              const floating[:, :, ::1] k,        # IN  (H_kv, C, D)
+                              const floating[:, :, ::1] v,        # IN  (H_kv, C, D)
+                              const uint8_t[:, ::1] mask,         # IN  (n, n) ancestors
+                              floating[:, :, ::1] out,            # OUT (n, H, D)
+                              int length, double *scratch) noexcept:  # TMP (length,)
+    with nogil:
+        if floating is float:
+            fs_attention_masked_f32(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
+                                    <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
+                                    <int>q.shape[2], <int>k.shape[1], length, &mask[0, 0],
+                                    scratch)
+        else:
+            fs_attention_masked_f64(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
+                                    <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
+                                    <int>q.shape[2], <int>k.shape[1], length, &mask[0, 0],
+                                    scratch)
+
+
+def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
+    """Attention of ``n`` tree nodes: each sees the cached context and its own ancestors.
+
+    Parameters
+    ----------
+    q : ndarray of shape (n, n_heads, head_dim)
+        Queries of the nodes stored at cache positions ``length - n .. length - 1``.
+    k_cache, v_cache : ndarray of shape (n_kv_heads, capacity, head_dim)
+        As for :func:`attention`; keys ``[0, length - n)`` are the committed context.
+    length : int
+        Number of valid keys, ``n <= length <= capacity``.
+    tree_mask : ndarray of shape (n, n), bool
+        ``tree_mask[i, j]``: node ``i`` sees node ``j`` (its ancestors and itself). The
+        diagonal must be True.
+    out : ndarray of shape (n, n_heads, head_dim), optional
+
+    Returns
+    -------
+    out : ndarray of shape (n, n_heads, head_dim)
+    """
+    check_attention_args(q, k_cache, v_cache, length, out)
+    n = q.shape[0]
+    check_tree_mask(tree_mask, n)
+    out = _int_sized_out(q, k_cache, out)
+    cdef int n_valid = length
+    if q.shape[1] == 0 or q.shape[2] == 0:
+        out[...] = 0
+        return out
+    mask = np.ascontiguousarray(tree_mask).view(np.uint8)
+    cdef double *s = <double *>thread_scratch(n_valid * sizeof(double))
+    if q.dtype == np.float32:
+        _tree_attention_run[float](q, k_cache, v_cache, mask, out, n_valid, s)
+    else:
+        _tree_attention_run[double](q, k_cache, v_cache, mask, out, n_valid, s)
+    return out
+
+
+cdef void _compact_kv_run(floating[:, :, :, ::1] k,     # OUT (L, H_kv, C, D)
+                          floating[:, :, :, ::1] v,     # OUT (L, H_kv, C, D)
+                          Py_ssize_t start,
+                          const int64_t[::1] rows) noexcept:  # IN (m,) increasing sources
+    cdef Py_ssize_t L = k.shape[0], H = k.shape[1], D = k.shape[3], m = rows.shape[0]
+    cdef Py_ssize_t l, h, j, src
+    with nogil:
+        # Ascending j: the destination start + j is below every source still to read.
+        for l in range(L):
+            for h in range(H):
+                for j in range(m):
+                    src = rows[j]
+                    if src != start + j:
+                        memcpy(&k[l, h, start + j, 0], &k[l, h, src, 0], D * sizeof(floating))
+                        memcpy(&v[l, h, start + j, 0], &v[l, h, src, 0], D * sizeof(floating))
+
+
+def compact_kv(k, v, start, rows):
+    """Move the cache rows ``rows`` to positions ``start ..`` (the accepted tree path), in place.
+
+    Parameters
+    ----------
+    k, v : ndarray of shape (n_layers, n_kv_heads, capacity, head_dim)
+        Writable, C-contiguous key and value buffers.
+    start : int
+        First destination position.
+    rows : ndarray of shape (m,), int64
+        Strictly increasing source positions with ``rows[j] >= start + j`` and
+        ``rows[-1] < capacity``; position ``start + j`` receives row ``rows[j]``.
+    """
+    m = check_compact_kv_args(k, v, start, rows)
+    if m == 0 or k.size == 0:
+        return
+    src = np.ascontiguousarray(rows)
+    cdef Py_ssize_t first = start
+    if k.dtype == np.float32:
+        _compact_kv_run[float](k, v, first, src)
+    else:
+        _compact_kv_run[double](k, v, first, src)

@@ -1,0 +1,326 @@
+"""The weights of a :class:`fastspec.Transformer` in the C layout of the fused forward.
+
+:class:`ModelWeights` checks a model's arrays (dtype, shape, contiguity, presence), packs the
+float32 and 16-bit matrices for the float kernels (``fs_pack_f32``, panels of 32 columns) and
+fills the C structs of ``csrc/fs_model.h`` with raw pointers to them, keeping every array it
+points into alive. :class:`fastspec.model._model.TransformerRunner` runs the forward over them.
+"""
+import mmap
+import weakref
+from functools import partial
+
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport uint16_t
+from libc.stdlib cimport calloc, free
+
+from fastspec.kernels._csrc cimport (
+    fs_layer_f32,
+    fs_layer_f32h,
+    fs_layer_f64,
+    fs_layer_set_f32,
+    fs_layer_set_f32h,
+    fs_layer_set_f64,
+    fs_model_set_f32,
+    fs_model_set_f32h,
+    fs_model_set_f64,
+    fs_amx_packed_len,
+    fs_pack_bf16_amx_strided,
+    fs_pack_strided,
+    fs_packed_len,
+)
+
+cnp.import_array()
+
+__all__ = ["ModelWeights", "linear_weights", "packed_of", "forget_packed", "bf16_tiles"]
+
+_ACTS = {"swiglu": 0, "tanh": 1, "gelu": 2}
+_LAYER_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "attn_norm", "mlp_norm",
+                 "q_norm", "k_norm", "q_bias", "k_bias", "v_bias")
+_N_MATRICES = 7  # _LAYER_FIELDS[:7] are stored in the weight dtype
+
+
+cdef inline void *_ptr(object a) except? NULL:
+    """Raw data pointer of a C-contiguous ndarray, or NULL for None."""
+    if a is None:
+        return NULL
+    return cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+def linear_weights(object a):
+    """Return matrix ``a`` (in, out) in the layout the runners' linear kernel reads.
+
+    float32: a packed copy (panels of 32 columns, ``fs_pack_f32``); float64: ``a`` itself. For
+    :meth:`TransformerRunner.context_kv_taps`, which checks the length of the result, not the
+    shape it came from.
+    """
+    if not isinstance(a, np.ndarray) or a.ndim != 2 or not a.flags.c_contiguous:
+        raise ValueError("expected a C-contiguous 2-D ndarray")
+    if a.dtype == np.float64:
+        return a
+    if a.dtype != np.float32:
+        raise TypeError(f"weights must be float32 or float64, got {a.dtype}")
+    return _packed(a)
+
+
+def bf16_tiles() -> bool:
+    """Whether bf16 matrices are packed for the AMX tiles now: the bf16 products run on the
+    ``amx`` path. The path is state of :mod:`fastspec.model._model`'s C translation unit (every
+    extension has its own copy of the header's statics), so ask it there."""
+    from fastspec.model import _model  # at call time: _model cimports this module
+    return _model.bf16_tiles()
+
+
+cdef inline bint _tile_layout(object a, bint tiles):
+    """Whether matrix ``a`` is packed for the AMX tiles: bf16 bits (uint16) and ``tiles``."""
+    return tiles and a.dtype == np.uint16
+
+
+cdef inline size_t _packed_len(object a, bint tiles):
+    """Elements of the packed copy of matrix ``a`` in its layout."""
+    cdef int rows = <int>a.shape[0], cols = <int>a.shape[1]
+    return fs_amx_packed_len(rows, cols) if _tile_layout(a, tiles) else fs_packed_len(rows, cols)
+
+
+def _packed(object a, object arena=None, bint tiles=False):
+    """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``'s
+    layout; bf16 with ``tiles``: ``fs_pack_bf16_amx``'s), carved from ``arena`` (a
+    :class:`_Arena`) when one is given. ``a`` is C-contiguous, or the transpose of a
+    C-contiguous array (a tied head, ``embed.T``), packed from there without a copy."""
+    if a.ndim != 2:
+        raise ValueError(f"weight matrices must be 2-D, got shape {a.shape}")
+    if not (a.flags.c_contiguous or a.flags.f_contiguous):
+        raise ValueError("weight matrices must be C-contiguous or the transpose of such")
+    cdef int rows = <int>a.shape[0], cols = <int>a.shape[1]
+    cdef size_t n = _packed_len(a, tiles)
+    cdef cnp.ndarray p = arena.take(n, a.dtype) if arena is not None else np.empty(n, a.dtype)
+    # element strides; a 1-row or 1-column matrix is both layouts: read it as C-contiguous
+    cdef size_t rs = cols, cs = 1
+    if not a.flags.c_contiguous:
+        rs, cs = 1, rows
+    if _tile_layout(a, tiles):
+        fs_pack_bf16_amx_strided(<const uint16_t *>_ptr(a), rows, cols, rs, cs,
+                                 <uint16_t *>cnp.PyArray_DATA(p))
+    else:
+        fs_pack_strided(_ptr(a), a.dtype.itemsize, rows, cols, rs, cs, cnp.PyArray_DATA(p))
+    return p
+
+
+# The packed copy of each source matrix, by the source's id and layout: runners built over the
+# same array share one copy (a DFlash drafter's stack multiplies by its target's head, 311 MB
+# packed at the Qwen3 shape; each thread builds its own runner). Values: weak references to
+# the source and to its packed copy; an entry whose copy died is replaced on the next build.
+_packed_by_source: dict = {}
+
+
+def packed_of(a, tiles=None):
+    """The live packed copy of matrix ``a`` that runners share, or None; in the AMX tile
+    layout or not (``tiles``; None: the layout the products read now, :func:`bf16_tiles`)."""
+    if tiles is None:
+        tiles = bf16_tiles()
+    hit = _packed_by_source.get((id(a), _tile_layout(a, tiles)))
+    if hit is None or hit[0]() is not a:
+        return None
+    return hit[1]()
+
+
+def forget_packed(arrays):
+    """Stop sharing the packed copies of ``arrays`` (``Transformer.invalidate``: they may have
+    changed in place); runners built later pack them afresh."""
+    for a in arrays:
+        for layout in (False, True):
+            _packed_by_source.pop((id(a), layout), None)
+
+
+def _shared_packed(object a, object arena, bint tiles):
+    """:func:`_packed` of ``a``, or the copy another runner already made of the same array."""
+    p = packed_of(a, tiles)
+    if p is None:
+        key = (id(a), _tile_layout(a, tiles))
+        p = _packed(a, arena, tiles)
+        _packed_by_source[key] = (weakref.ref(a, partial(_drop_entry, key)), weakref.ref(p))
+    return p
+
+
+def _drop_entry(key, source_ref):
+    """Remove the entry of a source array that died (unless its id already names another)."""
+    hit = _packed_by_source.get(key)
+    if hit is not None and hit[0] is source_ref:
+        del _packed_by_source[key]
+
+
+_HUGE_PAGE = 2 << 20
+_ALIGN = 64
+
+
+class _Arena:
+    """One buffer for all of a model's packed matrices, advised onto transparent huge pages.
+
+    A decode step streams every matrix once. Matrices smaller than a huge page, each in its own
+    allocation, sit on 4 KiB pages, and the TLB misses cost a measurable share of the step.
+    One anonymous mapping of them all, in the order the forward reads them, is one long stream
+    on 2 MiB pages (where the kernel grants them: ``madvise`` is advice).
+    """
+
+    def __init__(self, nbytes: int):
+        nbytes = max(int(nbytes), 1) + _HUGE_PAGE
+        # private: a shared anonymous map is shmem, which THP leaves alone by default
+        self._map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        try:
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+        except (AttributeError, OSError):  # not Linux, or THP disabled: ordinary pages
+            pass
+        self._bytes = np.frombuffer(self._map, dtype=np.uint8)
+        self._next = (-self._bytes.ctypes.data) % _HUGE_PAGE  # start on a huge-page boundary
+
+    @staticmethod
+    def padded(nbytes: int) -> int:
+        """``nbytes`` rounded up to the arena's alignment of every matrix."""
+        return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+
+    def take(self, n: int, dtype) -> np.ndarray:
+        """A fresh (uninitialised) array of ``n`` elements of ``dtype`` from the arena."""
+        nbytes = n * np.dtype(dtype).itemsize
+        start, self._next = self._next, self._next + self.padded(nbytes)
+        if self._next > self._bytes.size:
+            raise MemoryError("weight arena overrun")  # sizes are computed before packing
+        return self._bytes[start:start + nbytes].view(dtype)
+
+
+def _packed_bytes(model, itemsize: int, bint tiles) -> int:
+    """The arena bytes of the packed layer matrices and head of ``model`` (the ones present
+    and 2-D; :class:`ModelWeights` rejects the rest)."""
+    mats = [getattr(lw, name, None) for lw in model.layers for name in _LAYER_FIELDS[:_N_MATRICES]]
+    total = 0
+    for a in mats + [model.head]:
+        if isinstance(a, np.ndarray) and a.ndim == 2:
+            total += _Arena.padded(_packed_len(a, tiles) * itemsize)
+    return total
+
+
+cdef class ModelWeights:
+    """The C structs of one model's weights (see the module docstring).
+
+    Parameters
+    ----------
+    model : fastspec.Transformer
+        Its weight arrays must stay alive and keep their shapes; this object holds references.
+        float64 models are read in place; float32 and 16-bit matrices are copied once into the
+        packed layout, so updates of those arrays are seen only by new weights. bf16 matrices
+        are packed for the path the products run when the weights are built (AMX tiles or
+        panels): see :attr:`tiles`.
+    """
+
+    def __cinit__(self):
+        self.layers32 = NULL
+        self.layers64 = NULL
+        self.layers16 = NULL
+
+    def __init__(self, model):
+        cfg = model.config
+        dt = np.dtype(cfg.dtype)
+        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise TypeError(f"model dtype must be float32 or float64, got {dt}")
+        wname = getattr(cfg, "weight_dtype", None) or str(dt)
+        self.bf16 = wname == "bfloat16"
+        self.tiles = self.bf16 and bf16_tiles()
+        wdt = np.dtype(np.uint16) if self.bf16 else np.dtype(wname)  # bf16: raw bit patterns
+        if wdt != dt and (dt != np.dtype(np.float32) or wdt not in (np.dtype(np.float16),
+                                                                  np.dtype(np.uint16))):
+            raise TypeError(f"weight dtype {wname} is not supported with model dtype {dt}")
+        self.dtype = dt
+        self.is64 = dt == np.dtype(np.float64)
+        self.half = wdt != dt
+        d = &self.dims
+        d.vocab, d.dim, d.n_layers = cfg.vocab_size, cfg.dim, cfg.n_layers
+        d.n_heads, d.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        d.head_dim, d.ffn_dim = cfg.head_dim, cfg.ffn_dim
+        d.max_pos = cfg.max_seq_len
+        d.rmsnorm = cfg.norm == "rmsnorm"
+        d.rope = cfg.positional == "rope"
+        d.act = _ACTS[cfg.activation]
+        d.qk_norm = bool(cfg.qk_norm)
+        d.eps = cfg.norm_eps
+        keep = []
+        arena = None if self.is64 else _Arena(_packed_bytes(model, wdt.itemsize, self.tiles))
+
+        def arr(a, shape=None, want=dt):
+            if a is None:
+                return None
+            if not isinstance(a, np.ndarray) or a.dtype != want or not a.flags.c_contiguous:
+                raise TypeError(f"runner weights must be C-contiguous {want} arrays")
+            if shape is not None and a.shape != shape:
+                raise ValueError(f"weight has shape {a.shape}, expected {shape}")
+            keep.append(a)
+            return a
+
+        def matrix(a, shape=None):
+            # the transpose of a C-contiguous matrix (a tied head, embed.T) is packed from there
+            t = (isinstance(a, np.ndarray) and a.ndim == 2 and a.flags.f_contiguous
+                 and not a.flags.c_contiguous)
+            if t and self.is64:  # the float64 kernels read matrices in place
+                a, t = np.ascontiguousarray(a), False
+            if t:
+                arr(a.T, None if shape is None else shape[::-1], wdt)
+            elif arr(a, shape, wdt) is None or self.is64:
+                return a
+            a = _shared_packed(a, arena, self.tiles)
+            keep.append(a)
+            return a
+
+        embed = arr(model.embed, (cfg.vocab_size, cfg.dim), wdt)
+        pos = arr(model.pos_embed, (cfg.max_seq_len, cfg.dim))
+        fnorm = arr(model.final_norm)
+        cos = arr(model.rope_cos)
+        sin = arr(model.rope_sin)
+        if d.rope and (cos is None or cos.shape[0] < cfg.max_seq_len):
+            raise ValueError("model.rope_cos must cover max_seq_len positions")
+        if not d.rope and pos is None:
+            raise ValueError("learned positions need model.pos_embed")
+        if d.rmsnorm and fnorm is None:
+            raise ValueError("RMSNorm models need model.final_norm")
+        L = cfg.n_layers
+        if len(model.layers) != L:
+            raise ValueError(f"expected {L} layers, got {len(model.layers)}")
+        if self.is64:
+            self.layers64 = <fs_layer_f64 *>calloc(L, sizeof(fs_layer_f64))
+        elif self.half:
+            self.layers16 = <fs_layer_f32h *>calloc(L, sizeof(fs_layer_f32h))
+        else:
+            self.layers32 = <fs_layer_f32 *>calloc(L, sizeof(fs_layer_f32))
+        if self.layers64 == NULL and self.layers32 == NULL and self.layers16 == NULL:
+            raise MemoryError()
+        cdef void *p[14]
+        cdef int i, j
+        for i in range(L):
+            lw = model.layers[i]
+            for j, name in enumerate(_LAYER_FIELDS):
+                w = getattr(lw, name, None)
+                p[j] = _ptr(matrix(w) if j < _N_MATRICES else arr(w))
+            needed = [0, 1, 2, 3, 5, 6] + ([4] if d.act == 0 else []) \
+                + ([7, 8] if d.rmsnorm else []) + ([9, 10] if d.qk_norm else [])
+            for j in needed:
+                if p[j] == NULL:
+                    raise ValueError(f"layer {i}: missing weight {_LAYER_FIELDS[j]}")
+            if self.is64:
+                fs_layer_set_f64(&self.layers64[i], p)
+            elif self.half:
+                fs_layer_set_f32h(&self.layers16[i], p)
+            else:
+                fs_layer_set_f32(&self.layers32[i], p)
+        head = matrix(model.head, (cfg.dim, cfg.vocab_size))  # read last, so packed last
+        for j, a in enumerate((embed, pos, head, fnorm, cos, sin)):
+            p[j] = _ptr(a)
+        if self.is64:
+            fs_model_set_f64(&self.m64, &self.dims, p, self.layers64)
+        elif self.half:
+            fs_model_set_f32h(&self.m16, &self.dims, p, self.layers16)
+        else:
+            fs_model_set_f32(&self.m32, &self.dims, p, self.layers32)
+        self._keep = keep
+
+    def __dealloc__(self):
+        free(self.layers32)
+        free(self.layers64)
+        free(self.layers16)

@@ -1,0 +1,148 @@
+"""ModelConfig: the shape and family of a causal transformer."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from fastspec.kernels.bf16 import BF16
+from fastspec.kernels.checks import check_index, check_known_fields
+
+__all__ = ["ModelConfig"]
+
+_NORMS = ("rmsnorm", "layernorm")
+_POSITIONALS = ("rope", "learned")
+_ACTIVATIONS = ("swiglu", "tanh", "gelu")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and family of a causal transformer.
+
+    The toy family (:meth:`toy`) is pre-norm LayerNorm without affine parameters, learned
+    absolute positions, a tanh FFN and an untied head. The Llama family (defaults) is RMSNorm,
+    rotary positions, SwiGLU, grouped-query attention, optional QK-norm (``qk_norm``, Qwen3)
+    and optional q/k/v projection biases (``qkv_bias``, Qwen2; stored as
+    ``model.layers.L.self_attn.{q,k,v}_proj.bias``).
+
+    ``dtype`` is the compute dtype (activations, KV cache, logits). ``weight_dtype`` is the
+    storage dtype of the large matrices (``embed``, ``head`` and the seven projections of each
+    layer): None (default) means ``dtype``; ``"float16"`` (only with ``dtype="float32"``) keeps
+    them in float16, which halves the bytes a decode step streams. Float16 weights are widened
+    to float32 exactly, in registers, and the result is bit-identical to a float32 model whose
+    weights are those float16 values. ``"bfloat16"`` (only with ``dtype="float32"``) stores
+    them as bf16 bit patterns in uint16 arrays (NumPy has no bf16; a uint16 weight array
+    passed to :class:`Transformer` is always read as bf16 bits) and changes the arithmetic:
+    every matrix product rounds its input rows to bf16 (nearest even) and accumulates in
+    float32 (docs/FORMATS.md). Norms, biases, rope tables and ``pos_embed`` stay in
+    ``dtype``. A ``weight_dtype`` equal to ``dtype`` is stored as None.
+    """
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    ffn_dim: int | None = None
+    max_seq_len: int = 2048
+    norm: str = "rmsnorm"
+    positional: str = "rope"
+    activation: str = "swiglu"
+    tie_embeddings: bool = True
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    dtype: str = "float32"
+    head_dim: int | None = None
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    weight_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+            check_index(getattr(self, name), name, 1, 2**31 - 1)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.head_dim is None:
+            if self.dim % self.n_heads:
+                raise ValueError(f"dim {self.dim} must be divisible by n_heads {self.n_heads} "
+                                 "(or give head_dim)")
+            object.__setattr__(self, "head_dim", self.dim // self.n_heads)
+        if self.ffn_dim is None:
+            object.__setattr__(self, "ffn_dim", 4 * self.dim)
+        check_index(self.n_kv_heads, "n_kv_heads", 1, self.n_heads)
+        check_index(self.head_dim, "head_dim", 1, 2**20)
+        check_index(self.ffn_dim, "ffn_dim", 1, 2**31 - 1)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads {self.n_heads} must be a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.norm not in _NORMS:
+            raise ValueError(f"norm must be one of {_NORMS}, got {self.norm!r}")
+        if self.positional not in _POSITIONALS:
+            raise ValueError(f"positional must be one of {_POSITIONALS}, got {self.positional!r}")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {self.activation!r}")
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if self.weight_dtype not in (None, "float16", BF16, "float32", "float64"):
+            raise ValueError("weight_dtype must be None, 'float16', 'bfloat16', 'float32' or "
+                             f"'float64', got {self.weight_dtype!r}")
+        if self.weight_dtype == self.dtype:
+            object.__setattr__(self, "weight_dtype", None)
+        elif self.weight_dtype in ("float16", BF16) and self.dtype != "float32":
+            raise ValueError(f"weight_dtype {self.weight_dtype!r} needs dtype 'float32', got "
+                             f"{self.dtype!r}")
+        elif self.weight_dtype not in (None, "float16", BF16):
+            raise ValueError(f"weight_dtype {self.weight_dtype!r} does not match dtype "
+                             f"{self.dtype!r} (only float16/bfloat16 weights with float32 "
+                             "compute)")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
+            raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+
+    @classmethod
+    def toy(cls, vocab_size: int = 8, dim: int = 16, n_heads: int = 2, n_layers: int = 2,
+            max_seq_len: int = 256, dtype: str = "float32") -> "ModelConfig":
+        """Return the seed experiment's decoder: LayerNorm, learned positions, tanh FFN (dim -> 2 dim)."""
+        return cls(vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=n_heads,
+                   n_kv_heads=n_heads, ffn_dim=2 * dim, max_seq_len=max_seq_len,
+                   norm="layernorm", positional="learned", activation="tanh",
+                   tie_embeddings=False, dtype=dtype)
+
+    @classmethod
+    def tiny_llama(cls, dtype: str = "float32", **overrides) -> "ModelConfig":
+        """Return the benchmark model's config: vocab 260, dim 256, 4 layers, 8 heads, ffn 704."""
+        fields = dict(vocab_size=260, dim=256, n_layers=4, n_heads=8, n_kv_heads=8,
+                      ffn_dim=704, max_seq_len=4096 + 64, dtype=dtype)
+        fields.update(overrides)
+        return cls(**fields)
+
+    @property
+    def matrix_dtype(self) -> str:
+        """Storage dtype of the large matrices: ``weight_dtype``, or ``dtype`` when None."""
+        return self.weight_dtype or self.dtype
+
+    @property
+    def matrix_itemsize(self) -> int:
+        """Bytes per stored matrix element (2 for float16 and bfloat16)."""
+        return 2 if self.matrix_dtype == BF16 else np.dtype(self.matrix_dtype).itemsize
+
+    def to_dict(self) -> dict:
+        """Return the config as a JSON-serialisable dict (``weight_dtype`` only when set)."""
+        d = dataclasses.asdict(self)
+        if d["weight_dtype"] is None:  # files of default models stay readable by older versions
+            del d["weight_dtype"]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Build a config from :meth:`to_dict` output; unknown keys raise ValueError."""
+        check_known_fields(cls, d, "ModelConfig")
+        return cls(**d)
+
+    def replace(self, **changes) -> "ModelConfig":
+        """Return a copy with some fields changed."""
+        return dataclasses.replace(self, **changes)

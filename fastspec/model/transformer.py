@@ -1,0 +1,525 @@
+"""Transformer: causal decoders (toy and Llama/Qwen-style) over a KV cache."""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from fastspec import kernels
+from fastspec.kernels.bf16 import BF16, RoundingMatrix, as_storage, from_bits, storage_dtype
+from fastspec.kernels.checks import check_index
+from fastspec.kernels.cache import KVCache
+from fastspec.model.config import ModelConfig
+from fastspec.model.numpy_forward import NumpyForward
+from fastspec.model.functional import rms_norm, rope_tables
+from fastspec.model.schema import MATRICES, LayerWeights, check_layer, random_layer
+from fastspec.model.state import StateDict, layer_schema
+from fastspec.kernels.tree_shape import MAX_TREE_NODES, ancestor_mask, check_parents
+
+try:  # the fused forward; without it every model runs on the NumPy path
+    from fastspec.model import _model as _model_ext
+    from fastspec.model import _model_weights
+except ImportError:  # pragma: no cover - exercised by source checkouts without a build
+    _model_ext = _model_weights = None
+
+__all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
+
+#: LayerWeights fields stored in ``ModelConfig.weight_dtype`` (with ``embed`` and ``head``).
+_MATRICES = MATRICES
+
+@dataclass
+class ForwardOutput:
+    """Result of :meth:`Transformer.forward`.
+
+    Attributes
+    ----------
+    logits : ndarray of shape (n, vocab_size)
+    hidden : dict[int, ndarray of shape (n, dim)]
+        Output of each requested layer.
+    """
+
+    logits: np.ndarray
+    hidden: dict[int, np.ndarray] = field(default_factory=dict)
+
+
+def _is_transpose_of(a, b) -> bool:
+    """Whether ndarray ``a`` is a view of ndarray ``b``'s transpose (same memory, same dtype)."""
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.ndim == b.ndim == 2
+            and a.dtype == b.dtype and a.shape == b.shape[::-1]
+            and a.strides == b.strides[::-1]
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def _as_matrix(a, name: str) -> np.ndarray:
+    """``a`` in storage dtype ``name``: C-contiguous, or kept as it is when it already is the
+    transpose of a C-contiguous array of that dtype (a mapped file tensor's ``(in, out)``
+    view; the compiled runner packs from either)."""
+    if (isinstance(a, np.ndarray) and a.ndim == 2 and a.dtype == storage_dtype(name)
+            and a.T.flags.c_contiguous):
+        return a
+    return as_storage(a, name)
+
+
+class Transformer(NumpyForward, StateDict):
+    """A causal decoder over a preallocated KV cache.
+
+    Parameters
+    ----------
+    config : ModelConfig
+    embed : ndarray of shape (vocab_size, dim)
+    layers : list of LayerWeights
+    head : ndarray of shape (dim, vocab_size)
+        Output projection in ``(in, out)`` layout. ``embed.T`` (a tied head) stays a view of
+        the stored embedding: one copy of the matrix, which the compiled runner packs from
+        there, and an in-place update of either is an update of both.
+        ``embed``, ``head`` and the layers' projections are converted to
+        ``config.matrix_dtype``, everything else to ``config.dtype`` (C-contiguous; a matrix
+        that already is the transpose of a C-contiguous array in its storage dtype, as a
+        mapped file tensor is, stays a view). A uint16 array is read as bf16 bit patterns
+        (kept for bfloat16 matrices, else widened).
+    final_norm : ndarray of shape (dim,), optional
+        RMSNorm weight (Llama family).
+    pos_embed : ndarray of shape (max_seq_len, dim), optional
+        Learned absolute positions (toy family).
+    """
+
+    def __init__(self, config: ModelConfig, embed: np.ndarray, layers: Sequence[LayerWeights],
+                 head: np.ndarray, final_norm: np.ndarray | None = None,
+                 pos_embed: np.ndarray | None = None) -> None:
+        self.config = config
+        dt, wdt = config.dtype, config.matrix_dtype
+        cast = lambda a, t=dt: None if a is None else as_storage(a, t)  # noqa: E731
+        self.embed = cast(embed, wdt)
+        self.layers = [LayerWeights(**{k: _as_matrix(v, wdt) if k in _MATRICES else cast(v)
+                                       for k, v in lw.arrays().items()}) for lw in layers]
+        # a tied head stays a view; the very object when the embedding needed no cast (as a
+        # DFlash stack's over its target's: runners share packed copies by identity)
+        recast = _is_transpose_of(head, embed) and self.embed is not embed
+        self.head = self.embed.T if recast else _as_matrix(head, wdt)
+        self.final_norm = cast(final_norm)
+        self.pos_embed = cast(pos_embed)
+        self._check_shapes()
+        if config.positional == "rope":
+            self.rope_cos, self.rope_sin = rope_tables(config.max_seq_len, config.head_dim,
+                                                       config.rope_theta, dt)
+        else:
+            self.rope_cos = self.rope_sin = None
+        self._runners = threading.local()
+        self._packed_fc = None  # (fc, packed fc) of write_context_taps' compiled path
+        self._wide = None  # 16-bit matrices widened for the NumPy path (see _numpy_weights)
+
+    # --- construction -------------------------------------------------------------------
+
+    @classmethod
+    def random(cls, config: ModelConfig, seed: int = 0) -> "Transformer":
+        """Return a model with random weights drawn from ``numpy.random.default_rng(seed)``."""
+        rng = np.random.default_rng(seed)
+        c = config
+        d = c.dim
+        toy = c.norm == "layernorm"
+        embed = rng.normal(0.0, 0.3 if toy else 1.0, (c.vocab_size, d))
+        pos = rng.normal(0.0, 0.1, (c.max_seq_len, d)) if c.positional == "learned" else None
+        shapes, attrs = layer_schema(c)
+        layers = [random_layer(rng, shapes, attrs) for _ in range(c.n_layers)]
+        final = 1.0 + 0.1 * rng.normal(size=d) if c.norm == "rmsnorm" else None
+        if c.tie_embeddings:
+            embed = embed / math.sqrt(d)  # keeps the tied head's logits O(1)
+            head = embed.T
+        else:
+            head = rng.normal(0.0, 0.25 if toy else 1.0 / math.sqrt(d), (d, c.vocab_size))
+        return cls(c, embed, layers, head, final, pos)
+
+    def _check_shapes(self) -> None:
+        c = self.config
+        d = c.dim
+        expect = {"embed": (c.vocab_size, d), "head": (d, c.vocab_size)}
+        for name, shape in expect.items():
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {getattr(self, name).shape}")
+        if len(self.layers) != c.n_layers:
+            raise ValueError(f"expected {c.n_layers} layers, got {len(self.layers)}")
+        shapes, attrs = layer_schema(c)
+        for i, lw in enumerate(self.layers):
+            check_layer(lw, f"layer {i}", shapes, attrs)
+        if c.norm == "rmsnorm" and (self.final_norm is None or self.final_norm.shape != (d,)):
+            raise ValueError(f"final_norm must have shape ({d},)")
+        if c.positional == "learned" and (self.pos_embed is None
+                                          or self.pos_embed.shape != (c.max_seq_len, d)):
+            raise ValueError(f"pos_embed must have shape ({c.max_seq_len}, {d})")
+
+    # --- inference ----------------------------------------------------------------------
+
+    def new_cache(self, capacity: int | None = None) -> KVCache:
+        """Return an empty :class:`KVCache` for this model (default capacity: max_seq_len)."""
+        c = self.config
+        capacity = c.max_seq_len if capacity is None else check_index(capacity, "capacity", 1, c.max_seq_len)
+        return KVCache(c.n_layers, c.n_kv_heads, capacity, c.head_dim, c.dtype)
+
+    def check_ids(self, ids, name: str = "ids") -> np.ndarray:
+        """Return ``ids`` as a 1-D int64 array, checking ``0 <= id < vocab_size``."""
+        arr = np.asarray(ids)
+        if arr.dtype == object or (arr.size and arr.dtype.kind not in "iu"):
+            raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
+        arr = arr.astype(np.int64, copy=False).reshape(-1) if arr.ndim <= 1 else None
+        if arr is None:
+            raise ValueError(f"{name} must be 1-D")
+        if arr.size == 0:
+            raise ValueError(f"{name} must not be empty")
+        if arr.min() < 0 or arr.max() >= self.config.vocab_size:
+            bad = arr[(arr < 0) | (arr >= self.config.vocab_size)][0]
+            raise ValueError(f"{name} must be in [0, {self.config.vocab_size}), got {int(bad)}")
+        return np.ascontiguousarray(arr)
+
+    def step(self, ids, cache: KVCache, *, hidden_layers: Iterable[int] = (),
+             causal: bool = True, out: np.ndarray | None = None,
+             advance: bool = True, tree_parents: np.ndarray | None = None) -> ForwardOutput:
+        """Run new positions through the model on ``cache``: the fast entry of every loop.
+
+        The one place that checks a forward's arguments: the compiled runner checks them
+        without the GIL-free part ever seeing a bad value, the NumPy path in
+        :meth:`_check_step`. Drafters, audits and decoding loops call this method; nothing
+        outside the model touches its runner.
+
+        Parameters
+        ----------
+        ids : sequence of int, length n
+            Token ids of the new positions ``cache.length .. cache.length + n - 1``.
+        cache : KVCache
+            Holds the committed positions; claimed for the calling thread during the call
+            (:meth:`KVCache.claim`).
+        hidden_layers : iterable of int
+            Layers whose outputs to return (``-1`` is the last layer).
+        causal : bool, default True
+            False lets every new position attend to all new positions (and the cache).
+        out : ndarray of shape (n, vocab_size), optional
+            Caller-owned, C-contiguous logits buffer of the model dtype, reused across steps.
+        advance : bool, default True
+            False writes the new positions' keys/values past the committed length as scratch
+            and leaves ``cache.length`` unchanged (the DFlash block forward).
+        tree_parents : ndarray of shape (n,), int, optional
+            The new positions form a tree (:mod:`fastspec.decoding.tree`): ``tree_parents[i]`` in
+            ``[-1, i)``, -1 hanging under the last cached position. Position ``i`` sees the
+            cache and its own ancestors only, at sequence position ``cache.length + depth_i - 1``
+            (rows are still written at ``cache.length + i``). The fused runner takes the
+            positions and the ancestor mask (float32 with a head size of the tiled attention
+            kernel: a node's logits are bit-identical to decoding its path); the NumPy
+            backend runs the layer-by-layer path (:func:`fastspec.kernels.tree_attention`).
+            A chain runs as a plain causal step.
+
+        Returns
+        -------
+        ForwardOutput
+            ``logits`` of shape (n, vocab_size) (``out`` when given); ``hidden[l]`` of shape
+            (n, dim).
+        """
+        if type(cache) is not KVCache:
+            self.check_cache(cache)
+        positions = tree_mask = None
+        if tree_parents is not None:
+            positions, tree_mask = self._tree_layout(ids, cache, tree_parents, causal)
+        claimed = cache.acquire()
+        try:
+            runner = self._fused()
+            start = cache.length
+            if runner is not None:
+                logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal,
+                                                hidden_layers, out, positions=positions,
+                                                tree_mask=tree_mask)
+            else:
+                ids = self.check_ids(ids)
+                layers = self._check_step(cache, start, ids.shape[0], hidden_layers)
+                out = self._check_out(out, ids.shape[0])
+                x = self._numpy_weights()[0][ids]
+                if positions is None:
+                    positions = slice(start, start + ids.shape[0])
+                if self.config.positional == "learned":
+                    x = x + self.pos_embed[positions]
+                logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out,
+                                                    positions, tree_mask)
+            if advance:
+                cache.advance(logits.shape[0])
+        finally:
+            cache.release(claimed)
+        return ForwardOutput(logits, hidden)
+
+    def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
+                causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
+        """Run new positions through the model, appending them to ``cache``.
+
+        :meth:`step` with an optional cache: without one, ``ids`` are a whole sequence
+        starting at position 0 and a temporary cache is used.
+
+        Parameters
+        ----------
+        ids : sequence of int, length n
+            Token ids of the new positions ``cache.length .. cache.length + n - 1``.
+        cache : KVCache, optional
+            Extended in place by ``n`` positions.
+        hidden_layers : iterable of int
+            Layers whose outputs to return (``-1`` is the last layer).
+        causal : bool, default True
+            False lets every new position attend to all new positions (and the cache).
+        out : ndarray of shape (n, vocab_size), optional
+            Caller-owned, C-contiguous logits buffer of the model dtype. A decoding loop can
+            reuse one buffer per step instead of receiving a fresh array each call.
+
+        Returns
+        -------
+        ForwardOutput
+            ``logits`` of shape (n, vocab_size) in the model dtype (``out`` when given);
+            ``hidden[l]`` of shape (n, dim).
+
+        Notes
+        -----
+        With the Cython backend active (``fastspec.backend() == "cython"``) and the
+        extension ``fastspec.model._model`` built, the whole step runs in one fused ``nogil`` call;
+        otherwise the NumPy twin runs. Both give the same result within rounding. A model may
+        run on several threads at once, each on its own cache (one runner per thread).
+        """
+        if cache is None:
+            cache = self._temp_cache(ids)
+        return self.step(ids, cache, hidden_layers=hidden_layers, causal=causal, out=out)
+
+    def forward_embeddings(self, x: np.ndarray, cache: KVCache, hidden_layers: Iterable[int] = (),
+                           causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
+        """Run input embeddings through the layer stack WITHOUT advancing the cache.
+
+        ``x`` sits at positions ``cache.length .. cache.length + n - 1``; its keys/values are
+        written there (past the committed length, so the next write or
+        :meth:`write_context_kv` overwrites them) and every position attends to the committed
+        cache plus the new rows (all of them when ``causal=False``).
+
+        Parameters
+        ----------
+        x : ndarray of shape (n, dim)
+            Input embeddings in the model dtype, used as given (no position embedding is
+            added; RoPE models rotate q/k at the new positions).
+        cache : KVCache
+            Its length is left unchanged.
+        hidden_layers : iterable of int
+        causal : bool, default True
+        out : ndarray of shape (n, vocab_size), optional
+
+        Returns
+        -------
+        ForwardOutput
+            ``final_norm(x_out) @ head`` logits of shape (n, vocab_size) and the requested
+            hidden states.
+        """
+        if type(cache) is not KVCache:
+            self.check_cache(cache)
+        with cache.claim():
+            runner = self._fused()
+            start = cache.length
+            if runner is not None:
+                logits, hidden = runner.forward_embeddings(x, cache.k, cache.v, start, causal,
+                                                           hidden_layers, out)
+                return ForwardOutput(logits, hidden)
+            x = self._check_rows(x, "x")
+            layers = self._check_step(cache, start, x.shape[0], hidden_layers)
+            out = self._check_out(out, x.shape[0])
+            logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
+        return ForwardOutput(logits, hidden)
+
+    def write_context_kv(self, features: np.ndarray, cache: KVCache, layer: int | None = None,
+                         advance: bool = True) -> None:
+        """Project context features straight into the K/V cache (DFlash KV injection).
+
+        For each layer ``l`` (or only ``layer``): ``k = features @ Wk_l`` (+ bias), per-head
+        k-norm when ``qk_norm``, RoPE at positions ``cache.length ..``; ``v = features @
+        Wv_l``. No input norm is applied to ``features``.
+
+        Parameters
+        ----------
+        features : ndarray of shape (n, dim)
+            Context features of positions ``cache.length .. cache.length + n - 1``.
+        cache : KVCache
+        layer : int, optional
+            Write only this layer (negative counts from the end); default every layer.
+        advance : bool, default True
+            Mark the ``n`` positions as committed. Pass False while writing layer by layer.
+        """
+        features = self._check_rows(features, "features")
+        n = features.shape[0]
+        L = self.config.n_layers
+        if layer is None:
+            lo, hi = 0, L
+        else:
+            lo = check_index(layer, "layer", -L, L - 1) % L
+            hi = lo + 1
+        self.check_cache(cache)
+        with cache.claim():
+            start = cache.length
+            self._check_room(cache, start, n)
+            runner = self._fused()
+            if runner is not None:
+                runner.context_kv(features, cache.k, cache.v, start, lo, hi)
+            else:
+                cos, sin = self._rope_rows(start, n)
+                layers = self._numpy_weights()[2]
+                for i in range(lo, hi):
+                    self._store_kv(features, layers[i], cache.k[i], cache.v[i], start, cos, sin)
+            if advance:
+                cache.advance(n)
+
+    def write_context_taps(self, taps: np.ndarray, fc: np.ndarray, fc_norm: np.ndarray,
+                           cache: KVCache) -> None:
+        """Fuse tapped hidden states into context features and inject them into every layer.
+
+        ``features = rms_norm(taps @ fc) * fc_norm`` (the model's eps), then
+        :meth:`write_context_kv` of every layer at ``cache.length ..``, advancing the cache.
+        The compiled path does both in one call and packs ``fc`` once (see
+        :meth:`invalidate`); the NumPy path is the composition of the two steps.
+
+        Parameters
+        ----------
+        taps : ndarray of shape (n, n_in)
+            Concatenated target hidden states, model dtype, C-contiguous.
+        fc : ndarray of shape (n_in, dim)
+            Fusion matrix in ``(in, out)`` layout, model dtype.
+        fc_norm : ndarray of shape (dim,)
+            RMSNorm weight of the fused features.
+        cache : KVCache
+        """
+        runner = self._fused()
+        if runner is None:
+            features = rms_norm(np.asarray(taps) @ fc, fc_norm, self.config.norm_eps)
+            self.write_context_kv(np.ascontiguousarray(features, dtype=self.config.dtype), cache)
+            return
+        self.check_cache(cache)
+        packed = self._packed_fc
+        if packed is None or packed[0] is not fc:
+            packed = self._packed_fc = (fc, _model_ext.linear_weights(fc))
+        with cache.claim():
+            runner.context_kv_taps(taps, packed[1], fc_norm, cache.k, cache.v, cache.length)
+            cache.advance(taps.shape[0])
+
+    def check_hidden_layers(self, hidden_layers: Iterable[int]) -> tuple[int, ...]:
+        """Return sorted, de-duplicated layer indices (negative ones count from the end)."""
+        L = self.config.n_layers
+        out = set()
+        for layer in hidden_layers:
+            layer = check_index(layer, "hidden_layers", -L, L - 1)
+            out.add(layer % L)
+        return tuple(sorted(out))
+
+    # --- dispatch and checks --------------------------------------------------------------
+
+    def _fused(self):
+        """Return the fused Cython runner when the Cython backend is active, else None."""
+        if kernels.backend() != "cython" or _model_ext is None:
+            return None
+        # One runner per thread: its scratch buffers are not shared, so threads may run the
+        # same model concurrently (each on its own cache).
+        runner = getattr(self._runners, "runner", None)
+        if runner is None or runner.stale:  # stale: bf16 packed for another path (set_isa)
+            runner = self._runners.runner = _model_ext.TransformerRunner(self)
+        return runner
+
+    def invalidate(self) -> None:
+        """Forget the fused runners (and widened weights); call after replacing or updating a
+        weight array. In-place updates of the matrices are not seen before this call by float32
+        runners (they keep packed copies) nor by the NumPy path of float16 matrices (it keeps
+        widened copies)."""
+        self._runners = threading.local()
+        self._packed_fc = None
+        self._wide = None
+        if _model_weights is not None:  # runners share packed copies: these may be stale now
+            _model_weights.forget_packed([self.head] + [a for lw in self.layers
+                                                        for a in lw.arrays().values()])
+
+    def _numpy_weights(self) -> tuple[np.ndarray, np.ndarray, list[LayerWeights]]:
+        """Return ``embed, head, layers`` with every matrix in the compute dtype.
+
+        The model's own arrays when ``weight_dtype`` is unset; otherwise float32 copies of the
+        16-bit matrices, made once (exact) and kept: the NumPy path then does the float32
+        model's arithmetic on them. For bfloat16 the products' matrices (``head`` and the
+        projections) come as :class:`fastspec.kernels.bf16.RoundingMatrix`, whose ``x @ m`` rounds
+        ``x`` to bf16 first (the bf16 compute rule); ``embed`` (a lookup) is a plain array.
+        """
+        if self.config.weight_dtype is None:
+            return self.embed, self.head, self.layers
+        wide = self._wide
+        if wide is None:
+            dt = np.dtype(self.config.dtype)
+            if self.config.weight_dtype == BF16:
+                widen = lambda a: RoundingMatrix(from_bits(a))  # noqa: E731
+                embed = from_bits(self.embed)
+            else:
+                widen = lambda a: a.astype(dt)  # noqa: E731
+                embed = self.embed.astype(dt)
+            layers = [LayerWeights(**{k: widen(v) if k in _MATRICES else v
+                                      for k, v in lw.arrays().items()}) for lw in self.layers]
+            if _is_transpose_of(self.head, self.embed):  # tied: one widened copy
+                head = RoundingMatrix(embed.T) if self.config.weight_dtype == BF16 else embed.T
+            else:
+                head = widen(self.head)
+            wide = self._wide = (embed, head, layers)
+        return wide
+
+    def with_weight_dtype(self, weight_dtype: str | None) -> "Transformer":
+        """Return this model with its matrices stored in ``weight_dtype``.
+
+        Parameters
+        ----------
+        weight_dtype : {None, "float16", "bfloat16", "float32", "float64"}
+            See :class:`ModelConfig`; None or the compute dtype stores the matrices in it.
+            float16/bfloat16 -> float32 is exact; float32 -> float16 or bfloat16 rounds to
+            nearest even (values beyond the range become infinite; bfloat16 from float16 or
+            float64 goes through float32).
+
+        Returns
+        -------
+        Transformer
+            A new model; arrays that need no conversion (norms, biases, ``pos_embed``, and
+            matrices already in ``weight_dtype``) are shared with this one.
+        """
+        config = self.config.replace(weight_dtype=weight_dtype)
+        return Transformer(config, self.embed, self.layers, self.head, self.final_norm,
+                           self.pos_embed)
+
+    def _temp_cache(self, ids) -> KVCache:
+        n = len(ids) if hasattr(ids, "__len__") else np.asarray(ids).size
+        if n > self.config.max_seq_len:
+            raise ValueError(f"ids has {n} positions, more than max_seq_len {self.config.max_seq_len}")
+        return self.new_cache(max(int(n), 1))
+
+    def check_cache(self, cache: KVCache) -> None:
+        """Raise TypeError/ValueError unless ``cache`` is a KVCache of this model's shape."""
+        c = self.config
+        if not isinstance(cache, KVCache):
+            raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+        want = (c.n_layers, c.n_kv_heads, c.head_dim, np.dtype(c.dtype))
+        got = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[3], cache.k.dtype)
+        if want != got:
+            raise ValueError(f"cache (layers, kv heads, head_dim, dtype) = {got} does not match "
+                             f"the model's {want}")
+
+    def _tree_layout(self, ids, cache: KVCache, tree_parents, causal: bool):
+        """Check a tree step; return ``(positions, ancestor mask)``, or ``(None, None)`` for a
+        chain (the plain causal step computes it)."""
+        if not causal:
+            raise ValueError("tree_parents needs causal=True")
+        n = len(ids) if hasattr(ids, "__len__") else np.asarray(ids).size
+        room = self.config.max_seq_len - cache.length
+        depths = check_parents(tree_parents, n, MAX_TREE_NODES + 1, room, "tree_parents")
+        if np.array_equal(depths, np.arange(1, n + 1)):
+            return None, None
+        return cache.length + depths - 1, ancestor_mask(tree_parents)
+
+    @property
+    def n_params(self) -> int:
+        """Number of parameters (a tied head counted once)."""
+        total = sum(a.size for a in self.state_dict().values())
+        return int(total)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Transformer(dim={c.dim}, n_layers={c.n_layers}, n_heads={c.n_heads}, "
+                f"n_kv_heads={c.n_kv_heads}, vocab_size={c.vocab_size}, {c.norm}/{c.positional}/"
+                f"{c.activation}, dtype={c.dtype}"
+                + (f", weight_dtype={c.weight_dtype}" if c.weight_dtype else "")
+                + f", params={self.n_params})")

@@ -1,0 +1,148 @@
+"""Pretrained models: the embedded defaults, and Hugging Face folders with their tokenizer.
+
+``fastspec.models.pretrained.load()`` returns the byte-level target shipped as package data
+(``fastspec/data/*.npz``), its 1-layer draft model, the DFlash drafter trained against the
+target, and the tokenizer (see ``docs/MODELS.md`` for how they were trained and what they
+score). ``fastspec.load_pretrained(folder)`` loads a folder's model and tokenizer together.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import NamedTuple
+
+from fastspec.text.hf_tokenizer import HFTokenizer
+from fastspec.model import Transformer
+from fastspec.text.tokenizer import ByteTokenizer
+
+__all__ = ["Bundle", "load", "available", "data_dir", "Pretrained", "load_pretrained"]
+
+_FILES = {"target": "target.npz", "draft": "draft.npz", "dflash": "dflash.npz"}
+
+
+@dataclass
+class Bundle:
+    """The embedded models.
+
+    Attributes
+    ----------
+    target : Transformer
+        The model whose output distribution every speculative mode reproduces.
+    draft : Transformer
+        A 1-layer autoregressive draft model of the same tokenizer.
+    dflash : DFlashModel
+        Block-diffusion drafter conditioned on the target's hidden states.
+    tokenizer : ByteTokenizer
+    """
+
+    target: Transformer
+    draft: Transformer
+    dflash: "object"
+    tokenizer: ByteTokenizer
+
+
+def data_dir() -> Path:
+    """Return the folder that holds the embedded weight files."""
+    return Path(str(resources.files("fastspec") / "data"))
+
+
+def available() -> bool:
+    """Return True when every embedded weight file is installed."""
+    folder = data_dir()
+    return all((folder / name).is_file() for name in _FILES.values())
+
+
+def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
+    """Load the embedded target, draft and DFlash models (stored in float16, computed in ``dtype``).
+
+    Parameters
+    ----------
+    dtype : {"float32", "float64"}, default "float32"
+        Compute dtype (activations, KV caches, logits).
+    weight_dtype : {"float16", "float32", "float64"}, optional
+        Storage dtype of the matrices (see :class:`~fastspec.ModelConfig`). Default: float16
+        with float32 compute (the files' own values, half the memory traffic of a decode step,
+        results bit-identical to ``weight_dtype="float32"``), else ``dtype``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If the package was installed without its data files.
+    """
+    from fastspec.drafters.dflash_model import DFlashModel
+
+    folder = data_dir()
+    missing = [name for name in _FILES.values() if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"embedded model files missing from {folder}: {missing}")
+    if weight_dtype is None:
+        weight_dtype = "float16" if dtype == "float32" else dtype
+    target = Transformer.load(folder / _FILES["target"], dtype=dtype, weight_dtype=weight_dtype)
+    draft = Transformer.load(folder / _FILES["draft"], dtype=dtype, weight_dtype=weight_dtype)
+    dflash = DFlashModel.load(folder / _FILES["dflash"], target)
+    # Trained on 256-token sequences: keep the drafter's context within what it has seen
+    # (block included); see DFlashDrafter's context_window.
+    dflash.context_window = 256 - dflash.config.block_size
+    return Bundle(target=target, draft=draft, dflash=dflash, tokenizer=ByteTokenizer())
+
+
+# --- Hugging Face folders -------------------------------------------------------------
+
+class Pretrained(NamedTuple):
+    """A Hugging Face folder's model and tokenizer (from :func:`load_pretrained`).
+
+    Attributes
+    ----------
+    model : Transformer
+    tokenizer : HFTokenizer or None
+        None when loaded with ``tokenizer=False``.
+    """
+
+    model: "Transformer"
+    tokenizer: "object"
+
+
+def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
+                    weight_dtype: str | None = None, tokenizer: bool = True,
+                    mmap: bool = False) -> Pretrained:
+    """Load a Llama/Qwen2/Qwen3 folder's model and its ``tokenizer.json`` in one call.
+
+    Parameters
+    ----------
+    folder : path-like
+        A Hugging Face checkpoint folder (``config.json``, safetensors, ``tokenizer.json``,
+        optionally ``generation_config.json`` for the stop ids).
+    dtype, weight_dtype : str, optional
+        As in :func:`read_hf`.
+    tokenizer : bool, default True
+        False skips the tokenizer (for callers that pass token ids).
+    mmap : bool, default False
+        Map the safetensors instead of reading them (:meth:`Transformer.load`).
+
+    Returns
+    -------
+    Pretrained
+        ``model, tokenizer = fastspec.load_pretrained(folder)``.
+
+    Raises
+    ------
+    FileNotFoundError
+        No ``tokenizer.json`` (the message says to pass token ids instead).
+    ValueError
+        Malformed files, or a tokenizer with more ids than the model's vocabulary.
+    """
+    folder = Path(folder)
+    tok = HFTokenizer.from_folder(folder) if tokenizer else None  # before the slow part
+    model = Transformer.load(folder, dtype=dtype, weight_dtype=weight_dtype, mmap=mmap)
+    if tok is not None:
+        V = model.config.vocab_size
+        if tok.vocab_size > V:
+            raise ValueError(f"{tok.source}: {tok.vocab_size} tokens, more than the model's "
+                             f"vocab_size {V} ({folder / 'config.json'})")
+        bad = [i for i in (tok.bos_id, *tok.stop_ids) if i is not None and i >= V]
+        if bad:
+            raise ValueError(f"{folder}: special token ids {bad} are outside the model's "
+                             f"vocab_size {V}")
+    return Pretrained(model, tok)
