@@ -24,7 +24,7 @@ import pytest
 import fastspec as fs
 from _timing import median_time
 from fastspec.tools.rounds import side_branch_tree
-from fastspec.decoding.tree import block_parents
+from fastspec.kernels.tree_shape import block_parents
 
 CONTEXT = 300
 NODES = (8, 16, 32, 64)
@@ -77,7 +77,7 @@ def test_tree_drafting_at_qwen_vocab(benchmark, budget):
     - ``sampled``: the shape from ``probs`` (``_probs_tree``) and its draw without
       replacement (``sample_tree_without_replacement``), ``probs`` excluded."""
     from fastspec.drafters.dflash import _logits_tree, _probs_tree
-    from fastspec.decoding.tree import sample_tree_without_replacement
+    from fastspec.drafters.tree_sampling import sample_tree_without_replacement
 
     vocab, g, rng = 151936, 15, np.random.default_rng(budget)
     logits = (3.0 * rng.standard_normal((g, vocab))).astype(np.float32)

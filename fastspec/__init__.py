@@ -5,11 +5,15 @@ See ``docs/`` and the README for the API tour. Everything public is importable f
 from fastspec.kernels import backend, set_backend, using_backend, available_backends
 from fastspec import kernels
 from fastspec.kernels.cache import KVCache
-from fastspec.model import ModelConfig, Transformer, ForwardOutput
-from fastspec import formats  # registers the model file reader behind Transformer.load
-from fastspec.drafters import Drafter, Proposal, Target, DraftModelDrafter, NgramDrafter
-from fastspec.drafters.base import SamplingParams
-from fastspec.decoding import DecodeStats, GenerationResult, generate, speculative_generate
+from fastspec.model.config import ModelConfig
+from fastspec.model.output import ForwardOutput
+from fastspec.model.transformer import Transformer
+from fastspec.formats import transformer_io  # registers the model files behind Transformer.load
+from fastspec.drafters.base import Drafter, Proposal, SamplingParams, Target
+from fastspec.drafters.draft_model import DraftModelDrafter
+from fastspec.drafters.ngram import NgramDrafter
+from fastspec.decoding.stats import DecodeStats, GenerationResult
+from fastspec.decoding.speculative import generate, speculative_generate
 from fastspec.drafters.dflash_model import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
 from fastspec.text.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer

@@ -2,6 +2,9 @@
 
 Test modules import from here, never from each other.
 """
+from __future__ import annotations
+
+import importlib
 import os
 import shutil
 import subprocess
@@ -20,6 +23,27 @@ DTYPES = (np.float32, np.float64)
 RTOL = {np.float32: 1e-5, np.float64: 1e-10}
 #: The seed experiment's prompt (the audits use the same one).
 PREFIX = [0, 1, 3, 2, 4, 1, 5, 6]
+
+def unbuilt_message() -> str | None:
+    """Why this test run must stop, or None: the compiled modules are not importable while the
+    run did not ask for the NumPy twin (``FASTSPEC_BACKEND=numpy``). A checkout without a build
+    would otherwise test the NumPy backend only, silently."""
+    if os.environ.get("FASTSPEC_BACKEND", "").strip().lower() == "numpy":
+        return None
+    missing = []
+    for name in ("fastspec.kernels._kernels", "fastspec.model._model"):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            missing.append(f"{name} ({exc})")
+    if not missing:
+        return None
+    return ("fastspec's compiled modules are not built here: " + "; ".join(missing)
+            + f". fastspec was imported from {os.path.dirname(fs.__file__)}. Build them with "
+            "`pip install -e .` (or `python setup.py build_ext --inplace`), or install the "
+            "package and run the tests from outside the checkout; to test the NumPy twin on "
+            "purpose, set FASTSPEC_BACKEND=numpy.")
+
 
 needs_cython = pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
 

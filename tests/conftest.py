@@ -5,10 +5,13 @@ import pytest
 
 import fastspec as fs
 
-from _helpers import BACKENDS, DTYPES
+from _helpers import BACKENDS, DTYPES, unbuilt_message
 
 
 def pytest_configure(config):
+    message = unbuilt_message()
+    if message:
+        pytest.exit(message, returncode=4)
     config.addinivalue_line("markers", "slow: long statistical or fuzzing tests")
     config.addinivalue_line("markers", "hf: needs the [hf] extra (transformers, torch, safetensors)")
 

@@ -4,9 +4,10 @@ import pytest
 
 import fastspec as fs
 from fastspec.drafters.base import Proposal
-from fastspec.decoding.tree import (MAX_TREE_NODES, TreeProposal, ancestor_mask, block_parents,
-                           chain_parents, check_parents, verify_tree_greedy,
-                           verify_tree_rejection)
+from fastspec.kernels.tree_shape import (MAX_TREE_NODES, ancestor_mask, block_parents,
+                                         chain_parents, check_parents)
+from fastspec.drafters.base import TreeProposal
+from fastspec.decoding.tree import verify_tree_greedy, verify_tree_rejection
 
 I = np.int64
 PARENTS = np.array([-1, -1, 0, 0, 2, 1], dtype=I)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.decoding.tree import ancestor_mask, chain_parents
+from fastspec.kernels.tree_shape import ancestor_mask, chain_parents
 
 from _helpers import BACKENDS, RTOL, toy
 

@@ -9,7 +9,9 @@ import fastspec as fs
 from fastspec.audit import chi_square_test, exact_continuation_probs
 from fastspec.decoding import plan_speculative, run_plan
 from fastspec.decoding.sampling import SamplingParams
-from fastspec.decoding.tree import MAX_TREE_NODES, TreeProposal, verify_tree_rejection
+from fastspec.kernels.tree_shape import MAX_TREE_NODES
+from fastspec.drafters.base import TreeProposal
+from fastspec.decoding.tree import verify_tree_rejection
 
 from _helpers import toy
 

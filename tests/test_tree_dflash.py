@@ -7,7 +7,8 @@ import pytest
 import fastspec as fs
 from fastspec import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import best_first_tree
-from fastspec.decoding.tree import MAX_TREE_NODES, TreeProposal, check_parents
+from fastspec.kernels.tree_shape import MAX_TREE_NODES, check_parents
+from fastspec.drafters.base import TreeProposal
 
 PROMPT = [0, 1, 3, 2, 4, 1, 5, 6]
 

@@ -6,7 +6,9 @@ import pytest
 from fastspec import audit
 from fastspec.audit import chi_square_test
 from fastspec.audit.tree import tree_law_tv, tree_round_law
-from fastspec.decoding.tree import sample_tree_without_replacement, tree_depths, verify_tree_rejection
+from fastspec.drafters.tree_sampling import sample_tree_without_replacement
+from fastspec.kernels.tree_shape import tree_depths
+from fastspec.decoding.tree import verify_tree_rejection
 
 V = 4
 

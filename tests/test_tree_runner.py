@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
-from fastspec.decoding.tree import MAX_TREE_NODES, ancestor_mask, tree_depths
+from fastspec.kernels.tree_shape import MAX_TREE_NODES, ancestor_mask, tree_depths
 
 from _helpers import MODEL_CONFIGS, RTOL, needs_cython
 

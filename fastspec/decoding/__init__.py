@@ -7,10 +7,20 @@ round), ``tree`` (tree verification and sampling), ``sampling`` (next_token), ``
 May import: :mod:`fastspec.kernels`, :mod:`fastspec.model`, :mod:`fastspec.drafters` (the
 vocabulary the loop and the drafters share). Nothing above it.
 """
-from fastspec.decoding.speculative import (ADAPTIVE_GAMMA_MAX, ADAPTIVE_GAMMA_START, DecodeStats,
-                                           GenerationResult, SpeculativePlan, generate,
-                                           plan_speculative, run_plan, speculative_generate)
+from fastspec.lazy import exports
 
 __all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate",
            "plan_speculative", "run_plan", "SpeculativePlan", "ADAPTIVE_GAMMA_START",
            "ADAPTIVE_GAMMA_MAX"]
+
+__getattr__, __dir__ = exports(__name__, {
+    "DecodeStats": "stats",
+    "GenerationResult": "stats",
+    "generate": "speculative",
+    "speculative_generate": "speculative",
+    "plan_speculative": "speculative",
+    "run_plan": "speculative",
+    "SpeculativePlan": "speculative",
+    "ADAPTIVE_GAMMA_START": "speculative",
+    "ADAPTIVE_GAMMA_MAX": "speculative",
+})

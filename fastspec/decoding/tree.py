@@ -16,7 +16,8 @@ verification walks down from the root:
 
 This keeps the target law exactly whenever ``q[i]`` is the law node ``i`` was drawn from
 given its path and its earlier siblings: deterministic siblings (one-hot), siblings drawn
-independently, or siblings drawn *without replacement* (:func:`sample_tree_without_replacement`:
+independently, or siblings drawn *without replacement*
+(:func:`fastspec.drafters.tree_sampling.sample_tree_without_replacement`:
 sibling ``k`` from ``q`` with siblings ``1 .. k-1`` removed and renormalised, which is the row
 it reports). Proof, by induction on the number ``m`` of siblings still to test at a node whose
 residual is ``t``: with none left the draw is from ``t``. Otherwise the next sibling ``x`` is
@@ -45,16 +46,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from fastspec.kernels._reference import inverse_cdf
+from fastspec.kernels import inverse_cdf
 from fastspec.kernels.checks import check_uniforms
-from fastspec.kernels.tree_shape import (MAX_TREE_NODES, ancestor_mask, block_parents,
-                                         chain_parents, check_parents, tree_depths)
-from fastspec.drafters.base import TreeProposal
-from fastspec.drafters.tree_sampling import sample_tree_without_replacement
+from fastspec.kernels.tree_shape import check_parents
 
-__all__ = ["MAX_TREE_NODES", "TreeProposal", "check_parents", "tree_depths", "ancestor_mask",
-           "block_parents", "verify_tree_greedy", "verify_tree_rejection", "chain_parents",
-           "sample_tree_without_replacement"]
+__all__ = ["verify_tree_greedy", "verify_tree_rejection"]
 
 
 def _children(parents: np.ndarray) -> list[list[int]]:

@@ -34,7 +34,7 @@ from fastspec.kernels.tree_shape import chain_parents, check_parents
 
 if TYPE_CHECKING:  # annotations only: the model module does not import the protocols
     from fastspec.model.config import ModelConfig
-    from fastspec.model import ForwardOutput
+    from fastspec.model.output import ForwardOutput
 
 __all__ = ["Drafter", "Proposal", "Target", "TreeProposal", "SamplingParams"]
 

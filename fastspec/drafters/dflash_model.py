@@ -32,7 +32,7 @@ from fastspec.drafters.dflash_config import (CONTEXT_WINDOW_KEY, MAX_BLOCK_SIZE,
 from fastspec.formats.dflash_folder import (check_fingerprint_array, fingerprint_array, read_dflash_folder,
                                 save_dflash_folder)
 from fastspec.model.functional import apply_rope, rms_norm, rope_tables, silu
-from fastspec.model import Transformer
+from fastspec.model.transformer import Transformer
 from fastspec.model.schema import (MATRICES, LayerWeights, check_layer, layer_attrs, layer_from_state,
                              layer_shapes, layer_state, random_layer)
 

@@ -7,6 +7,11 @@ drafter folders), ``json_io`` (strict JSON reads and writes).
 
 May import: :mod:`fastspec.kernels`, :mod:`fastspec.model`. Nothing above it.
 """
-from fastspec.formats.transformer_io import load_transformer, save_transformer
+from fastspec.lazy import exports
 
 __all__ = ["load_transformer", "save_transformer"]
+
+__getattr__, __dir__ = exports(__name__, {
+    "load_transformer": "transformer_io",
+    "save_transformer": "transformer_io",
+})

@@ -28,14 +28,16 @@ import math
 import os
 from pathlib import Path
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from fastspec.formats.json_io import read_json_object
 from fastspec.formats.hf_folder import rope_theta, weight_files, read_safetensors, write_safetensors
-from fastspec.model import Transformer
 from fastspec.model.schema import hf_layer_keys, layer_attrs
+
+if TYPE_CHECKING:  # annotations only
+    from fastspec.model.transformer import Transformer
 
 __all__ = ["read_dflash_folder", "save_dflash_folder", "target_fingerprint", "fingerprint_array",
            "check_fingerprint_array"]

@@ -27,7 +27,7 @@ from fastspec.model.config import ModelConfig
 from fastspec.model.schema import hf_layer_keys, layer_attrs
 
 if TYPE_CHECKING:  # the model builds itself from read_hf; no import cycle at run time
-    from fastspec.model import Transformer
+    from fastspec.model.transformer import Transformer
 
 __all__ = ["read_hf", "read_hf_config", "iter_hf", "FileTensor", "save_hf", "read_safetensors",
            "write_safetensors", "hf_config", "hf_export_config", "hf_tensor_names", "rope_theta",

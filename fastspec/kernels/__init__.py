@@ -16,10 +16,11 @@ from types import ModuleType
 from typing import Any
 
 from fastspec.kernels import _reference
+from fastspec.kernels._reference import inverse_cdf
 
 __all__ = ["KERNEL_NAMES", "backend", "set_backend", "using_backend", "available_backends",
            "module", "isa_info", "attention", "cache_write", "probs", "sample", "verify_greedy",
-           "verify_rejection", "tree_attention", "compact_kv"]
+           "verify_rejection", "tree_attention", "compact_kv", "inverse_cdf"]
 
 #: The kernels every backend provides, with identical signatures.
 KERNEL_NAMES = ("attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",

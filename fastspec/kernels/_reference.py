@@ -240,6 +240,21 @@ def sample(p, u):
 
 
 def inverse_cdf(weights, u):
+    """Return the first index whose running sum of ``weights`` passes ``u`` times the total.
+
+    The NumPy rule of every inverse-CDF draw (:func:`sample`, the residual draws of
+    :func:`verify_rejection` and of tree verification).
+
+    Parameters
+    ----------
+    weights : ndarray of shape (V,), float64, non-negative with a positive sum
+    u : float in [0, 1)
+
+    Returns
+    -------
+    int
+        An index with a positive weight.
+    """
     cumulative = np.cumsum(weights)
     hits = np.flatnonzero(cumulative > u * cumulative[-1])
     if hits.size:

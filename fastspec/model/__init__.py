@@ -7,8 +7,13 @@ packed weights).
 
 May import: :mod:`fastspec.kernels`. Nothing above it (no file formats, no decoding).
 """
-from fastspec.model.config import ModelConfig
-from fastspec.model.schema import LayerWeights
-from fastspec.model.transformer import ForwardOutput, Transformer
+from fastspec.lazy import exports
 
-__all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
+__all__ = ["ModelConfig", "LayerWeights", "ForwardOutput", "Transformer"]
+
+__getattr__, __dir__ = exports(__name__, {
+    "ModelConfig": "config",
+    "LayerWeights": "schema",
+    "ForwardOutput": "output",
+    "Transformer": "transformer",
+})

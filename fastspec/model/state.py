@@ -8,17 +8,19 @@ fastspec`` imports it), so the model layer never imports a file format.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, TypeVar
 
 import numpy as np
 
 from fastspec.kernels.bf16 import as_storage, storage_dtype
-from fastspec.model.config import ModelConfig
 from fastspec.model.schema import (LayerWeights, MATRICES, hf_layer_keys, layer_attrs, layer_shapes,
                                    layer_state)
 
-if TYPE_CHECKING:
-    from fastspec.model.transformer import Transformer
+if TYPE_CHECKING:  # annotations only
+    from fastspec.model.config import ModelConfig
+
+#: The model class that inherits :class:`StateDict` (:class:`fastspec.Transformer`).
+Model = TypeVar("Model", bound="StateDict")
 
 __all__ = ["StateDict", "TensorFile", "layer_schema", "register_files"]
 
@@ -44,8 +46,8 @@ def _is_file_tensor(raw: Any) -> bool:
 _FILES: dict[str, Callable] = {}
 
 
-def register_files(load: Callable[..., "Transformer"],
-                   save: Callable[["Transformer", Path], None]) -> None:
+def register_files(load: Callable[..., "StateDict"],
+                   save: Callable[["StateDict", Path], None]) -> None:
     """Register the functions behind :meth:`StateDict.load` and :meth:`StateDict.save`.
 
     ``load(cls, path, dtype=, weight_dtype=, mmap=)`` returns a model of class ``cls``;
@@ -140,14 +142,15 @@ class StateDict:
         return {k: np.ascontiguousarray(v) for k, v in sd.items()}
 
     @classmethod
-    def from_state_dict(cls, config: ModelConfig, sd: Mapping[str, np.ndarray]) -> "Transformer":
+    def from_state_dict(cls: type[Model], config: ModelConfig,
+                        sd: Mapping[str, np.ndarray]) -> Model:
         """Build a model from Hugging Face names and layout; missing tensors raise KeyError."""
         return cls.from_tensors(config, ((k, sd[k]) for k in _file_keys(config) if k in sd))
 
     @classmethod
     def from_tensors(cls, config: ModelConfig,
                      tensors: Iterable[tuple[str, "np.ndarray | TensorFile"]],
-                     mmap: bool = False) -> "Transformer":
+                     mmap: bool = False) -> Model:
         """Build a model from ``(name, array)`` pairs in Hugging Face names and layout.
 
         Each array is converted into its final form (storage dtype, ``(in, out)`` layout) as
@@ -187,7 +190,7 @@ class StateDict:
 
     @classmethod
     def load(cls, path: str | Path, dtype: str | None = None,
-             weight_dtype: str | None = None, mmap: bool = False) -> "Transformer":
+             weight_dtype: str | None = None, mmap: bool = False) -> Model:
         """Load an ``.npz`` written by :meth:`save` or a Hugging Face checkpoint folder.
 
         Parameters

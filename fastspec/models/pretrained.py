@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fastspec.text.hf_tokenizer import HFTokenizer
-from fastspec.model import Transformer
+from fastspec.model.transformer import Transformer
 from fastspec.text.tokenizer import ByteTokenizer
 
 __all__ = ["Bundle", "load", "available", "data_dir", "Pretrained", "load_pretrained"]

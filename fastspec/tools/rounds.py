@@ -118,7 +118,7 @@ def tree_costs(target, nodes: Sequence[int] = TREE_NODES, context: int = 300,
         ``nodes``, ``depth``, ``tree_steps``, ``chain_steps``, ``tree_over_chain`` and the
         decode step ``decode_s``.
     """
-    from fastspec.decoding.tree import block_parents, tree_depths
+    from fastspec.kernels.tree_shape import block_parents, tree_depths
 
     cache = target.new_cache(context + max(nodes) + 1)
     target.step(prompt_tokens(context, target.config.vocab_size), cache)
