@@ -8,12 +8,13 @@ from fastspec.kernels.cache import KVCache
 from fastspec.model.config import ModelConfig
 from fastspec.model.output import ForwardOutput
 from fastspec.model.transformer import Transformer
-from fastspec.formats import transformer_io  # registers the model files behind Transformer.load
+from fastspec.formats import transformer_io  # noqa: F401 (registers Transformer.load/save)
 from fastspec.drafters.base import Drafter, Proposal, SamplingParams, Target
 from fastspec.drafters.draft_model import DraftModelDrafter
 from fastspec.drafters.ngram import NgramDrafter
 from fastspec.decoding.stats import DecodeStats, GenerationResult
-from fastspec.decoding.speculative import generate, speculative_generate
+from fastspec.decoding.generate import generate
+from fastspec.decoding.speculative import speculative_generate
 from fastspec.drafters.dflash_model import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
 from fastspec.text.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer

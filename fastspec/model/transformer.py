@@ -15,7 +15,7 @@ from fastspec.model.config import ModelConfig
 from fastspec.model.context import ContextForward
 from fastspec.model.output import ForwardOutput
 from fastspec.model.numpy_forward import NumpyForward
-from fastspec.model.functional import rms_norm, rope_tables
+from fastspec.model.functional import rope_tables
 from fastspec.model.schema import MATRICES, LayerWeights, check_layer, random_layer
 from fastspec.model.state import StateDict, layer_schema
 from fastspec.kernels.tree_shape import MAX_TREE_NODES, ancestor_mask, check_parents
