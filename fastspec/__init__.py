@@ -22,7 +22,7 @@ from fastspec.models.pretrained import load_pretrained
 from fastspec.text.hf_tokenizer import HFTokenizer
 from fastspec.models import pretrained
 
-__version__ = "0.1.0"
+from fastspec.version import __version__
 
 __all__ = [
     "__version__", "backend", "set_backend", "using_backend", "available_backends", "kernels",

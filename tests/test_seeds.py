@@ -243,7 +243,7 @@ def test_report_is_written_atomically(tmp_path):
     seed_report.write_report({"a": np.float64(1.5), "b": [np.int64(2)], "c": float("nan")},
                              tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
-    assert json.loads((tmp_path / "results.json").read_text()) == {"a": 1.5, "b": [2], "c": "nan"}
+    assert json.loads((tmp_path / "results.json").read_text()) == {"a": 1.5, "b": [2], "c": None}
     with pytest.raises(TypeError):
         seed_report.write_report({"x": object()}, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]  # no temp file left

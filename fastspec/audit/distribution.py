@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-import fastspec
 from fastspec import kernels
 from fastspec.audit.oracle import exact_continuation_probs
 from fastspec.audit.registry import ALPHA, DRAFTERS, PREFIX
@@ -24,7 +23,7 @@ from fastspec.decoding import plan_speculative, run_plan
 from fastspec.drafters.base import Proposal
 from fastspec.decoding.sampling import SamplingParams
 from fastspec.drafters.draft_model import DraftModelDrafter
-from fastspec.model import ModelConfig, Transformer
+from fastspec.model import ForwardOutput, ModelConfig, Transformer
 
 __all__ = ["MemoModel", "ArgmaxDraftModelDrafter", "WrongQDrafter", "broken_verify_rejection",
            "DIST_SETTINGS", "distribution_audit", "dist_drafters"]
@@ -118,7 +117,7 @@ class MemoModel:
                 if len(tokens) + len(ids) > cache.capacity:
                     raise ValueError("memo cache capacity exceeded")
                 tokens.extend(ids)
-                return fastspec.ForwardOutput(hit, {})
+                return ForwardOutput(hit, {})
         layers = self.check_hidden_layers(hidden_layers)
         if len(tokens) + len(ids) > cache.capacity:
             raise ValueError("memo cache capacity exceeded")
@@ -136,7 +135,7 @@ class MemoModel:
         else:
             logits.flags.writeable = False  # shared by every later identical call
             self._calls[(tuple(tokens[:len(tokens) - len(ids)]), tuple(ids))] = logits
-        return fastspec.ForwardOutput(logits, hidden)
+        return ForwardOutput(logits, hidden)
 
 
 # --- drafters and verifiers used only by the audit ------------------------------------------

@@ -17,7 +17,6 @@ from typing import Callable, Iterator
 import numpy as np
 
 from fastspec import kernels
-from fastspec.kernels import _reference
 from fastspec.drafters.base import SamplingParams
 from fastspec.model import Transformer
 
@@ -67,7 +66,7 @@ class ExactOracle:
             with _numpy_backend():
                 out = self.target.forward(np.array(seq, dtype=np.int64), hidden_layers=self.layers)
             logits = np.ascontiguousarray(out.logits[-1:], dtype=np.float64)
-            self._p[seq] = _reference.probs(logits, s.temperature, s.top_k, s.top_p)[0]
+            self._p[seq] = kernels.module("numpy").probs(logits, s.temperature, s.top_k, s.top_p)[0]
             self._h[seq] = out.hidden
         return self._p[seq]
 

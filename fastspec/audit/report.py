@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import importlib
-import json
 import time
 import traceback
 from typing import Callable
 
-from fastspec.formats.json_io import jsonable
+from fastspec.formats import json_io
 from fastspec.audit.registry import (ALPHA, CHECKS, DRAFTERS, GAMMAS, NEW_TOKENS, PREFIX, SEEDS,
                                      AuditContext)
 from fastspec.tools.environment import environment
@@ -92,7 +91,7 @@ def run_audit(quick: bool = False, samples: int | None = None, names=None,
                               dtype="float64", toy_target_layers=2, toy_draft_layers=1,
                               drafters=list(DRAFTERS), alpha=ALPHA, extra_modules=loaded),
                   checks=results, seconds=time.perf_counter() - t_all)
-    return jsonable(report, drop_private=True)
+    return json_io.jsonable(report, drop_private=True)
 
 
 def format_report(report: dict) -> str:
@@ -134,7 +133,7 @@ def _headline(name: str, r: dict) -> str:
 
 
 def write_report(report: dict, path) -> None:
-    """Write the report as indented JSON."""
+    """Write the report as indented, strict JSON (non-finite figures as ``null``)."""
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
+        json_io.dump(report, f, indent=2)
         f.write("\n")

@@ -3,11 +3,11 @@
 Without ``--model`` it runs the embedded byte-level bundle. With ``--model DIR`` it reads a
 Llama/Qwen2/Qwen3 Hugging Face folder and its ``tokenizer.json`` (``[hf]`` extra for the
 tokenizer; ``--prompt-ids`` needs neither). Every check that can fail (tokenizer, prompt
-length, drafter spec) runs before the weights are read. (Named ``textgen``, not ``generate``:
-a submodule ``fastspec.generate`` would shadow the function ``fastspec.generate``.)
+length, drafter spec) runs before the weights are read.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -16,12 +16,18 @@ from typing import Callable
 
 import numpy as np
 
-import fastspec as fs
-from fastspec.formats.json_io import read_json_object
+from fastspec.cli.args import gamma_or_adaptive, non_negative_float, positive_int
+from fastspec.decoding import speculative_generate
+from fastspec.drafters import DraftModelDrafter, NgramDrafter
 from fastspec.drafters.base import Proposal
-from fastspec.text.tokenizer import StreamDecoder
+from fastspec.drafters.dflash import DFlashDrafter
+from fastspec.drafters.dflash_model import DFlashModel
+from fastspec.formats import json_io
+from fastspec.model import Transformer
+from fastspec.text.tokenizer import ByteTokenizer, StreamDecoder
 
-__all__ = ["generate_main", "parse_drafter", "NoDrafter", "GenerateError"]
+__all__ = ["add_parser", "run", "run_generate", "parse_drafter", "DrafterSpec", "NoDrafter",
+           "GenerateError"]
 
 
 class GenerateError(ValueError):
@@ -121,7 +127,7 @@ def _load(args):
     if args.model is None:
         from fastspec.models import pretrained
 
-        tok = fs.ByteTokenizer()
+        tok = ByteTokenizer()
         ids = _prompt_ids(args, tok)
         with np.load(pretrained.data_dir() / "target.npz") as z:  # the package's own file
             max_seq_len = int(json.loads(str(z["config"]))["max_seq_len"])
@@ -131,7 +137,7 @@ def _load(args):
     from fastspec.formats.hf_folder import hf_config
 
     folder = Path(args.model)
-    raw = read_json_object(folder / "config.json")
+    raw = json_io.read_json_object(folder / "config.json")
     if raw is None:
         raise GenerateError(f"--model {folder}: no config.json (not a Hugging Face folder)")
     tok = None
@@ -142,27 +148,27 @@ def _load(args):
     ids = _prompt_ids(args, tok)
     config = hf_config(raw)
     _check_length(len(ids), args.max_new_tokens, config.max_seq_len, str(folder / "config.json"))
-    return (fs.Transformer.load(folder, weight_dtype=_folder_weight_dtype(args.weight_dtype, raw),
-                                mmap=args.mmap), tok, ids, None)
+    return (Transformer.load(folder, weight_dtype=_folder_weight_dtype(args.weight_dtype, raw),
+                             mmap=args.mmap), tok, ids, None)
 
 
 def _drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype: str):
     if spec.kind == "none":
         return NoDrafter()
     if spec.kind == "ngram":
-        return fs.NgramDrafter(max_ngram=3)
+        return NgramDrafter(max_ngram=3)
     if spec.kind == "draft":
-        draft = bundle.draft if spec.path is None else fs.Transformer.load(
+        draft = bundle.draft if spec.path is None else Transformer.load(
             spec.path, weight_dtype=_folder_weight_dtype(
-                weight_dtype, read_json_object(Path(spec.path) / "config.json") or {}))
+                weight_dtype, json_io.read_json_object(Path(spec.path) / "config.json") or {}))
         if draft.config.vocab_size != target.config.vocab_size:
             raise GenerateError(f"--drafter draft:{spec.path}: the draft model's vocabulary "
                                 f"({draft.config.vocab_size} ids) differs from the target's "
                                 f"({target.config.vocab_size} ids); a draft model must share "
                                 "the target's tokenizer")
-        return fs.DraftModelDrafter(draft)
-    model = bundle.dflash if spec.path is None else fs.DFlashModel.load(spec.path, target)
-    return fs.DFlashDrafter(model, sample_block=sampling)
+        return DraftModelDrafter(draft)
+    model = bundle.dflash if spec.path is None else DFlashModel.load(spec.path, target)
+    return DFlashDrafter(model, sample_block=sampling)
 
 
 def _gamma(args, kind: str):
@@ -201,7 +207,7 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
             write(text)
 
     gamma = _gamma(args, spec.kind) if spec.kind != "none" else None
-    result = fs.speculative_generate(
+    result = speculative_generate(
         target, drafter, ids, args.max_new_tokens, gamma=gamma or 1,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         eos_token_id=eos, callback=stream)
@@ -230,8 +236,62 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
     }
 
 
-def generate_main(args) -> int:
-    """Entry point of ``fastspec generate``: text on stdout, the figures on stderr."""
+def add_parser(sub) -> None:
+    """Register ``generate`` on the subparsers ``sub``."""
+    p = sub.add_parser(
+        "generate", help="generate text from a prompt, streamed as it is accepted",
+        description="Speculative decoding of a prompt with the embedded models, or with a "
+                    "Llama/Qwen2/Qwen3 Hugging Face folder (--model DIR, its tokenizer.json "
+                    "needs the [hf] extra). Streams the text to stdout, then prints tokens/s, "
+                    "tau and target calls to stderr.")
+    p.add_argument("--model", metavar="DIR", help="Hugging Face folder (default: embedded)")
+    p.add_argument("--drafter", metavar="SPEC",
+                   help="none | ngram | draft:DIR | dflash:DIR (embedded: draft, dflash); "
+                        "default dflash (embedded) or ngram (--model)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text (default: read stdin)")
+    src.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma separated "
+                     "(no tokenizer needed; the output is printed as ids)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N",
+                   help="tokens to generate (default 128)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default)")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="1 = off (default)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--gamma", type=gamma_or_adaptive, default=None, metavar="G",
+                   help="draft tokens per round, an int or 'adaptive' (default: per drafter)")
+    p.add_argument("--json", action="store_true", help="print the text and figures as JSON")
+    p.add_argument("--weight-dtype", choices=("auto", "bfloat16", "float16", "float32"),
+                   default="auto",
+                   help="storage of a --model folder's matrices (default auto: the folder's "
+                        "own dtype when it is bfloat16 or float16, else float32; 16-bit "
+                        "matrices halve the bytes each decode step reads)")
+    p.add_argument("--mmap", action="store_true",
+                   help="map a --model folder's safetensors instead of reading them: tensors "
+                        "already in their storage dtype are not read at load (the first "
+                        "forward packs them) and their pages stay reclaimable page cache")
+    p.add_argument("--threads", type=positive_int, default=1, metavar="N",
+                   help="threads of the compiled runner's matrix products (default 1). More "
+                        "help on an idle machine; on a busy one also set "
+                        "OMP_WAIT_POLICY=PASSIVE in the environment")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``fastspec generate``: text on stdout, the figures on stderr.
+
+    Returns 0, or 2 on bad input (the message on stderr, no traceback).
+    """
+    if args.threads != 1:
+        try:
+            from fastspec.model import _model
+        except ImportError:
+            print("fastspec: --threads needs the compiled extension; running on one thread",
+                  file=sys.stderr)
+        else:
+            _model.set_threads(args.threads)
+
     def write(text: str) -> None:
         if not args.json:
             sys.stdout.write(text)
@@ -243,7 +303,7 @@ def generate_main(args) -> int:
         print(f"fastspec generate: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(report))
+        print(json_io.dumps(report))
         return 0
     if report["text"] is None:
         print(" ".join(map(str, report["tokens"])), end="")

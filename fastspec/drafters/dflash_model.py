@@ -15,7 +15,6 @@ next append overwrites) and never kept. The exact math and the ``.npz`` layout a
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -24,6 +23,7 @@ import numpy as np
 
 from fastspec.kernels.bf16 import as_storage
 from fastspec.kernels.checks import check_index
+from fastspec.formats import json_io
 from fastspec.formats.npz import read_npz
 from fastspec.kernels.cache import KVCache
 from fastspec.model.config import ModelConfig
@@ -198,7 +198,7 @@ class DFlashModel:
         cfg = self.config.to_dict()
         if self.context_window is not None:
             cfg[CONTEXT_WINDOW_KEY] = int(self.context_window)
-        np.savez(path, config=np.array(json.dumps(cfg)),
+        np.savez(path, config=np.array(json_io.dumps(cfg)),
                  target_fingerprint=fingerprint_array(self.target), **self.state_dict())
 
     @classmethod

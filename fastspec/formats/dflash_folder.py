@@ -23,7 +23,6 @@ the drafter against another target of the same shape is refused instead of draft
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastspec.formats import json_io
 from fastspec.formats.json_io import read_json_object
 from fastspec.formats.hf_folder import rope_theta, weight_files, read_safetensors, write_safetensors
 from fastspec.model.schema import hf_layer_keys, layer_attrs
@@ -252,6 +252,6 @@ def save_dflash_folder(model: Any, folder: str | os.PathLike) -> None:
         if value != {"final_logit_softcapping": 0.0}.get(name, 1.0):
             config["dflash_config"][name] = value
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "config.json").write_text(json_io.dumps(config, indent=2) + "\n")
     sd = {k: np.asarray(v, dtype=model.dtype) for k, v in model.state_dict().items()}
     write_safetensors(folder / "model.safetensors", sd)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 
 import numpy as np
 
+from fastspec.formats import json_io
 from fastspec.formats.json_io import read_json_object
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import hf_layer_keys, layer_attrs
@@ -220,7 +221,7 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
                         "data_offsets": [offset, offset + a.nbytes]}
         offset += a.nbytes
         arrays.append(a)
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw = json_io.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # keeps the data 8-byte aligned, as the reference writer does
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
@@ -446,7 +447,7 @@ def save_hf(model: Transformer, folder: str | os.PathLike) -> None:
     folder = Path(folder)
     config = hf_export_config(model.config)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "config.json").write_text(json_io.dumps(config, indent=2) + "\n")
     write_safetensors(folder / "model.safetensors", model.state_dict())
 
 

@@ -7,12 +7,12 @@ are :mod:`fastspec.model.state`'s; Hugging Face folders are :mod:`fastspec.forma
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from fastspec.kernels.bf16 import BF16
+from fastspec.formats import json_io
 from fastspec.formats.hf_folder import iter_hf, read_hf_config, save_hf
 from fastspec.formats.npz import read_npz
 from fastspec.model.config import ModelConfig
@@ -25,7 +25,7 @@ __all__ = ["load_transformer", "save_transformer"]
 def save_transformer(model: Transformer, path: Path) -> None:
     """Write ``model`` to ``path``: an ``.npz`` file, or a Hugging Face folder otherwise."""
     if path.suffix == ".npz":
-        np.savez(path, config=np.array(json.dumps(model.config.to_dict())), **model.state_dict())
+        np.savez(path, config=np.array(json_io.dumps(model.config.to_dict())), **model.state_dict())
     else:
         save_hf(model, path)
 

@@ -6,7 +6,6 @@ step at the end, so a failed or interrupted run never leaves a partial report.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -19,11 +18,12 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-import fastspec as fs
-from fastspec.formats.json_io import jsonable
+from fastspec.formats import json_io
+from fastspec.kernels import backend
+from fastspec.version import __version__
 
 __all__ = ["SeedInputError", "check_out_dir", "write_report", "load_seed_file", "seed_path",
-           "environment", "time_samples", "jsonable"]
+           "environment", "time_samples"]
 
 
 class SeedInputError(ValueError):
@@ -54,12 +54,15 @@ def check_out_dir(out) -> Path:
 
 
 def write_report(report: dict, out: Path, name: str = "results.json") -> Path:
-    """Write ``report`` as indented JSON to ``out/name`` atomically (temp file + rename)."""
+    """Write ``report`` as indented, strict JSON to ``out/name`` atomically (temp file + rename).
+
+    Non-finite figures are written as ``null`` (:func:`fastspec.formats.json_io.dump`).
+    """
     target = out / name
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(jsonable(report), f, indent=2)
+            json_io.dump(report, f, indent=2)
             f.write("\n")
         os.replace(tmp, target)
     except BaseException:
@@ -140,7 +143,7 @@ def environment() -> dict:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return dict(python=platform.python_version(), numpy=np.__version__,
                 platform=platform.platform(), dtype="float64", device="CPU",
-                fastspec=fs.__version__, backend=fs.backend(), cpu_count=os.cpu_count(),
+                fastspec=__version__, backend=backend(), cpu_count=os.cpu_count(),
                 load_average_1min=load, blas_thread_env=threads)
 
 

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import fastspec as fs
+from fastspec.decoding import DecodeStats
+from fastspec.model import ForwardOutput
 from fastspec import kernels
 
 __all__ = ["Seed000Config", "MLPTarget", "WMixDrafter", "Clock", "seed_schedule",
@@ -122,9 +123,9 @@ class MLPTarget:
                 h = np.maximum(h, 0.0)
         return np.ascontiguousarray(h @ self.lm_head), h
 
-    def forward(self, ids, cache=None, hidden_layers=()) -> fs.ForwardOutput:
-        """``fs.Transformer.forward``'s shape of result, for fastspec's exact-law oracles."""
-        return fs.ForwardOutput(self.run(ids)[0], {})
+    def forward(self, ids, cache=None, hidden_layers=()) -> ForwardOutput:
+        """``Transformer.forward``'s shape of result, for fastspec's exact-law oracles."""
+        return ForwardOutput(self.run(ids)[0], {})
 
     def probs_table(self) -> np.ndarray:
         """Return ``P`` of shape (V, V): ``P[x]`` is the next-token law after token ``x``."""
@@ -230,9 +231,9 @@ class Clock:
 
 
 def vanilla_decode(target: MLPTarget, prompt, max_new_tokens: int,
-                   rng: np.random.Generator) -> tuple[list[int], fs.DecodeStats]:
+                   rng: np.random.Generator) -> tuple[list[int], DecodeStats]:
     """Sample ``max_new_tokens`` from the target, one target call per token."""
-    stats = fs.DecodeStats()
+    stats = DecodeStats()
     begin = time.perf_counter()
     last = int(prompt[-1])
     tokens = []
@@ -248,7 +249,7 @@ def vanilla_decode(target: MLPTarget, prompt, max_new_tokens: int,
 
 def speculative_decode(target: MLPTarget, drafter: WMixDrafter, prompt, max_new_tokens: int,
                        rng: np.random.Generator, rule: str = "seed",
-                       clock: Clock | None = None) -> tuple[list[int], fs.DecodeStats]:
+                       clock: Clock | None = None) -> tuple[list[int], DecodeStats]:
     """The seed's DFlash loop: target samples ``t_1``, drafter drafts a block, target verifies.
 
     Parameters
@@ -274,7 +275,7 @@ def speculative_decode(target: MLPTarget, drafter: WMixDrafter, prompt, max_new_
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     B = drafter.config.block_size
-    stats = fs.DecodeStats()
+    stats = DecodeStats()
     clock = clock if clock is not None else Clock()
     begin = time.perf_counter()
     last = int(prompt[-1])

@@ -22,7 +22,7 @@ import itertools
 
 import numpy as np
 
-import fastspec as fs
+from fastspec.drafters.base import SamplingParams
 from fastspec import audit
 from fastspec.seeds.seed000 import (RULES, MLPTarget, Seed000Config, WMixDrafter,
                                     pick_positions, speculative_decode)
@@ -174,7 +174,7 @@ def exact_target_law(config: Seed000Config = AUDIT_CONFIG, prompt=PROMPT,
     # The oracle only calls target.forward(ids, hidden_layers=()).logits, which MLPTarget has.
     target = MLPTarget(config)
     return audit.exact_target_law(target, list(prompt), n_new,  # type: ignore[arg-type]
-                                         fs.SamplingParams(1.0))
+                                         SamplingParams(1.0))
 
 
 def loop_counts(config: Seed000Config, rule: str, runs: int, seed: int = 0) -> np.ndarray:

@@ -2,10 +2,10 @@
 
 Seed 002 is a NumPy experiment on an untrained toy decoder (vocabulary 8, width 16, 2 heads,
 LayerNorm, learned positions, tanh FFN; a 2-layer target and a 1-layer draft). This module
-reruns it with fastspec's own pieces — ``fs.Transformer`` built from ``fs.ModelConfig.toy``
+reruns it with fastspec's own pieces — ``Transformer`` built from ``ModelConfig.toy``
 (whose random initialisation draws the seed's weights, in the seed's order, from the same
-``default_rng(seed)``), ``fs.KVCache``, ``fs.generate``, ``fs.speculative_generate``,
-``fs.DraftModelDrafter`` and the verification kernels — and writes a report with the seed's
+``default_rng(seed)``), ``KVCache``, ``generate``, ``speculative_generate``,
+``DraftModelDrafter`` and the verification kernels — and writes a report with the seed's
 top-level keys and fields:
 
 - ``kv``: chunked cached forward == one full forward, cache == recompute, bytes and shape
@@ -28,7 +28,11 @@ from __future__ import annotations
 
 import numpy as np
 
-import fastspec as fs
+from fastspec.decoding import generate, speculative_generate
+from fastspec.drafters import DraftModelDrafter
+from fastspec.kernels import backend
+from fastspec.kernels.cache import KVCache
+from fastspec.model import ModelConfig, Transformer
 from fastspec import audit, kernels
 from fastspec.audit.core import CHUNKS, chunked_forward
 from fastspec.seeds.report import environment, load_seed_file, seed_path, time_samples
@@ -53,8 +57,8 @@ SEED_MARKERS = ("def sampling_audit", "class Decoder", "def speculative", "6900"
 SEED_NAMES = ("Decoder", "baseline", "speculative", "crop")
 
 
-def _toy(seed: int, layers: int) -> fs.Transformer:
-    return fs.Transformer.random(fs.ModelConfig.toy(n_layers=layers, dtype="float64"), seed)
+def _toy(seed: int, layers: int) -> Transformer:
+    return Transformer.random(ModelConfig.toy(n_layers=layers, dtype="float64"), seed)
 
 
 def _cache_error(model, seq, cache) -> float:
@@ -79,7 +83,7 @@ class _AuditedTarget:
     from position 0.
     """
 
-    def __init__(self, model: fs.Transformer, prompt) -> None:
+    def __init__(self, model: Transformer, prompt) -> None:
         self.model = model
         self.committed = np.asarray(prompt, dtype=np.int64)
         self.checks = 0
@@ -101,7 +105,7 @@ class _AuditedTarget:
 def _speculative(target, draft, count, gamma, temperature, seed):
     """One audited speculative run; returns (tokens, seed-style stats, per-round trace, audit)."""
     checked = _AuditedTarget(target, PREFIX)
-    drafter = fs.DraftModelDrafter(draft)
+    drafter = DraftModelDrafter(draft)
     worst = {"target": 0.0, "draft": 0.0}
     draft_lengths, lags = [], set()
 
@@ -113,9 +117,9 @@ def _speculative(target, draft, count, gamma, temperature, seed):
         worst["draft"] = max(worst["draft"], _cache_error(draft, seq[:dcache.length], dcache))
 
     cache = target.new_cache()
-    res = fs.speculative_generate(checked, drafter, PREFIX, count, gamma=gamma,
-                                  temperature=temperature, seed=seed, trace=True, cache=cache,
-                                  callback=after_round)
+    res = speculative_generate(checked, drafter, PREFIX, count, gamma=gamma,
+                               temperature=temperature, seed=seed, trace=True, cache=cache,
+                               callback=after_round)
     worst["target"] = _cache_error(target, (PREFIX + res.tokens)[:-1], cache)
     rounds = res.stats.trace
     stats = dict(rounds=len(rounds), proposed=sum(r["proposed"] for r in rounds),
@@ -214,7 +218,7 @@ def distribution_check(draws: int = MC_DRAWS, seed: int = MC_SEED,
                   analytic_max_error=max(errors), analytic_cases=len(PAIRS),
                   kernel_support_violations=support_violations,
                   kernel_agreement=dict(draws=min(kernel_draws, draws), mismatches=mismatches,
-                                        backend=fs.backend()))
+                                        backend=backend()))
     return result
 
 
@@ -267,8 +271,8 @@ def _decoding_checks(count: int) -> tuple[dict, list]:
     checks, greedy, traces = [], [], []
     for seed in SEEDS:
         t, d = _toy(seed, 2), _toy(seed, 1)
-        expected = fs.generate(t, PREFIX, count, use_cache=False).tokens
-        cached_equal = expected == fs.generate(t, PREFIX, count, use_cache=True).tokens
+        expected = generate(t, PREFIX, count, use_cache=False).tokens
+        cached_equal = expected == generate(t, PREFIX, count, use_cache=True).tokens
         checks.append((f"seed {seed}: cached vanilla == full-prefix vanilla", cached_equal))
         for gamma in GAMMAS:
             tokens, stats, _, figures = _speculative(t, d, count, gamma, 0.0, seed)
@@ -297,10 +301,10 @@ def _timing(repeats: int, seed_module) -> tuple[dict, dict, dict, dict | None]:
             last[name] = fn()
         return run
 
-    jobs = {"full_prefix": lambda: fs.generate(t, PREFIX, NEW_TOKENS, use_cache=False),
-            "kv_cache": lambda: fs.generate(t, PREFIX, NEW_TOKENS, use_cache=True),
-            "speculative_g4": lambda: fs.speculative_generate(t, fs.DraftModelDrafter(d), PREFIX,
-                                                              NEW_TOKENS, gamma=4, seed=69)}
+    jobs = {"full_prefix": lambda: generate(t, PREFIX, NEW_TOKENS, use_cache=False),
+            "kv_cache": lambda: generate(t, PREFIX, NEW_TOKENS, use_cache=True),
+            "speculative_g4": lambda: speculative_generate(t, DraftModelDrafter(d), PREFIX,
+                                                           NEW_TOKENS, gamma=4, seed=69)}
     timing, workload = {}, {}
     for name, fn in jobs.items():
         timing[name] = time_samples(job(name, fn), repeats)
@@ -371,7 +375,7 @@ def run(seed_file=None, *, draws: int = MC_DRAWS, kernel_draws: int = KERNEL_DRA
         checks += [(f"seed code: {k}", v) for k, v in comparison.items() if k.endswith("_equal")]
         checks.append(("seed code: same weights (logits within 1e-12)",
                        comparison["max_logit_difference"] <= 1e-12))
-    cfg = fs.ModelConfig.toy(dtype="float64")
+    cfg = ModelConfig.toy(dtype="float64")
     report = dict(
         environment=environment(),
         config=dict(prefix=PREFIX, new_tokens=new_tokens, vocab=cfg.vocab_size, dim=cfg.dim,

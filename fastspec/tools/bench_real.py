@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from fastspec.kernels.bf16 import to_bits
+from fastspec.formats import json_io
 from fastspec.formats.hf_folder import hf_export_config, hf_tensor_names, write_safetensors
 from fastspec.model.config import ModelConfig
 
@@ -79,7 +80,7 @@ def write_random_folder(config: ModelConfig, folder: str | os.PathLike, seed: in
         del a
     cfg = hf_export_config(config)
     cfg["torch_dtype"] = dtype
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    (folder / "config.json").write_text(json_io.dumps(cfg, indent=2) + "\n")
     write_safetensors(folder / "model.safetensors", tensors)
     return (folder / "model.safetensors").stat().st_size
 
@@ -87,9 +88,12 @@ def write_random_folder(config: ModelConfig, folder: str | os.PathLike, seed: in
 # Runs in a fresh process: argv = folder, weight_dtype, new_tokens, repeats, sampled (0/1),
 # threads. The environment sets OPENBLAS_NUM_THREADS to the same thread count.
 _CHILD = r"""
-import json, sys, time
+import sys, time
 import numpy as np
-import fastspec as fs
+from fastspec import kernels
+from fastspec.decoding import generate
+from fastspec.formats.json_io import dumps
+from fastspec.model import Transformer
 from fastspec.tools.timing import timeit
 
 def rss(field):
@@ -107,7 +111,7 @@ except ImportError:
     pass
 base = rss("VmRSS:")
 t0 = time.perf_counter()
-model = fs.Transformer.load(folder, weight_dtype=wdt)
+model = Transformer.load(folder, weight_dtype=wdt)
 load_s = time.perf_counter() - t0
 row = {"load_s": load_s, "peak_rss_load_bytes": rss("VmHWM:") - base,
        "rss_after_load_bytes": rss("VmRSS:") - base, "threads": threads}
@@ -150,7 +154,7 @@ if new_tokens:
     row["fraction_paired_median"] = float(np.median(streams / steps))
     row["fraction_paired_quartiles"] = [float(q) for q in np.quantile(streams / steps, [0.25, 0.75])]
     row["rss_after_decode_bytes"] = rss("VmRSS:") - base
-    res = fs.generate(model, prompt, new_tokens, cache=cache)
+    res = generate(model, prompt, new_tokens, cache=cache)
     row["generate_tokens_per_s"] = (res.stats.new_tokens - 1) / res.stats.decode_s
 if sampled == "1":
     rng = np.random.default_rng(0)
@@ -160,11 +164,11 @@ if sampled == "1":
     u = rng.random(8)
     pbuf = np.empty_like(logits)  # the decoding loop's reused buffer (SpeculativePlan)
     def round_():
-        p = fs.kernels.probs(logits, 1.0, 50, out=pbuf)
-        return fs.kernels.verify_rejection(draft, p, None, u)
+        p = kernels.probs(logits, 1.0, 50, out=pbuf)
+        return kernels.verify_rejection(draft, p, None, u)
     row["sampled_round_s"] = min(timeit(round_, repeats=3) for _ in range(repeats))
-    row["probs_8rows_s"] = timeit(lambda: fs.kernels.probs(logits, 1.0, 50))
-print(json.dumps(row))
+    row["probs_8rows_s"] = timeit(lambda: kernels.probs(logits, 1.0, 50))
+print(dumps(row))
 """
 
 
@@ -175,9 +179,7 @@ def measure_folder(folder: str | os.PathLike, weight_dtype: str = "bfloat16",
 
     ``new_tokens=0`` measures the load only.
     """
-    import fastspec
-
-    env = dict(os.environ, PYTHONPATH=str(Path(fastspec.__file__).parent.parent),
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]),  # the folder of fastspec/
                OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
     out = subprocess.run([sys.executable, "-c", _CHILD, str(folder), weight_dtype,
                           str(new_tokens), str(repeats), "1" if sampled else "0", str(threads)],

@@ -6,13 +6,17 @@ are drawn from that JSON by :mod:`fastspec.tools.plots`.
 """
 from __future__ import annotations
 
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-import fastspec as fs
+from fastspec.decoding import generate, speculative_generate
+from fastspec.drafters import DraftModelDrafter
+from fastspec.drafters.dflash import DFlashDrafter
+from fastspec.formats import json_io
+from fastspec.kernels import available_backends, using_backend
+from fastspec.model import ModelConfig, Transformer
 from fastspec.tools.progress import Progress
 from fastspec.tools.machine import attention_rates, decode_bound, kernel_ratios, machine_limits
 from fastspec.tools.markdown import performance_markdown, summary_text
@@ -32,9 +36,9 @@ def _models(prefer_pretrained: bool = True):
     if prefer_pretrained and pretrained.available():
         b = pretrained.load()
         return b.target, b.draft, b.dflash, "embedded"
-    cfg = fs.ModelConfig.tiny_llama()
-    target = fs.Transformer.random(cfg, seed=0)
-    draft = fs.Transformer.random(cfg.replace(n_layers=1), seed=1)
+    cfg = ModelConfig.tiny_llama()
+    target = Transformer.random(cfg, seed=0)
+    draft = Transformer.random(cfg.replace(n_layers=1), seed=1)
     return target, draft, None, "random tiny Llama"
 
 
@@ -43,7 +47,7 @@ def _with_context(model, max_seq_len: int):
     if model.config.max_seq_len >= max_seq_len or model.config.positional != "rope":
         return model
     cfg = model.config.replace(max_seq_len=max_seq_len)
-    return fs.Transformer.from_state_dict(cfg, model.state_dict())
+    return Transformer.from_state_dict(cfg, model.state_dict())
 
 
 def _per_token(run: Callable[[int], object], new_tokens: int, vanilla: bool = False,
@@ -74,14 +78,14 @@ def context_scaling(target, draft, contexts: Sequence[int], new_tokens: int = 33
     target = _with_context(target, max(contexts) + new_tokens + 16)
     draft = _with_context(draft, max(contexts) + new_tokens + 16)
     rows = []
-    for name in fs.available_backends():
-        with fs.using_backend(name):
+    for name in available_backends():
+        with using_backend(name):
             for ctx in contexts:
                 ids = prompt_tokens(ctx, target.config.vocab_size)
-                van, _ = _per_token(lambda n: fs.generate(target, ids, n), new_tokens,
+                van, _ = _per_token(lambda n: generate(target, ids, n), new_tokens,
                                     vanilla=True)
-                spec, _ = _per_token(lambda n: fs.speculative_generate(
-                    target, fs.DraftModelDrafter(draft), ids, n, gamma=gamma), new_tokens)
+                spec, _ = _per_token(lambda n: speculative_generate(
+                    target, DraftModelDrafter(draft), ids, n, gamma=gamma), new_tokens)
                 rows.append({"backend": name, "context": ctx,
                              "vanilla_ms_per_token": 1e3 * van,
                              "speculative_ms_per_token": 1e3 * spec, "speedup": van / spec})
@@ -98,15 +102,15 @@ def gamma_scaling(target, draft, dflash, gammas: Sequence[int] = (1, 2, 4, 8, 16
     """
     rows = []
     ids = prompt_tokens(256, target.config.vocab_size)
-    for name in fs.available_backends():
-        with fs.using_backend(name):
-            van, _ = _per_token(lambda n: fs.generate(target, ids, n), new_tokens, vanilla=True)
+    for name in available_backends():
+        with using_backend(name):
+            van, _ = _per_token(lambda n: generate(target, ids, n), new_tokens, vanilla=True)
             for g in gammas:
-                runs = {"draft": lambda n: fs.speculative_generate(
-                    target, fs.DraftModelDrafter(draft), ids, n, gamma=g)}
+                runs = {"draft": lambda n: speculative_generate(
+                    target, DraftModelDrafter(draft), ids, n, gamma=g)}
                 if dflash is not None and g < 16:
-                    runs["dflash"] = lambda n: fs.speculative_generate(
-                        target, fs.DFlashDrafter(dflash), ids, n,
+                    runs["dflash"] = lambda n: speculative_generate(
+                        target, DFlashDrafter(dflash), ids, n,
                         gamma=min(g, dflash.config.block_size - 1))
                 for drafter, fn in runs.items():
                     t, stats = _per_token(fn, new_tokens)
@@ -139,13 +143,13 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
 
     contexts = (64, 256, 1024, 2048, 4096) if full else (64, 512, 2048)
     gammas = (1, 2, 4, 8, 16) if full else (1, 4, 8)
-    backends = fs.available_backends()
+    backends = available_backends()
     steps = 6 + len(backends) * (len(contexts) + len(gammas)) + (1 if with_peers else 0)
     bar = Progress(steps, "bench") if progress else None
     tick = (lambda what: bar.update(what)) if bar else (lambda what: None)
     report = {"environment": environment(), "mode": "full" if full else "quick"}
     fastest = "cython" if "cython" in backends else "numpy"
-    with fs.using_backend(fastest):
+    with using_backend(fastest):
         report["machine"] = machine_limits(quick=not full)
         tick("machine limits")
         report["attention"] = attention_rates()
@@ -162,7 +166,7 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
                             "draft_params": draft.n_params}
         bounds = []
         for name in backends:
-            with fs.using_backend(name):
+            with using_backend(name):
                 step = decode_step_time(target, 64)
             bounds.append({"backend": name, **decode_bound(target, report["machine"], step)})
         report["decode_bound"] = bounds
@@ -171,14 +175,14 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
         # verify_n per weight storage; the SmolLM-135M shape (random, built in bf16) with --full
         report["storage_costs"] = {"target": storage_costs(target, 300)}
         if full:
-            smol = fs.Transformer.random(smollm_config(weight_dtype="bfloat16"), seed=0)
+            smol = Transformer.random(smollm_config(weight_dtype="bfloat16"), seed=0)
             report["storage_costs"]["smollm135m_shape"] = storage_costs(smol, 512)
             del smol
         tick("round costs")
         # Tree verification (nodes 8..64) vs a chain of as many positions, in decode steps
         report["tree_costs"] = []
         for name in backends:
-            with fs.using_backend(name):
+            with using_backend(name):
                 report["tree_costs"] += [{"backend": name, **r} for r in tree_costs(target)]
         tick("tree costs")
         report["context_scaling"] = context_scaling(target, draft, contexts, progress=bar)
@@ -193,8 +197,8 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
                 report["real_peers_skipped"] = f"needs the [hf] extra: {exc}"
     if with_peers:  # on the caller's backend
         try:
-            tiny = fs.Transformer.random(fs.ModelConfig.tiny_llama(), 0)
-            tiny_draft = fs.Transformer.random(fs.ModelConfig.tiny_llama(n_layers=1), 1)
+            tiny = Transformer.random(ModelConfig.tiny_llama(), 0)
+            tiny_draft = Transformer.random(ModelConfig.tiny_llama(n_layers=1), 1)
             report["peers"] = [
                 {"models": "random tiny Llama", **peers(tiny, tiny_draft)},
                 # The same architecture with its matrices held as float16 values (as
@@ -215,7 +219,7 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
 def bench_main(args) -> int:
     """Entry point of ``fastspec bench``."""
     report = run(full=args.full, with_peers=args.peers, progress=not args.quiet)
-    Path(args.out).write_text(json.dumps(report, indent=1, default=float))
+    Path(args.out).write_text(json_io.dumps(report, indent=1, default=float))
     print(f"wrote {args.out}", file=sys.stderr)
     print(summary_text(report))
     if args.markdown:

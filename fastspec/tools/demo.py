@@ -5,7 +5,6 @@ on held-out standard-library code, and check that greedy outputs are identical.
 """
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -13,12 +12,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-
-import fastspec as fs
+from fastspec.decoding import generate, speculative_generate
+from fastspec.drafters import DraftModelDrafter, NgramDrafter
+from fastspec.drafters.dflash import DFlashDrafter
+from fastspec.formats import json_io
+from fastspec.kernels import backend
+from fastspec.version import __version__
 from fastspec.tools.environment import environment
 from fastspec.tools.progress import Progress
 
-__all__ = ["METHODS", "DFLASH_TREE_BUDGET", "MethodResult", "run_methods", "demo_main", "eval_main", "is_looping"]
+__all__ = ["METHODS", "DFLASH_TREE_BUDGET", "DEFAULT_GAMMA", "MethodResult", "default_gamma",
+           "run_methods", "format_table", "demo_main", "eval_main", "is_looping",
+           "results_markdown"]
 
 #: Methods in display order; "vanilla" is the baseline. "*_tree" are the tree-proposing
 #: variants of the same drafter (verified in one target step per round).
@@ -67,31 +72,31 @@ def _runner(bundle, method: str, gamma) -> Callable:
     """Return ``run(ids, max_new_tokens, temperature, seed) -> result`` for ``method``."""
     target = bundle.target
     if method == "vanilla":
-        return lambda ids, n, t, s: fs.generate(target, ids, n, temperature=t, seed=s)
+        return lambda ids, n, t, s: generate(target, ids, n, temperature=t, seed=s)
     if method == "draft":
-        make = lambda: fs.DraftModelDrafter(bundle.draft)  # noqa: E731
+        make = lambda: DraftModelDrafter(bundle.draft)  # noqa: E731
     elif method == "ngram":
-        make = lambda: fs.NgramDrafter(max_ngram=3)  # noqa: E731
+        make = lambda: NgramDrafter(max_ngram=3)  # noqa: E731
     elif method == "ngram_tree":
-        make = lambda: fs.NgramDrafter(max_ngram=3, tree=True)  # noqa: E731
+        make = lambda: NgramDrafter(max_ngram=3, tree=True)  # noqa: E731
     elif method == "dflash":
         # Sampled blocks at temperature > 0 (argmax at 0): on 20 held-out prompts at T=1
         # (phase-7 drafter), tau 2.09 vs 1.87 for argmax proposals at gamma 2 (2.26 vs 2.18
         # at gamma 3).
-        make = lambda: fs.DFlashDrafter(bundle.dflash, sample_block=True)  # noqa: E731
+        make = lambda: DFlashDrafter(bundle.dflash, sample_block=True)  # noqa: E731
     elif method == "dflash_tree":
         # At temperature > 0 siblings sampled without replacement (argmax tree at 0): on 8
         # held-out prompts, 128 tokens, T=1, budget 16, gamma 7: tau 3.20 vs 3.03 for the
         # argmax tree verified one-hot.
-        make = lambda: fs.DFlashDrafter(bundle.dflash, sample_block=True,  # noqa: E731
+        make = lambda: DFlashDrafter(bundle.dflash, sample_block=True,  # noqa: E731
                                         tree_budget=DFLASH_TREE_BUDGET)
     else:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     g = gamma
     if method.startswith("dflash") and isinstance(gamma, int):
         g = min(gamma, bundle.dflash.config.block_size - 1)
-    return lambda ids, n, t, s: fs.speculative_generate(target, make(), ids, n, gamma=g,
-                                                        temperature=t, seed=s)
+    return lambda ids, n, t, s: speculative_generate(target, make(), ids, n, gamma=g,
+                                                     temperature=t, seed=s)
 
 
 def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
@@ -149,10 +154,14 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
 
 
 def format_table(results: Sequence[MethodResult], temperature: float) -> str:
-    """Render results as a fixed-width table."""
+    """Render results as a fixed-width table, one row per method under a header.
+
+    The method column is as wide as the longest name, so every row's columns line up.
+    """
     same = "identical"
-    head = (f"{'method':<8} {'gamma':>8} {'tokens/s':>9} {'speedup':>8} {'tau':>6} {'accept':>7} "
-            f"{'target calls':>13} {same:>10}")
+    width = max([len("method")] + [len(r.method) for r in results])
+    head = (f"{'method':<{width}} {'gamma':>8} {'tokens/s':>9} {'speedup':>8} {'tau':>6} "
+            f"{'accept':>7} {'target calls':>13} {same:>10}")
     lines = [head, "-" * len(head)]
     for r in results:
         acc = "-" if r.method == "vanilla" else f"{r.acceptance_rate:6.1%}"
@@ -163,8 +172,8 @@ def format_table(results: Sequence[MethodResult], temperature: float) -> str:
         else:
             ident = "yes" if r.identical else "no"
         gamma = "-" if r.gamma is None else str(r.gamma)
-        lines.append(f"{r.method:<8} {gamma:>8} {r.tokens_per_s:9.1f} {r.speedup:7.2f}x {tau:>6} "
-                     f"{acc:>7} {r.target_calls:13d} {ident:>10}")
+        lines.append(f"{r.method:<{width}} {gamma:>8} {r.tokens_per_s:9.1f} {r.speedup:7.2f}x "
+                     f"{tau:>6} {acc:>7} {r.target_calls:13d} {ident:>10}")
     return "\n".join(lines)
 
 
@@ -193,15 +202,15 @@ def demo_main(args) -> int:
         return 2
     n = min(args.max_new_tokens, room)
     methods = METHODS if args.drafter == "all" else ("vanilla", args.drafter)
-    print(f"fastspec {fs.__version__} demo  backend={fs.backend()}  temperature={args.temperature}  "
+    print(f"fastspec {__version__} demo  backend={backend()}  temperature={args.temperature}  "
           f"new tokens={n}", file=sys.stderr)
     results = run_methods(bundle, ids, n, args.temperature, methods, seed=args.seed,
                           repeats=args.repeats)
     if args.json:
-        out = {"prompt": prompt, "backend": fs.backend(), "temperature": args.temperature,
+        out = {"prompt": prompt, "backend": backend(), "temperature": args.temperature,
                "max_new_tokens": n, "text": tok.decode(results[0].tokens),
                "results": [dict(asdict(r), tokens=None) for r in results]}
-        json.dump(out, sys.stdout, indent=2)
+        json_io.dump(out, sys.stdout, indent=2)
         print()
     else:
         print("=" * 72)
@@ -275,7 +284,7 @@ def eval_main(args) -> int:
               "n_prompts": len(prompts), "temperatures": args.temperatures,
               "methods": list(methods), "dflash_tree_budget": DFLASH_TREE_BUDGET,
               "summary": summary, "runs": runs}
-    Path(args.out).write_text(json.dumps(report, indent=1))
+    Path(args.out).write_text(json_io.dumps(report, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
     if args.markdown:
         Path(args.markdown).write_text(results_markdown(report))

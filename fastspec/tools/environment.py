@@ -7,16 +7,17 @@ import time
 
 import numpy as np
 
+from fastspec.kernels import available_backends, backend
+from fastspec.version import __version__
+
 __all__ = ["environment"]
 
 
 def environment() -> dict:
     """Return the versions, backends, machine and UTC time of this run (JSON-ready)."""
-    import fastspec  # at call time: this module is imported by modules that fastspec imports
-
     return {"python": platform.python_version(), "numpy": np.__version__,
-            "fastspec": fastspec.__version__, "backend": fastspec.backend(),
-            "available_backends": list(fastspec.available_backends()),
+            "fastspec": __version__, "backend": backend(),
+            "available_backends": list(available_backends()),
             "platform": platform.platform(), "machine": platform.machine(),
             "processor": platform.processor(), "cpus": os.cpu_count(),
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-import fastspec as fs
+from fastspec import kernels
 from fastspec.tools.timing import timeit
 
 __all__ = ["machine_limits", "attention_rates", "kernel_ratios", "stream_rate", "decode_bound"]
@@ -53,8 +53,8 @@ def attention_rates(lengths: Sequence[int] = (1024, 4096), n_heads: int = 8, hea
         kf, vf = k.reshape(-1), v.reshape(-1)
         t_stream = timeit(lambda: kf @ vf)
         stream = (k.nbytes + v.nbytes) / t_stream / 1e9
-        for name in fs.available_backends():
-            mod = fs.kernels.module(name)
+        for name in kernels.available_backends():
+            mod = kernels.module(name)
             t = timeit(lambda: mod.attention(q, k, v, length))
             gbps = (k.nbytes + v.nbytes) / t / 1e9
             rows.append({"backend": name, "length": length, "seconds": t, "GBps": gbps,
@@ -89,7 +89,8 @@ def kernel_ratios() -> list[dict]:
     }
     rows = []
     for case, fn in cases.items():
-        times = {name: timeit(lambda: fn(fs.kernels.module(name))) for name in fs.available_backends()}
+        times = {name: timeit(lambda: fn(kernels.module(name)))
+                 for name in kernels.available_backends()}
         row = {"case": case, **{f"{k}_s": v for k, v in times.items()}}
         if "cython" in times:
             row["speedup"] = times["numpy"] / times["cython"]

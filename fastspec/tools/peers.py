@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-import fastspec as fs
+from fastspec.decoding import generate, speculative_generate
+from fastspec.drafters import DraftModelDrafter, NgramDrafter
 from fastspec.tools.rounds import prompt_tokens
 
 __all__ = ["HFPair", "peers"]
@@ -87,13 +88,13 @@ def peers(target, draft, new_tokens: int = 256, prompt_len: int = 64, threads: i
 
     pairs = {
         "greedy": (lambda: hf.generate(ids, new_tokens, "greedy"),
-                   lambda: fs.generate(target, ids, new_tokens)),
+                   lambda: generate(target, ids, new_tokens)),
         "assisted / draft model": (lambda: hf.generate(ids, new_tokens, "assisted"),
-                                   lambda: fs.speculative_generate(target, fs.DraftModelDrafter(draft),
-                                                                   ids, new_tokens, gamma=4)),
+                                   lambda: speculative_generate(target, DraftModelDrafter(draft),
+                                                                ids, new_tokens, gamma=4)),
         "prompt lookup / n-gram": (lambda: hf.generate(ids, new_tokens, "lookup"),
-                                   lambda: fs.speculative_generate(target, fs.NgramDrafter(max_ngram=3),
-                                                                   ids, new_tokens, gamma=4)),
+                                   lambda: speculative_generate(target, NgramDrafter(max_ngram=3),
+                                                                ids, new_tokens, gamma=4)),
     }
     rows = []
     for name, (hf_fn, fs_fn) in pairs.items():

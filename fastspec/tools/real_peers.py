@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-import fastspec as fs
+from fastspec.decoding import generate
+from fastspec.model import Transformer
 from fastspec.tools.rounds import prompt_tokens
 
 __all__ = ["real_peers", "real_peers_text", "real_peers_markdown"]
@@ -53,8 +54,8 @@ def real_peers(folder, new_tokens: int = 64, prompt_len: int = 64, threads=(1, 2
     for m in hf.values():
         m.generation_config.eos_token_id = None
         m.generation_config.pad_token_id = m.config.vocab_size - 1
-    fsm = {"fastspec bf16": fs.Transformer.load(folder, weight_dtype="bfloat16"),
-           "fastspec float32": fs.Transformer.load(folder, weight_dtype="float32")}
+    fsm = {"fastspec bf16": Transformer.load(folder, weight_dtype="bfloat16"),
+           "fastspec float32": Transformer.load(folder, weight_dtype="float32")}
     ids = prompt_tokens(prompt_len, next(iter(fsm.values())).config.vocab_size)
     inp = torch.tensor(np.asarray(ids)[None, :], dtype=torch.long)
 
@@ -65,7 +66,7 @@ def real_peers(folder, new_tokens: int = 64, prompt_len: int = 64, threads=(1, 2
         return out[0, inp.shape[1]:].tolist()
 
     systems = {**{k: (lambda m=m: run_hf(m)) for k, m in hf.items()},
-               **{k: (lambda m=m: list(fs.generate(m, ids, new_tokens).tokens))
+               **{k: (lambda m=m: list(generate(m, ids, new_tokens).tokens))
                   for k, m in fsm.items()}}
     times: dict[tuple[str, int], list[float]] = {}
     loads: dict[tuple[str, int], list[float]] = {}

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-import fastspec as fs
+from fastspec.model import ModelConfig
 from fastspec.tools.machine import stream_rate
 from fastspec.tools.timing import timeit
 
@@ -142,14 +142,14 @@ def tree_costs(target, nodes: Sequence[int] = TREE_NODES, context: int = 300,
     return rows
 
 
-def smollm_config(max_seq_len: int = 512 + 32, **overrides) -> "fs.ModelConfig":
+def smollm_config(max_seq_len: int = 512 + 32, **overrides) -> ModelConfig:
     """Return a config shaped like SmolLM-135M (vocab 49152, dim 576, 30 layers, 9/3 heads of
     64, ffn 1536, tied, RMSNorm/RoPE/SwiGLU, rope_theta 10000) for random-weight benchmarks."""
     fields = dict(vocab_size=49152, dim=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
                   ffn_dim=1536, tie_embeddings=True, rope_theta=10000.0, norm_eps=1e-5,
                   max_seq_len=max_seq_len)
     fields.update(overrides)
-    return fs.ModelConfig(**fields)
+    return ModelConfig(**fields)
 
 
 def storage_costs(model, context: int = 300, sizes: Sequence[int] = (1, 2, 4, 8, 12, 16),

@@ -1,7 +1,6 @@
 """The three training loops: target, draft (distilled) and DFlash, on a step or time budget."""
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -9,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fastspec.formats import json_io
 from fastspec.tools.progress import Progress
 from fastspec.drafters.dflash_config import CONTEXT_WINDOW_KEY
 from fastspec.training.data import (dflash_rows, lm_batch, load_episodes, make_greedy_episodes,
@@ -158,7 +158,7 @@ def train_target(args, data=None) -> None:
     if args.init:
         _init_from(model, args.init, cfg, load_transformer_npz)
         prog.log(f"initialised from {args.init}")
-    prog.log(f"config {json.dumps(cfg)}")
+    prog.log(f"config {json_io.dumps(cfg)}")
     prog.log(f"params {n_params(model):,}; train tokens {len(train):,}; val tokens {len(val):,}")
     opt = _adamw(list(model.parameters()), args.lr, args.wd)
     rng = np.random.default_rng(args.seed if args.data_seed is None else args.data_seed)
@@ -205,7 +205,7 @@ def train_draft(args, data=None) -> None:
         with torch.no_grad():
             model.model.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
     train, val = _corpus(data)
-    prog.log(f"config {json.dumps(cfg)}")
+    prog.log(f"config {json_io.dumps(cfg)}")
     prog.log(f"params {n_params(model):,}; distilling from {args.target} (alpha_kd {args.kd})")
     opt = _adamw(list(model.parameters()), args.lr, args.wd)
     rng = np.random.default_rng(args.seed if args.data_seed is None else args.data_seed)
@@ -257,7 +257,7 @@ def train_dflash(args, data=None) -> None:
     else:
         with torch.no_grad():  # start on the target's output scale (the head is the target's)
             dmodel.norm.weight.copy_(target.model.norm.weight)
-    prog.log(f"config {json.dumps(dcfg)}")
+    prog.log(f"config {json_io.dumps(dcfg)}")
     prog.log(f"params {n_params(dmodel):,}")
     rng = np.random.default_rng(args.seed)
     train_tok, val_tok = _corpus(data)
@@ -291,7 +291,7 @@ def train_dflash(args, data=None) -> None:
 
     def evaluate(step):
         ev = evaluate_dflash(dmodel, target, dcfg, va, val_tok, n_rows=args.eval_rows)
-        prog.log(f"step {step} eval {json.dumps(ev)}")
+        prog.log(f"step {step} eval {json_io.dumps(ev)}")
 
     # the context the drafter learns to read, for DFlashModel.context_window after loading
     saved = {**dcfg, CONTEXT_WINDOW_KEY: args.seq - dcfg["block_size"]}
@@ -300,5 +300,5 @@ def train_dflash(args, data=None) -> None:
     if args.fp32_copy:
         export_npz(dmodel, saved, args.fp32_copy, dtype="float32")
     ev = evaluate_dflash(dmodel, target, dcfg, va, val_tok, n_rows=args.final_eval_rows)
-    prog.log(f"final eval (fp32, held-out) {json.dumps(ev)}")
+    prog.log(f"final eval (fp32, held-out) {json_io.dumps(ev)}")
     prog.log(f"done: {step} steps, {prog.elapsed / 60:.1f} min")

@@ -6,7 +6,6 @@ fastspec's bounded reader (:func:`fastspec.formats.npz.read_npz`), never with ``
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from fastspec.formats import json_io
 from fastspec.formats.npz import read_npz
 from fastspec.drafters.dflash_config import CONTEXT_WINDOW_KEY
 from fastspec.model import ModelConfig, Transformer as NumpyTransformer
@@ -189,7 +189,7 @@ def export_npz(module, cfg: dict[str, Any], path: str | Path, dtype: str = "floa
              for k, v in module.state_dict().items()}
     check_schema(state, cfg)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, config=np.array(json.dumps(cfg, sort_keys=True)), **state)
+    np.savez(tmp, config=np.array(json_io.dumps(cfg, sort_keys=True)), **state)
     os.replace(tmp, path)
     return path
 

@@ -1,0 +1,40 @@
+"""Argument types and options that several ``fastspec`` commands share.
+
+The types are ``type=`` callables of :mod:`argparse`: they return the parsed value or raise
+``argparse.ArgumentTypeError``, which argparse prints as a usage error (exit status 2).
+"""
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["positive_int", "non_negative_float", "gamma_or_adaptive", "add_backend_option"]
+
+
+def positive_int(text: str) -> int:
+    """Parse an int >= 1 (``--max-new-tokens``, ``--repeats``, ``--threads``, ...)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """Parse a float >= 0 (``--temperature``); NaN is refused."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def gamma_or_adaptive(text: str) -> int | str:
+    """Parse ``--gamma``: a positive int or ``"adaptive"``."""
+    return text if text == "adaptive" else positive_int(text)
+
+
+def add_backend_option(parser: argparse.ArgumentParser, dest: str, what: str) -> None:
+    """Add a command's own ``--backend`` (stored in ``dest``: the global one keeps its name).
+
+    ``what`` names the work it selects the kernels for ("this audit", "this run").
+    """
+    parser.add_argument("--backend", dest=dest, choices=("cython", "numpy"),
+                        help=f"kernel backend for {what} (same as the global --backend)")

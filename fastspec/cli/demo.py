@@ -1,0 +1,40 @@
+"""``fastspec demo``: every drafter against vanilla decoding of the embedded models."""
+from __future__ import annotations
+
+import argparse
+
+from fastspec.cli.args import non_negative_float, positive_int
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub) -> None:
+    """Register ``demo`` on the subparsers ``sub``."""
+    p = sub.add_parser(
+        "demo", help="speculative decoding of the embedded models on held-out code",
+        description="Generate a continuation of a held-out standard-library prompt with the "
+                    "embedded target, using vanilla decoding, the draft model, the n-gram "
+                    "drafter and DFlash; print the text once and a table of tokens/s, speedup "
+                    "over vanilla, tau, acceptance rate and whether the output is identical "
+                    "to vanilla.")
+    p.add_argument("--prompt", help="prompt text (default: a held-out code prompt)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
+                   help="tokens to generate (default 256)")
+    p.add_argument("--temperature", type=non_negative_float, default=0.0,
+                   help="0 = greedy (default); > 0 samples")
+    p.add_argument("--drafter", choices=("all", "draft", "ngram", "ngram_tree", "dflash",
+                                         "dflash_tree"), default="all",
+                   help="which drafter(s) to compare with vanilla (default all; *_tree: the "
+                        "drafter proposing trees)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--repeats", type=positive_int, default=1,
+                   help="timed runs per method, fastest reported (default 1)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo (:func:`fastspec.tools.demo.demo_main`); return its exit status."""
+    from fastspec.tools.demo import demo_main
+
+    return demo_main(args)

@@ -1,0 +1,46 @@
+"""``fastspec info``: the version, the kernel backends and the compiled runner's ISA path."""
+from __future__ import annotations
+
+import argparse
+
+from fastspec import kernels
+from fastspec.kernels import available_backends, backend
+from fastspec.version import __version__
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub) -> None:
+    """Register ``info`` on the subparsers ``sub``."""
+    p = sub.add_parser("info", help="print the version, backend and build information",
+                       description="Print the version, the active backend and the available ones.")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the build information; return the exit status (0)."""
+    print(f"fastspec {__version__}; backend {backend()}; "
+          f"available {', '.join(available_backends())}")
+    isa = kernels.isa_info()
+    if isa["selected"] is None:
+        print("matrix products: NumPy only (compiled extension not built)")
+        return 0
+    feats = " ".join(k for k, v in isa["features"].items() if v) or "none"
+    how = f"forced by FASTSPEC_ISA/set_isa ({isa['forced']})" if isa["forced"] else "automatic"
+    path = isa["selected"]
+    print(f"CPU features: {feats}")
+    print(f"matrix products: {path} kernels ({how}); paths on this CPU: "
+          f"{', '.join(isa['available'])}; with kernels: {', '.join(isa['kernels'])}")
+    print(f"weight storage -> compute path (compiled backend, {path}):")
+    print("  float32   packed float32 panels, float32 multiply-adds")
+    print("  float16   binary16 panels widened to float32 in registers (F16C), float32 "
+          "multiply-adds; bit-identical to float32 on the widened weights")
+    print("  bfloat16  bf16 bit patterns widened by a 16-bit shift in registers; every product's "
+          "input rounded to bf16 (nearest even), float32 multiply-adds")
+    missing = [n for n in ("avx512bf16", "amx") if n not in isa["kernels"]]
+    if missing:
+        have = [n for n in missing if n in isa["available"]]
+        print(f"  (no {'/'.join(missing)} kernels in this build"
+              + (f"; this CPU has {', '.join(have)})" if have else
+                 f"; this CPU lacks {', '.join(missing)} anyway)"))
+    return 0
