@@ -13,7 +13,7 @@ from fastspec.drafters.base import Drafter, Proposal, SamplingParams, Target
 from fastspec.drafters.draft_model import DraftModelDrafter
 from fastspec.drafters.ngram import NgramDrafter
 from fastspec.decoding.stats import DecodeStats, GenerationResult
-from fastspec.decoding.generate import generate
+from fastspec.decoding.vanilla import generate
 from fastspec.decoding.speculative import speculative_generate
 from fastspec.drafters.dflash_model import DFlashConfig, DFlashModel
 from fastspec.drafters.dflash import DFlashDrafter
@@ -21,6 +21,7 @@ from fastspec.text.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
 from fastspec.models.pretrained import load_pretrained
 from fastspec.text.hf_tokenizer import HFTokenizer
 from fastspec.models import pretrained
+from fastspec import models
 
 from fastspec.version import __version__
 
@@ -30,5 +31,5 @@ __all__ = [
     "Drafter", "Proposal", "Target", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
     "DecodeStats", "GenerationResult", "generate", "speculative_generate",
     "DFlashConfig", "DFlashModel", "DFlashDrafter", "ByteTokenizer", "StreamDecoder", "Tokenizer",
-    "HFTokenizer", "load_pretrained", "pretrained",
+    "HFTokenizer", "load_pretrained", "pretrained", "models",
 ]

@@ -10,21 +10,11 @@
 - :mod:`~fastspec.audit.dflash`: the DFlash drafter's checks and its exact enumeration;
 - :mod:`~fastspec.audit.report`: :func:`run_audit` and the report.
 
-:func:`run_audit` runs every registered check and returns a JSON-serialisable report.
+:func:`run_audit` runs every registered check and returns a JSON-serialisable report (it
+imports :mod:`~fastspec.audit.core`, whose import registers the core checks). The names below
+are exported lazily (:mod:`fastspec.lazy`): importing the package imports none of its modules.
 """
-from fastspec.audit.registry import (ALPHA, CHECKS, DRAFTERS, GAMMAS, NEW_TOKENS, PREFIX, SEEDS,
-                                     AuditContext, Check, register_check, register_drafter,
-                                     toy_pair)
-from fastspec.audit.stats import (chi_square_expected, chi_square_sf, chi_square_test,
-                                  total_variation)
-from fastspec.audit.oracle import (ExactOracle, Law, exact_continuation_probs,
-                                   exact_speculative_law, exact_target_law)
-from fastspec.audit.distribution import (DIST_GAMMA, DIST_NEW_TOKENS, DIST_PREFIX, DIST_SEED,
-                                         DIST_SETTINGS, ArgmaxDraftModelDrafter, MemoModel,
-                                         WrongQDrafter, broken_verify_rejection, dist_drafters,
-                                         distribution_audit)
-from fastspec.audit import core  # noqa: F401 - importing it registers the core checks
-from fastspec.audit.report import OPTIONAL_CHECK_MODULES, format_report, run_audit, write_report
+from fastspec.lazy import exports
 
 __all__ = ["AuditContext", "Check", "CHECKS", "register_check", "run_audit", "format_report",
            "write_report", "chi_square_sf", "chi_square_test", "total_variation",
@@ -34,3 +24,42 @@ __all__ = ["AuditContext", "Check", "CHECKS", "register_check", "run_audit", "fo
            "DIST_PREFIX", "DIST_NEW_TOKENS", "DIST_GAMMA", "DIST_SEED", "distribution_audit",
            "dist_drafters", "MemoModel", "ArgmaxDraftModelDrafter", "WrongQDrafter",
            "broken_verify_rejection", "OPTIONAL_CHECK_MODULES"]
+
+__getattr__, __dir__ = exports(__name__, {
+    "ALPHA": "registry",
+    "CHECKS": "registry",
+    "DRAFTERS": "registry",
+    "GAMMAS": "registry",
+    "NEW_TOKENS": "registry",
+    "PREFIX": "registry",
+    "SEEDS": "registry",
+    "AuditContext": "registry",
+    "Check": "registry",
+    "register_check": "registry",
+    "register_drafter": "registry",
+    "toy_pair": "registry",
+    "chi_square_expected": "stats",
+    "chi_square_sf": "stats",
+    "chi_square_test": "stats",
+    "total_variation": "stats",
+    "ExactOracle": "oracle",
+    "Law": "oracle",
+    "exact_continuation_probs": "oracle",
+    "exact_speculative_law": "oracle",
+    "exact_target_law": "oracle",
+    "DIST_GAMMA": "distribution",
+    "DIST_NEW_TOKENS": "distribution",
+    "DIST_PREFIX": "distribution",
+    "DIST_SEED": "distribution",
+    "DIST_SETTINGS": "distribution",
+    "ArgmaxDraftModelDrafter": "distribution",
+    "MemoModel": "distribution",
+    "WrongQDrafter": "distribution",
+    "broken_verify_rejection": "distribution",
+    "dist_drafters": "distribution",
+    "distribution_audit": "distribution",
+    "OPTIONAL_CHECK_MODULES": "report",
+    "format_report": "report",
+    "run_audit": "report",
+    "write_report": "report",
+})

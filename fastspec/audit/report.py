@@ -7,6 +7,7 @@ import traceback
 from typing import Callable
 
 from fastspec.formats import json_io
+from fastspec.audit import core  # noqa: F401 - importing it registers the core checks
 from fastspec.audit.registry import (ALPHA, CHECKS, DRAFTERS, GAMMAS, NEW_TOKENS, PREFIX, SEEDS,
                                      AuditContext)
 from fastspec.tools.environment import environment

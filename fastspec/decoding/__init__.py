@@ -1,6 +1,6 @@
 """The decoding layer: generate, the speculative loop, verification, trees, sampling, stats.
 
-Lives here: ``generate`` (vanilla decoding and the checks both loops share),
+Lives here: ``vanilla`` (generate: vanilla decoding, and the checks both loops share),
 ``speculative`` (the speculative loop), ``verify`` (the accept/reject rules of a
 round), ``tree`` (tree verification and sampling), ``sampling`` (next_token), ``stats``
 (DecodeStats, GenerationResult).
@@ -17,7 +17,7 @@ __all__ = ["DecodeStats", "GenerationResult", "generate", "speculative_generate"
 __getattr__, __dir__ = exports(__name__, {
     "DecodeStats": "stats",
     "GenerationResult": "stats",
-    "generate": "generate",
+    "generate": "vanilla",
     "speculative_generate": "speculative",
     "plan_speculative": "speculative",
     "run_plan": "speculative",

@@ -1,8 +1,9 @@
 """speculative_generate(): lossless speculative decoding, a drafter's tokens verified per round.
 
-Like :func:`fastspec.decoding.generate.generate` it forms the target's distribution the same way (:func:`fastspec.kernels.probs`:
-temperature -> top-k -> top-p; temperature 0 is argmax) and take every random draw from
-``numpy.random.default_rng(seed)``, so a run is reproducible from its seed on either backend.
+Like :func:`fastspec.decoding.vanilla.generate` it forms the target's distribution with
+:func:`fastspec.kernels.probs` (temperature -> top-k -> top-p; temperature 0 is argmax) and
+takes every random draw from ``numpy.random.default_rng(seed)``, so a run is reproducible from
+its seed on either backend.
 
 The speculative loop keeps the invariant documented in :mod:`fastspec.drafters.base`: between
 rounds the target's cache holds the committed sequence minus its last token. A round feeds
@@ -22,7 +23,7 @@ from fastspec.kernels.checks import check_index
 from fastspec.kernels.cache import KVCache
 from fastspec.drafters.base import Drafter, Proposal, Target
 from fastspec.decoding.stats import DecodeStats, GenerationResult
-from fastspec.decoding.generate import cache_for, check_generation, holds_cache, score_cells
+from fastspec.decoding.vanilla import cache_for, check_generation, holds_cache, score_cells
 from fastspec.kernels.tree_shape import MAX_TREE_NODES, block_parents, check_parents
 from fastspec.decoding.verify import verify_block, verify_tree
 
