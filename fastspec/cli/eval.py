@@ -1,4 +1,5 @@
-"""``fastspec eval``: every drafter on held-out prompts, written as JSON (and markdown)."""
+"""``fastspec eval``: every drafter on held-out prompts (embedded models), or the n-gram drafters
+on a real chat model's request suite (``--model FILE --suite grounded|open``); JSON and markdown."""
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,16 @@ def add_parser(sub) -> None:
         "eval", help="evaluate every drafter on held-out prompts (JSON + markdown)",
         description="Run vanilla and every drafter, chain and tree, on held-out prompts at "
                     "the given temperatures; write per-run results and tau/speedup summaries as JSON, "
-                    "and optionally docs/RESULTS.md.")
+                    "and optionally docs/RESULTS.md. With --model, run a real chat model (a GGUF "
+                    "file or a Hugging Face folder) on a built-in request suite instead: "
+                    "vanilla, n-gram and n-gram tree.")
+    p.add_argument("--model", metavar="PATH",
+                   help="a GGUF file or a Hugging Face folder with a chat template "
+                        "(fastspec.models.find('smollm2') gives the SmolLM2 file)")
+    p.add_argument("--suite", choices=("grounded", "open"), default="grounded",
+                   help="with --model: input-grounded edits (12) or open-ended requests (4)")
+    p.add_argument("--weight-dtype", choices=("float32", "float16", "bfloat16"),
+                   default=None, help="with --model: storage dtype of the matrices")
     p.add_argument("--prompts", type=positive_int, default=20, help="number of prompts (20)")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N")
     p.add_argument("--temperatures", type=non_negative_float, nargs="+", default=[0.0, 1.0])
@@ -33,7 +43,17 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the evaluation (:func:`fastspec.tools.demo.eval_main`); return its exit status."""
+    """Run the evaluation (:func:`fastspec.tools.demo.eval_main`, or
+    :func:`fastspec.tools.real_eval.eval_model_main` with ``--model``); return its exit
+    status."""
+    if args.model:
+        from fastspec.tools.real_eval import REAL_METHODS, eval_model_main
+
+        bad = [m for m in args.methods or () if m not in REAL_METHODS]
+        if bad:
+            raise SystemExit(f"fastspec eval: --model runs {', '.join(REAL_METHODS)} only "
+                             f"(no draft model or DFlash drafter for it), got {bad}")
+        return eval_model_main(args)
     from fastspec.tools.demo import eval_main
 
     return eval_main(args)

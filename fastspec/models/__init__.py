@@ -2,6 +2,6 @@
 
 May import everything below the command line: kernels, model, formats, text, drafters.
 """
-from fastspec.models.catalog import find, names
+from fastspec.models.catalog import find, names, resolve
 
-__all__ = ["find", "names"]
+__all__ = ["find", "names", "resolve"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-__all__ = ["CatalogEntry", "CATALOG", "find", "names"]
+__all__ = ["CatalogEntry", "CATALOG", "find", "names", "resolve"]
 
 
 @dataclass(frozen=True)
@@ -87,3 +87,22 @@ def find(name: str) -> Path:
                 return path
     raise FileNotFoundError(f"model {name!r} ({entry.description}) is not installed; install "
                             f"it with: {entry.install_command}")
+
+
+def resolve(model: str | Path) -> Path:
+    """Return ``model`` as a path: an existing file or folder as it is, else the installed file
+    of the catalog name ``model`` (:func:`find`).
+
+    Raises
+    ------
+    FileNotFoundError
+        Neither a path nor a known name (the message lists the names), or a known name whose
+        distribution is not installed (the message says how to install it).
+    """
+    path = Path(model)
+    if path.exists():
+        return path
+    if str(model).lower() in CATALOG:
+        return find(str(model))
+    raise FileNotFoundError(f"{model}: no such file or folder, and not a known model name "
+                            f"({', '.join(names())})")

@@ -68,11 +68,12 @@ class MethodResult:
     extra: dict = field(default_factory=dict)
 
 
-def _runner(bundle, method: str, gamma) -> Callable:
+def _runner(bundle, method: str, gamma, eos_token_id: int | None = None) -> Callable:
     """Return ``run(ids, max_new_tokens, temperature, seed) -> result`` for ``method``."""
     target = bundle.target
     if method == "vanilla":
-        return lambda ids, n, t, s: generate(target, ids, n, temperature=t, seed=s)
+        return lambda ids, n, t, s: generate(target, ids, n, temperature=t, seed=s,
+                                             eos_token_id=eos_token_id)
     if method == "draft":
         make = lambda: DraftModelDrafter(bundle.draft)  # noqa: E731
     elif method == "ngram":
@@ -96,17 +97,19 @@ def _runner(bundle, method: str, gamma) -> Callable:
     if method.startswith("dflash") and isinstance(gamma, int):
         g = min(gamma, bundle.dflash.config.block_size - 1)
     return lambda ids, n, t, s: speculative_generate(target, make(), ids, n, gamma=g,
-                                                     temperature=t, seed=s)
+                                                     temperature=t, seed=s,
+                                                     eos_token_id=eos_token_id)
 
 
 def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
                 methods: Sequence[str] = METHODS, seed: int = 0, gamma: int | None = None,
-                repeats: int = 1) -> list[MethodResult]:
+                repeats: int = 1, eos_token_id: int | None = None) -> list[MethodResult]:
     """Run each method on one prompt (after a short warm-up) and compare with vanilla.
 
     Parameters
     ----------
     bundle : fastspec.models.pretrained.Bundle
+        Or any object with a ``target`` (and the ``draft``/``dflash`` the methods need).
     prompt_ids : sequence of int
     max_new_tokens : int
     temperature : float
@@ -116,6 +119,8 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
         Draft length per round (default: :func:`default_gamma` of each method).
     repeats : int
         Timed runs per method; the fastest is reported (outputs are identical across runs).
+    eos_token_id : int, optional
+        Stop after this token (a chat model's end of turn).
 
     Returns
     -------
@@ -126,7 +131,7 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
     baseline = None
     for method in order:
         g = gamma or (None if method == "vanilla" else default_gamma(method, temperature))
-        run = _runner(bundle, method, g)
+        run = _runner(bundle, method, g, eos_token_id)
         run(prompt_ids, min(8, max_new_tokens), temperature, seed)  # warm-up: caches, scratch
         best = None
         for _ in range(repeats):
