@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import string
+import sys
 import textwrap
 from pathlib import Path
 
@@ -283,3 +284,20 @@ def test_missing_pre_is_default(tmp_path):
     pieces = tok._tok.pre_tokenizer.pre_tokenize_str("x 1234567!?")
     assert [p for p, _ in pieces] == ["x", "Ġ", "123", "456", "7", "!?"]
     assert _round_trip_failures(tok, spm=False) == []
+
+
+@pytest.mark.parametrize("pre, adds_bos", [("llama-bpe", True), ("qwen2", False)])
+def test_add_bos_default_follows_llama_cpp(tmp_path, pre, adds_bos):
+    """Without tokenizer.ggml.add_bos_token, llama.cpp adds BOS for the llama3 family only."""
+    meta = gguf_metadata(write_tokenizer_gguf(tmp_path / "x.gguf", pre=pre))
+    del meta["tokenizer.ggml.add_bos_token"]
+    tok = HFTokenizer.from_gguf_metadata(meta)
+    assert tok.adds_bos == adds_bos
+    assert tok.encode_prompt("ab")[:1] == ([1] if adds_bos else tok.encode("ab")[:1])
+
+
+def test_missing_tokenizers_says_which_extra(tmp_path, monkeypatch):
+    meta = gguf_metadata(write_tokenizer_gguf(tmp_path / "x.gguf"))
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(ImportError, match=r'pip install "fastspec\[gguf\]"'):
+        build_gguf_tokenizer(meta)
