@@ -235,15 +235,19 @@ def _smollm2() -> Path | None:
 
 SMOLLM2 = _smollm2()
 CHATS = [
-    [("system", "You are a careful assistant who answers in full sentences."),
+    [("system", "You are a careful assistant who answers in full sentences and checks every "
+                "claim before making it."),
      ("user", "Explain in a few sentences why the sky looks blue during the day and red at "
-              "sunset, and what Rayleigh scattering has to do with it.")],
+              "sunset, what Rayleigh scattering has to do with it, and why clouds are white "
+              "rather than blue.")],
     [("user", "Write a Python function that returns the n-th Fibonacci number iteratively, "
-              "then explain its time and memory complexity in two short sentences.")],
+              "with a docstring and a check that n is a non-negative integer, then explain its "
+              "time and memory complexity in two short sentences.")],
     [("system", "You translate English into French."),
      ("user", "Good morning! I would like two croissants and a large coffee, please."),
      ("assistant", "Bonjour ! Je voudrais deux croissants et un grand café, s'il vous plaît."),
-     ("user", "Now the same order, but with tea instead of coffee and one croissant only.")],
+     ("user", "Now the same order, but with tea instead of coffee, one croissant only, and "
+              "ask whether they have a table by the window.")],
 ]
 
 

@@ -13,6 +13,7 @@ Parsing the file (``gguf.GGUFReader``) takes seconds on a real vocabulary: keep 
 """
 from __future__ import annotations
 
+import math
 import os
 import struct
 from pathlib import Path
@@ -44,6 +45,8 @@ _CONFIG_KEYS = frozenset({
     "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
     "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
     "vocab_size"})
+#: Elements :meth:`GGUFTensor.read` converts at a time (4 MB of float32).
+_CHUNK = 1 << 20
 #: The reader's own entries for the file header: not key/value pairs of the file.
 _HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
 
@@ -139,25 +142,27 @@ class GGUFTensor:
             return raw
         return _gguf().quants.dequantize(raw, self._t.tensor_type)
 
-    def _rows(self, start: int, stop: int) -> np.ndarray:
-        if self.ndim == 1:  # quant blocks of a vector are not rows: convert it whole
-            return self._convert(self._t.data)[start:stop]
-        return self._convert(self._t.data[start:stop])
-
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Return rows ``[start, stop)`` (first axis) in :attr:`dtype`, a new array."""
+        """Return rows ``[start, stop)`` (first axis) in :attr:`dtype`, a new array.
+
+        Converted :data:`_CHUNK` elements at a time into the result, so that dequantizing
+        even a whole tensor holds nothing beside the result but one chunk's temporaries.
+        """
         rows = self.shape[0]
         stop = rows if stop is None else min(stop, rows)
         start = min(max(start, 0), stop)
-        if self._head_rows:
-            h = self._head_rows  # the permutation acts inside a head: read whole heads
-            a, b = start // h * h, -(-stop // h) * h
-            out = _unpermute(np.asarray(self._rows(a, b)), h)[start - a:stop - a]
+        h = self._head_rows or 1  # the permutation acts inside a head: read whole heads
+        a, b = start // h * h, -(-stop // h) * h
+        if self.ndim == 1:  # quant blocks of a vector are not rows: convert it whole
+            out = np.array(self._convert(self._t.data)[a:b])
         else:
-            out = np.asarray(self._rows(start, stop))
-        if np.may_share_memory(out, self._t.data):
-            out = out.copy()  # never hand out the map unless asked (mapped)
-        return out
+            out = np.empty((b - a,) + self.shape[1:], self.dtype)
+            step = max(1, _CHUNK // max(1, math.prod(self.shape[1:])))
+            for r in range(a, b, step):
+                out[r - a:r - a + step] = self._convert(self._t.data[r:min(r + step, b)])
+        if self._head_rows:
+            out = _unpermute(out, h)
+        return out[start - a:stop - a]
 
     def mapped(self) -> np.ndarray:
         """Return the tensor as a copy-on-write view of the file when it is F32, F16 or BF16
@@ -202,12 +207,12 @@ class GGUFFile:
         self.path = Path(path)
         gguf = _gguf()
         try:
-            self._reader = gguf.GGUFReader(self.path, mode="c")
+            reader = gguf.GGUFReader(self.path, mode="c")
         except (ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error) as exc:
             raise ValueError(f"{self.path}: not a readable GGUF file (truncated or corrupt?): "
                              f"{type(exc).__name__}: {exc}") from None
         self.metadata: dict[str, Any] = {}
-        for key, field in self._reader.fields.items():
+        for key, field in reader.fields.items():
             if key in _HEADER_FIELDS:
                 continue
             try:
@@ -215,7 +220,9 @@ class GGUFFile:
             except UnicodeDecodeError as exc:
                 raise ValueError(f"{self.path}: metadata key {key!r} holds a string that is "
                                  f"not UTF-8 ({exc})") from None
-        self._tensors = {t.name: t for t in self._reader.tensors}
+        # the tensors keep their views of the map; the reader itself (and its per-string
+        # arrays of the vocabulary, ~160 MB for 49k tokens and merges) can go
+        self._tensors = {t.name: t for t in reader.tensors}
         self.architecture = self.metadata.get("general.architecture")
 
     def __repr__(self) -> str:
