@@ -188,6 +188,8 @@ def test_drafters_work_with_a_gguf_target(written, backend):
     vanilla = fs.generate(target, prompt, 24).tokens
     ngram = fs.speculative_generate(target, fs.NgramDrafter(max_ngram=3), prompt, 24)
     assert ngram.tokens == vanilla
+    draft = fs.DraftModelDrafter(fs.Transformer.load(written["llama"][0]))  # same vocabulary
+    assert fs.speculative_generate(target, draft, prompt, 24).tokens == vanilla
     dflash = fs.DFlashModel.random(fs.DFlashConfig(block_size=4, mask_token_id=0), target, seed=0)
     spec = fs.speculative_generate(target, fs.DFlashDrafter(dflash), prompt, 24, gamma=3)
     assert spec.tokens == vanilla and spec.stats.draft_calls > 0
