@@ -1,8 +1,9 @@
-"""The file formats: Hugging Face safetensors folders, ``.npz``, the z-lab DFlash folder, JSON.
+"""The file formats: Hugging Face safetensors folders, ``.npz``, GGUF, the z-lab DFlash folder, JSON.
 
 Lives here: ``hf_folder`` (safetensors and config.json), ``npz`` (a bounded .npz reader),
-``transformer_io`` (a Transformer's ``.npz`` files and folders; importing it registers them
-behind :meth:`fastspec.Transformer.load` and ``save``), ``dflash_folder`` (z-lab DFlash
+``gguf`` (llama.cpp's GGUF files, read through the optional ``gguf`` package),
+``transformer_io`` (a Transformer's ``.npz`` files, folders and GGUF files; importing it
+registers them behind :meth:`fastspec.Transformer.load` and ``save``), ``dflash_folder`` (z-lab DFlash
 drafter folders), ``json_io`` (strict JSON reads and writes).
 
 May import: :mod:`fastspec.kernels`, :mod:`fastspec.model`. Nothing above it.

@@ -1,9 +1,10 @@
-"""A Transformer's files: ``.npz`` files and Hugging Face folders, read and written.
+"""A Transformer's files: ``.npz`` files and Hugging Face folders, read and written; GGUF read.
 
 :func:`load_transformer` and :func:`save_transformer` are what :meth:`fastspec.Transformer.load`
 and :meth:`~fastspec.Transformer.save` run: this module registers them with
 :func:`fastspec.model.state.register_files` when it is imported. The tensors' names and layout
-are :mod:`fastspec.model.state`'s; Hugging Face folders are :mod:`fastspec.formats.hf_folder`'s.
+are :mod:`fastspec.model.state`'s; Hugging Face folders are :mod:`fastspec.formats.hf_folder`'s,
+GGUF files (read only) :mod:`fastspec.formats.gguf`'s.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 
 from fastspec.kernels.bf16 import BF16
 from fastspec.formats import json_io
+from fastspec.formats.gguf import load_gguf
 from fastspec.formats.hf_folder import iter_hf, read_hf_config, save_hf
 from fastspec.formats.npz import read_npz
 from fastspec.model.config import ModelConfig
@@ -32,14 +34,17 @@ def save_transformer(model: Transformer, path: Path) -> None:
 
 def load_transformer(cls: type[Transformer], path: Path, dtype: str | None = None,
                      weight_dtype: str | None = None, mmap: bool = False) -> Transformer:
-    """Load an ``.npz`` or a Hugging Face folder as a ``cls`` (see :meth:`Transformer.load`)."""
+    """Load an ``.npz``, a ``.gguf`` or a Hugging Face folder as a ``cls`` (see
+    :meth:`Transformer.load`)."""
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        return load_gguf(cls, path, dtype=dtype, weight_dtype=weight_dtype, mmap=mmap)
     if path.is_dir():
         config = read_hf_config(path, dtype=dtype, weight_dtype=weight_dtype)
         # one file tensor at a time
         return cls.from_tensors(config, iter_hf(path, config), mmap=mmap)
     if mmap:
-        raise ValueError(f"{path}: mmap=True maps Hugging Face folders (safetensors), not "
-                         ".npz files")
+        raise ValueError(f"{path}: mmap=True maps Hugging Face folders (safetensors) and GGUF "
+                         "files, not .npz files")
     cfg, sd = read_npz(path, "model")  # bounded: validates every header before reading
     bits = sorted(k for k, a in sd.items() if a.dtype == np.uint16)
     if bits and cfg.get("weight_dtype") != BF16:

@@ -191,20 +191,22 @@ class StateDict:
     @classmethod
     def load(cls, path: str | Path, dtype: str | None = None,
              weight_dtype: str | None = None, mmap: bool = False) -> Model:
-        """Load an ``.npz`` written by :meth:`save` or a Hugging Face checkpoint folder.
+        """Load an ``.npz`` written by :meth:`save`, a Hugging Face checkpoint folder or a
+        ``.gguf`` file (llama/qwen2/qwen3, any type the ``gguf`` package dequantizes; see
+        docs/FORMATS.md).
 
         Parameters
         ----------
         path : path-like
         dtype : {"float32", "float64"}, optional
-            Compute dtype; default: the file's (float32 for a Hugging Face folder).
+            Compute dtype; default: the file's (float32 for a Hugging Face folder or GGUF).
         weight_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
             Storage dtype of the matrices (see :class:`ModelConfig`); default: the file's
             ``weight_dtype`` when it fits ``dtype`` (float16 and bfloat16 need float32), else
             ``dtype``. A bf16 Hugging Face checkpoint loaded with ``"bfloat16"`` keeps its bit
             patterns (no widening, no rounding).
         mmap : bool, default False
-            Hugging Face folders only: map every tensor whose file dtype is its storage dtype
+            Hugging Face folders and GGUF files (their F32/F16/BF16 tensors): map every tensor whose file dtype is its storage dtype
             (a bf16 folder loaded with ``weight_dtype="bfloat16"``, a float16 one with
             ``"float16"``) instead of reading it. Loading then reads nothing but the headers
             and the tensors that need converting; the matrices are copy-on-write views of the

@@ -1,0 +1,442 @@
+"""GGUF model files (llama.cpp's format): metadata, model config and tensors, memory-mapped.
+
+:class:`GGUFFile` opens a file once with the ``gguf`` package (the optional ``[gguf]`` extra,
+imported here only) and serves everything a load needs from that one parse: the metadata as
+plain Python values (:func:`read_metadata`, which the GGUF tokenizer builds from), the
+:class:`~fastspec.ModelConfig` of a ``llama`` (Mistral-style included), ``qwen2`` or ``qwen3``
+file, and its tensors as :class:`GGUFTensor` s under their Hugging Face names, which
+:meth:`fastspec.Transformer.from_tensors` dequantizes block of rows by block of rows into
+their storage dtype. :func:`load_gguf` is what ``Transformer.load("x.gguf")`` runs.
+
+Parsing the file (``gguf.GGUFReader``) takes seconds on a real vocabulary: keep one
+:class:`GGUFFile` per load and hand it to every reader (model and tokenizer).
+"""
+from __future__ import annotations
+
+import math
+import os
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from fastspec.formats.hf_folder import hf_config
+from fastspec.model.config import ModelConfig
+from fastspec.model.schema import MATRICES, hf_layer_keys
+from fastspec.model.state import layer_schema
+
+if TYPE_CHECKING:  # annotations only
+    from fastspec.model.transformer import Transformer
+
+__all__ = ["GGUFFile", "GGUFTensor", "read_metadata", "load_gguf", "ARCHITECTURES",
+           "NATIVE_QUANT_TYPES"]
+
+#: GGUF ``general.architecture`` -> the Hugging Face class it maps onto.
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM"}
+#: ``weight_dtype`` names of the native quantized storage the quantized-weights issue adds.
+NATIVE_QUANT_TYPES = ("q8_0", "q4_0", "q4_1")
+
+#: Architecture keys (after ``"{arch}."``) the config reads; any other ``{arch}.*`` key is
+#: refused unless :func:`_check_arch_key` knows it changes nothing fastspec computes.
+_CONFIG_KEYS = frozenset({
+    "context_length", "embedding_length", "block_count", "feed_forward_length",
+    "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+    "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
+    "vocab_size"})
+#: Elements :meth:`GGUFTensor.read` converts at a time (4 MB of float32).
+_CHUNK = 1 << 20
+#: The reader's own entries for the file header: not key/value pairs of the file.
+_HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
+
+#: GGUF tensor names -> Hugging Face names (whole-model tensors, then per-layer leaves).
+_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight"}
+_LEAF = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_HF_TOP = {hf: g for g, hf in _TOP.items()}
+_HF_LEAF = {hf: g for g, hf in _LEAF.items()}
+
+
+def _gguf():
+    """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
+    try:
+        import gguf
+    except ImportError as exc:
+        raise ImportError('reading GGUF files needs the gguf package: pip install '
+                          '"fastspec[gguf]"') from exc
+    return gguf
+
+
+def _gguf_name(hf: str) -> str:
+    """Return the GGUF name of Hugging Face tensor name ``hf`` (one :data:`_TOP`/_LEAF entry)."""
+    if hf in _HF_TOP:
+        return _HF_TOP[hf]
+    _, _, layer, leaf = hf.split(".", 3)  # model.layers.N.<leaf>
+    return f"blk.{layer}.{_HF_LEAF[leaf]}"
+
+
+def _hf_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Return every tensor a model of ``c`` needs: Hugging Face name -> shape in file layout
+    (matrices ``(out, in)``, as ``nn.Linear`` and GGUF's row order keep them)."""
+    shapes, attrs = layer_schema(c)
+    out = {"model.embed_tokens.weight": (c.vocab_size, c.dim), "model.norm.weight": (c.dim,)}
+    if not c.tie_embeddings:
+        out["lm_head.weight"] = (c.vocab_size, c.dim)
+    for i in range(c.n_layers):
+        for attr, key in zip(attrs, hf_layer_keys(f"model.layers.{i}.", attrs)):
+            out[key] = shapes[attr][::-1] if attr in MATRICES else shapes[attr]
+    return out
+
+
+def _unpermute(rows: np.ndarray, head_rows: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation within each head of ``head_rows`` rows.
+
+    ``convert_hf_to_gguf.py`` (``LlamaModel.permute``) reorders each head's rows from
+    rotate-half pairs (HF) to adjacent pairs (ggml's normal RoPE); this is its inverse.
+    ``rows`` : ndarray of shape (k * head_rows,) or (k * head_rows, in), whole heads.
+    """
+    n = rows.shape[0] // head_rows
+    return (rows.reshape(n, head_rows // 2, 2, *rows.shape[1:]).swapaxes(1, 2)
+            .reshape(rows.shape))
+
+
+class GGUFTensor:
+    """One tensor of a GGUF file under its Hugging Face layout: a :class:`TensorFile`.
+
+    ``shape`` is NumPy's order (``(out, in)`` for a matrix). :meth:`read` returns rows
+    ``[start, stop)`` as a new array: F16 as float16, BF16 as uint16 bit patterns, F32 and
+    every quantized type dequantized to float32 (``gguf.quants.dequantize``; a quant block
+    never crosses a row, so any row range dequantizes alone). For ``attn_q``/``attn_k`` of a
+    ``llama`` file it undoes llama.cpp's row permutation, reading whole heads.
+
+    The tensor reads through its file's memory map: the :class:`GGUFFile` must stay open
+    (it does while a tensor references it).
+    """
+
+    def __init__(self, file: GGUFFile, tensor: Any, head_rows: int | None = None) -> None:
+        self.file, self.name = file, tensor.name
+        self._t, self._head_rows = tensor, head_rows
+        self.type_name = tensor.tensor_type.name
+        self.shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
+        self.ndim = len(self.shape)
+        self.dtype = np.dtype({"F16": np.float16, "BF16": np.uint16}.get(self.type_name,
+                                                                         np.float32))
+
+    def _convert(self, raw: np.ndarray) -> np.ndarray:
+        """Return file rows ``raw`` in :attr:`dtype` (a view of the map for F32/F16/BF16)."""
+        if self.type_name == "BF16":
+            return raw.view(np.uint16)
+        if self.type_name in ("F32", "F16"):
+            return raw
+        return _gguf().quants.dequantize(raw, self._t.tensor_type)
+
+    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Return rows ``[start, stop)`` (first axis) in :attr:`dtype`, a new array.
+
+        Converted :data:`_CHUNK` elements at a time into the result, so that dequantizing
+        even a whole tensor holds nothing beside the result but one chunk's temporaries.
+        """
+        rows = self.shape[0]
+        stop = rows if stop is None else min(stop, rows)
+        start = min(max(start, 0), stop)
+        h = self._head_rows or 1  # the permutation acts inside a head: read whole heads
+        a, b = start // h * h, -(-stop // h) * h
+        if self.ndim == 1:  # quant blocks of a vector are not rows: convert it whole
+            out = np.array(self._convert(self._t.data)[a:b])
+        else:
+            out = np.empty((b - a,) + self.shape[1:], self.dtype)
+            step = max(1, _CHUNK // max(1, math.prod(self.shape[1:])))
+            for r in range(a, b, step):
+                out[r - a:r - a + step] = self._convert(self._t.data[r:min(r + step, b)])
+        if self._head_rows:
+            out = _unpermute(out, h)
+        return out[start - a:stop - a]
+
+    def mapped(self) -> np.ndarray:
+        """Return the tensor as a copy-on-write view of the file when it is F32, F16 or BF16
+        and not permuted (nothing read until touched; the file must not change while it
+        lives); other tensors cannot be mapped and are read (:meth:`read`)."""
+        if self._head_rows or self.type_name not in ("F32", "F16", "BF16"):
+            return self.read()
+        return self._convert(self._t.data).view(np.ndarray)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        a = self.read()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"GGUFTensor({self.name!r}, {self.type_name}, shape={self.shape})"
+
+
+class GGUFFile:
+    """A GGUF file, parsed once and memory-mapped (copy-on-write).
+
+    Parameters
+    ----------
+    path : path-like
+
+    Attributes
+    ----------
+    path : Path
+    metadata : dict of str to value
+        Every key/value pair of the file, see :func:`read_metadata`.
+    architecture : str or None
+        ``general.architecture``.
+
+    Raises
+    ------
+    ValueError
+        A truncated or corrupt file, or metadata strings that are not UTF-8 (named).
+    ImportError
+        Without the ``gguf`` package.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        gguf = _gguf()
+        try:
+            reader = gguf.GGUFReader(self.path, mode="c")
+        except (ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error) as exc:
+            raise ValueError(f"{self.path}: not a readable GGUF file (truncated or corrupt?): "
+                             f"{type(exc).__name__}: {exc}") from None
+        self.metadata: dict[str, Any] = {}
+        for key, field in reader.fields.items():
+            if key in _HEADER_FIELDS:
+                continue
+            try:
+                self.metadata[key] = field.contents()
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{self.path}: metadata key {key!r} holds a string that is "
+                                 f"not UTF-8 ({exc})") from None
+        # the tensors keep their views of the map; the reader itself (and its per-string
+        # arrays of the vocabulary, ~160 MB for 49k tokens and merges) can go
+        self._tensors = {t.name: t for t in reader.tensors}
+        self.architecture = self.metadata.get("general.architecture")
+
+    def __repr__(self) -> str:
+        return (f"GGUFFile({str(self.path)!r}, architecture={self.architecture!r}, "
+                f"{len(self._tensors)} tensors)")
+
+    # --- config ----------------------------------------------------------------------------
+
+    def _error(self, what: str) -> ValueError:
+        return ValueError(f"{self.path}: {what}")
+
+    def _key(self, key: str, kind: type, default: Any = None) -> Any:
+        """Return metadata ``key`` checked to be a positive ``kind`` (int or float)."""
+        value = self.metadata.get(key, default)
+        if value is None:
+            raise self._error(f"missing metadata key {key!r}")
+        ok = (type(value) is int if kind is int
+              else isinstance(value, (int, float)) and not isinstance(value, bool))
+        if not ok or not np.isfinite(value) or value <= 0:
+            raise self._error(f"metadata key {key!r} must be a positive {kind.__name__}, "
+                              f"got {value!r}")
+        return value
+
+    def _check_arch_key(self, key: str, value: Any, context: int) -> None:
+        """Refuse architecture key ``key`` unless it changes nothing fastspec computes."""
+        leaf = key.split(".", 1)[1]
+        if leaf in _CONFIG_KEYS:
+            return
+        if leaf.startswith("rope.scaling."):
+            arch = key.split(".", 1)[0]
+            # llama.cpp: an absent type is linear; a linear factor of 0 or 1 scales nothing
+            kind = self.metadata.get(f"{arch}.rope.scaling.type", "linear")
+            factor = self.metadata.get(f"{arch}.rope.scaling.factor", 1)
+            if kind == "none" or (kind == "linear" and factor in (0, 1)):
+                return
+        elif leaf in ("expert_count", "expert_used_count") and value == 0:
+            return
+        elif leaf == "attention.sliding_window" and type(value) is int and value >= context:
+            return  # a window as long as the context is no window
+        elif leaf == "attention.causal" and value is True:
+            return
+        raise self._error(f"metadata key {key!r} = {value!r} is not supported (fastspec runs "
+                          "default RoPE, dense causal attention without sliding windows)")
+
+    def hf_config(self) -> dict[str, Any]:
+        """Return the Hugging Face ``config.json`` dict of the file's model.
+
+        Raises
+        ------
+        ValueError
+            An unsupported architecture, RoPE scaling, ``rope_freqs.weight``, sliding window
+            or other feature, or a missing or invalid key (named with the file).
+        """
+        arch = self.architecture
+        if arch not in ARCHITECTURES:
+            raise self._error(f"general.architecture {arch!r} is not supported; supported: "
+                              f"{sorted(ARCHITECTURES)}")
+        if "rope_freqs.weight" in self._tensors:
+            raise self._error("tensor 'rope_freqs.weight' (per-frequency RoPE scaling, "
+                              "Llama 3.1+) is not supported: fastspec runs default RoPE")
+        context = self._key(f"{arch}.context_length", int)
+        for key, value in self.metadata.items():
+            if key.startswith(arch + "."):
+                self._check_arch_key(key, value, context)
+        dim = self._key(f"{arch}.embedding_length", int)
+        heads = self._key(f"{arch}.attention.head_count", int)
+        kv_heads = self._key(f"{arch}.attention.head_count_kv", int, heads)
+        # llama.cpp: the head size is key_length, else dim / heads; RoPE turns all of it
+        head_dim = self._key(f"{arch}.attention.key_length", int, dim // heads)
+        for key in ("attention.value_length", "rope.dimension_count"):
+            value = self.metadata.get(f"{arch}.{key}", head_dim)
+            if value != head_dim:  # partial rotary or unequal K/V widths
+                raise self._error(f"metadata key '{arch}.{key}' = {value!r} differs from the "
+                                  f"head size {head_dim} (not supported)")
+        embed = self._tensors.get("token_embd.weight")
+        if embed is None:
+            raise self._error("missing tensor 'token_embd.weight'")
+        vocab = int(embed.shape[-1])  # ggml order: (dim, vocab)
+        if self.metadata.get(f"{arch}.vocab_size", vocab) != vocab:
+            raise self._error(f"metadata key '{arch}.vocab_size' = "
+                              f"{self.metadata[f'{arch}.vocab_size']!r} differs from the "
+                              f"{vocab} rows of 'token_embd.weight'")
+        return {
+            "architectures": [ARCHITECTURES[arch]], "model_type": arch, "vocab_size": vocab,
+            "hidden_size": dim, "intermediate_size": self._key(f"{arch}.feed_forward_length", int),
+            "num_hidden_layers": self._key(f"{arch}.block_count", int),
+            "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+            "max_position_embeddings": context,
+            # float32 in the file (1e-5 -> 9.9999997e-06): kept as read, as transformers does
+            "rms_norm_eps": float(self._key(f"{arch}.attention.layer_norm_rms_epsilon", float)),
+            "rope_theta": float(self._key(f"{arch}.rope.freq_base", float, 10000.0)),
+            "tie_word_embeddings": "output.weight" not in self._tensors, "hidden_act": "silu",
+        }
+
+    def config(self, dtype: str | None = None, weight_dtype: str | None = None) -> ModelConfig:
+        """Return the file's :class:`ModelConfig`, its tensors checked (names, shapes, types).
+
+        Reads the metadata and tensor headers, and one row of each tensor (that its type
+        dequantizes); no other tensor data.
+
+        Parameters
+        ----------
+        dtype : {"float32", "float64"}, optional
+            Compute dtype; default float32.
+        weight_dtype : {"float32", "float16", "bfloat16", "float64"}, optional
+            Storage dtype of the matrices; default ``dtype``.
+
+        Raises
+        ------
+        ValueError
+            See :meth:`hf_config`; a missing, unexpected or misshapen tensor, or one whose type
+            the ``gguf`` package cannot dequantize (named with the file).
+        NotImplementedError
+            ``weight_dtype`` is a native quantized type (:data:`NATIVE_QUANT_TYPES`).
+        """
+        if isinstance(weight_dtype, str) and weight_dtype.lower() in NATIVE_QUANT_TYPES:
+            raise NotImplementedError(
+                f"weight_dtype={weight_dtype!r}: native quantized storage "
+                f"({', '.join(NATIVE_QUANT_TYPES)}) comes with the quantized-weights issue; "
+                "load with weight_dtype 'float32', 'float16' or 'bfloat16' for now")
+        try:
+            config = hf_config(self.hf_config(), dtype or "float32").replace(
+                weight_dtype=weight_dtype)
+        except ValueError as exc:
+            if str(exc).startswith(str(self.path)):
+                raise
+            raise self._error(str(exc)) from None
+        self._check_tensors(config)
+        return config
+
+    def _check_tensors(self, c: ModelConfig) -> None:
+        wanted = {_gguf_name(hf): shape for hf, shape in _hf_shapes(c).items()}
+        missing = [g for g in wanted if g not in self._tensors]
+        if missing:
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise self._error(f"missing tensors {missing[:5]}{more} (a {self.architecture} "
+                              f"model of {c.n_layers} layers needs them)")
+        unexpected = [g for g in self._tensors if g not in wanted]
+        if unexpected:
+            raise self._error(f"unexpected tensor {unexpected[0]!r}: not part of a "
+                              f"{self.architecture} model fastspec runs")
+        quant_sizes = _gguf().GGML_QUANT_SIZES
+        for name, shape in wanted.items():
+            t = GGUFTensor(self, self._tensors[name])
+            if t.shape != shape:
+                raise self._error(f"tensor {name!r} has shape {t.shape}, the config needs "
+                                  f"{shape}")
+            block = quant_sizes.get(self._tensors[name].tensor_type, (1, 0))[0]
+            if shape[-1] % block:
+                raise self._error(f"tensor {name!r} of type {t.type_name} has rows of "
+                                  f"{shape[-1]}, not a multiple of its block of {block}")
+            try:
+                t.read(0, 1)
+            except NotImplementedError:
+                raise self._error(f"tensor {name!r} has type {t.type_name}, which the gguf "
+                                  "package cannot dequantize") from None
+
+    # --- tensors ---------------------------------------------------------------------------
+
+    def tensors(self, config: ModelConfig) -> Iterator[tuple[str, GGUFTensor]]:
+        """Yield ``(Hugging Face name, tensor)`` for every tensor of ``config``, in file order.
+
+        ``config`` comes from :meth:`config` (which checked the tensors). Nothing is read until
+        asked: :meth:`fastspec.Transformer.from_tensors` reads each block by block.
+        """
+        permuted = ("attn_q", "attn_k") if self.architecture == "llama" else ()
+        for name, t in self._tensors.items():
+            hf = _TOP.get(name)
+            head_rows = None
+            if hf is None:
+                _, layer, leaf = name.split(".", 2)
+                hf = f"model.layers.{layer}.{_LEAF[leaf]}"
+                if leaf.split(".")[0] in permuted:
+                    head_rows = config.head_dim  # ggml's normal RoPE: permuted rows
+            yield hf, GGUFTensor(self, t, head_rows)
+
+
+def read_metadata(source: str | os.PathLike | GGUFFile) -> dict[str, Any]:
+    """Return every key/value pair of a GGUF file as plain Python values.
+
+    The contract the GGUF tokenizer builds on: keys are the file's own
+    (``general.architecture``, ``llama.block_count``, ``tokenizer.ggml.tokens``, ...), in file
+    order; the header's version and counts are not key/value pairs and are left out. Values
+    are ``str``, ``int``, ``float`` or ``bool`` (the file's integer and float widths become
+    Python ``int``/``float``); arrays are Python lists of those: ``tokenizer.ggml.tokens`` and
+    ``tokenizer.ggml.merges`` are ``list[str]``, ``tokenizer.ggml.token_type`` a
+    ``list[int]``, ``tokenizer.ggml.scores`` a ``list[float]``. Absent keys are absent (no
+    defaults filled in).
+
+    Parameters
+    ----------
+    source : path-like or GGUFFile
+        Parsing a file takes seconds on a real vocabulary: pass the :class:`GGUFFile` the
+        model is loaded from to share its parse (the dict is then that file's own).
+
+    Raises
+    ------
+    ValueError
+        A truncated or corrupt file, or a string that is not UTF-8 (named).
+    """
+    file = source if isinstance(source, GGUFFile) else GGUFFile(source)
+    return file.metadata
+
+
+def load_gguf(cls: type[Transformer], source: str | os.PathLike | GGUFFile,
+              dtype: str | None = None, weight_dtype: str | None = None,
+              mmap: bool = False) -> Transformer:
+    """Load a GGUF file as a ``cls`` (see :meth:`fastspec.Transformer.load`).
+
+    Every tensor is dequantized block of rows by block of rows into its final array, so the
+    peak is the finished weights plus one block. ``mmap`` maps the F32/F16/BF16 tensors whose
+    type is their storage dtype (and not permuted) instead of reading them; the others are read.
+    """
+    file = source if isinstance(source, GGUFFile) else GGUFFile(source)
+    config = file.config(dtype, weight_dtype)
+    return cls.from_tensors(config, file.tensors(config), mmap=mmap)
