@@ -71,3 +71,13 @@ def test_chat_needs_a_template(capsys):
 
     assert main(["generate", "--chat", "hi"]) == 2  # the embedded byte model has none
     assert "chat template" in capsys.readouterr().err
+
+
+def test_demo_on_the_real_model_is_greedy_identical(capsys):
+    from fastspec.cli import main
+
+    assert main(["demo", "--model", "smollm2", "--max-new-tokens", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["method"] for r in out["results"]] == ["vanilla", "ngram", "ngram_tree"]
+    assert all(r["identical"] for r in out["results"])
+    assert main(["demo", "--model", "smollm2", "--drafter", "dflash"]) == 2

@@ -17,7 +17,12 @@ def add_parser(sub) -> None:
                     "drafter and DFlash; print the text once and a table of tokens/s, speedup "
                     "over vanilla, tau, acceptance rate and whether the output is identical "
                     "to vanilla.")
-    p.add_argument("--prompt", help="prompt text (default: a held-out code prompt)")
+    p.add_argument("--model", metavar="PATH",
+                   help="a chat model instead of the embedded ones: a GGUF file, a catalog name "
+                        "(smollm2) or a Hugging Face folder; runs vanilla, ngram and ngram_tree "
+                        "on a grounded request (type hints) rendered by its chat template")
+    p.add_argument("--prompt", help="prompt text (default: a held-out code prompt; with "
+                                    "--model, the user message)")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",
                    help="tokens to generate (default 256)")
     p.add_argument("--temperature", type=non_negative_float, default=0.0,

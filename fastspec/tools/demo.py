@@ -188,10 +188,40 @@ def _default_prompt() -> str:
     return heldout_prompts(1)[0]
 
 
+def _model_bundle(args):
+    """``(bundle, tokenizer, prompt text, prompt ids, methods, eos)`` of ``demo --model``: a
+    chat model, its first grounded request (or ``--prompt``) as a user turn, the drafters that
+    need no draft model."""
+    from types import SimpleNamespace
+
+    from fastspec.models.catalog import resolve
+    from fastspec.models.pretrained import load_pretrained
+    from fastspec.tools.eval_suites import suite
+
+    model, tok = load_pretrained(resolve(args.model))
+    prompt = args.prompt if args.prompt is not None else suite("grounded")[0].message
+    ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
+                                  add_generation_prompt=True, tokenize=True)
+    real = ("vanilla", "ngram", "ngram_tree")
+    if args.drafter not in ("all",) + real:
+        raise ValueError(f"--model runs {', '.join(real[1:])} (no draft model or DFlash "
+                         f"drafter for it), got --drafter {args.drafter}")
+    methods = real if args.drafter == "all" else ("vanilla", args.drafter)
+    bundle = SimpleNamespace(target=model, draft=None, dflash=None)
+    return bundle, tok, prompt, ids, methods, tok.stop_ids[0] if tok.stop_ids else None
+
+
 def demo_main(args) -> int:
     """Entry point of ``fastspec demo`` (``args`` from the CLI parser)."""
     from fastspec.models import pretrained
 
+    if getattr(args, "model", None):
+        try:
+            bundle, tok, prompt, ids, methods, eos = _model_bundle(args)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"fastspec demo: {exc}", file=sys.stderr)
+            return 2
+        return _demo(args, bundle, tok, prompt, ids, methods, eos)
     if not pretrained.available():
         print("fastspec demo: the embedded model files are not installed "
               f"(looked in {pretrained.data_dir()})", file=sys.stderr)
@@ -200,17 +230,23 @@ def demo_main(args) -> int:
     tok = bundle.tokenizer
     prompt = args.prompt if args.prompt is not None else _default_prompt()
     ids = tok.encode(prompt, add_bos=True)
+    methods = METHODS if args.drafter == "all" else ("vanilla", args.drafter)
+    return _demo(args, bundle, tok, prompt, ids, methods, None)
+
+
+def _demo(args, bundle, tok, prompt: str, ids: list[int], methods: Sequence[str],
+          eos: int | None) -> int:
+    """Run and print the demo of ``methods`` on ``ids`` (``eos``: a chat model's end of turn)."""
     room = bundle.target.config.max_seq_len - len(ids)
     if room < 1:
         print(f"fastspec demo: the prompt has {len(ids)} tokens; the target holds "
               f"{bundle.target.config.max_seq_len}", file=sys.stderr)
         return 2
     n = min(args.max_new_tokens, room)
-    methods = METHODS if args.drafter == "all" else ("vanilla", args.drafter)
     print(f"fastspec {__version__} demo  backend={backend()}  temperature={args.temperature}  "
           f"new tokens={n}", file=sys.stderr)
     results = run_methods(bundle, ids, n, args.temperature, methods, seed=args.seed,
-                          repeats=args.repeats)
+                          repeats=args.repeats, eos_token_id=eos)
     if args.json:
         out = {"prompt": prompt, "backend": backend(), "temperature": args.temperature,
                "max_new_tokens": n, "text": tok.decode(results[0].tokens),
