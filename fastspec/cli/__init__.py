@@ -159,12 +159,12 @@ def _run_generate(args) -> int:
 
     if args.threads != 1:
         try:
-            from fastspec.model import _model
+            from fastspec.kernels import _isa
         except ImportError:
             print("fastspec: --threads needs the compiled extension; running on one thread",
                   file=sys.stderr)
         else:
-            _model.set_threads(args.threads)
+            _isa.set_threads(args.threads)
     return generate_main(args)
 
 
