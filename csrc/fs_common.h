@@ -1,11 +1,13 @@
-/* fs_common.h -- what every header of csrc/ shares: portability macros, the function
+/* fs_common.h -- what every file of csrc/ shares: portability macros, the function
  * multi-versioning switch, the GCC vector types, the template-instantiation helpers and the
- * small math helpers used by more than one kernel.
+ * tiny static inline helpers used by more than one translation unit (the only function
+ * bodies a header of csrc/ holds; csrc/README.md has the layout and its rules).
  *
- * Templates: a body that exists for several element types is written once in a file named
- * fs_*_impl.h and #included once per instantiation, with FS_T (element type) and FS_SFX
- * (name suffix) -- plus whatever else that body documents -- defined before the include; the
- * body names its functions FS_FN(name) (name_SFX) and #undefs its parameters at its end.
+ * Templates: a body that exists for several element types or ISA variants is written once in
+ * a file named fs_*.inc and #included by ONE .c file per instantiation, with FS_T (element
+ * type) and FS_SFX (name suffix) -- plus whatever else that body documents -- defined before
+ * the include; the body names its functions FS_FN(name) (name_SFX) and #undefs its
+ * parameters at its end.
  */
 #ifndef FS_COMMON_H
 #define FS_COMMON_H
@@ -15,12 +17,17 @@
 #include <stdint.h>
 #include <string.h>
 
+/* tests/c builds the core as a compiler without GNU C extensions would (the scalar paths);
+ * after the system headers, which need __GNUC__. */
+#if defined(FS_TEST_PORTABLE)
+#undef __GNUC__
+#endif
+
 /* ---- portability ----------------------------------------------------------------------- */
 
 #if defined(__GNUC__)
-/* Every extension module includes every header (Cython #includes all the headers that
- * fastspec/_csrc.pxd names) and uses a few of their static functions; the compiler drops
- * the others. */
+/* A template body (fs_*.inc) may define a helper that one of its instantiations never
+ * calls. */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #endif
 
@@ -36,8 +43,10 @@
  * for x86-64-v4 (AVX-512), x86-64-v3 (AVX2 + FMA + F16C) and the baseline, and the loader
  * picks one from the CPU flags (ifunc): wide SIMD in a portable wheel without -march=native.
  * Building for AVX-512 already (FASTSPEC_NATIVE=1) makes it pointless; FS_NO_CLONES turns it
- * off. The packed float products (fs_linear.h) use explicit target attributes instead, because
- * FASTSPEC_ISA must be able to force one variant. */
+ * off. Only loops whose variant nobody needs to choose use it (the double products, the sampling
+ * scans, the activations); the packed float products and the float attention tiles are
+ * explicit variants in their own files behind the one dispatch table of fs_isa.h, because
+ * FASTSPEC_ISA must be able to force one. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) \
     && defined(__GLIBC__) && !defined(FS_NO_CLONES) && !defined(__AVX512F__)
 #define FS_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
@@ -145,19 +154,6 @@ static inline double fs_exp_nonpos(double x)
     return x < -708.0 ? 0.0 : p * scale;
 }
 
-/* s[j] <- exp(s[j] - m) for j < count; return the sum (double, sequential). The softmax
- * numerators of the double attention template and of probs. */
-FS_CLONES static double fs_exp_sum(double *FS_RESTRICT s, int count, double m)
-{
-    double total = 0.0;
-    for (int j = 0; j < count; j++) {
-        double e = fs_exp_nonpos(s[j] - m);
-        s[j] = e;
-        total += e;
-    }
-    return total;
-}
-
 /* binary16 bits -> float, exactly (normals, subnormals, zeros, infinities, NaNs). */
 static inline float fs_h2f(uint16_t h)
 {
@@ -179,6 +175,20 @@ static inline float fs_bf2f(uint16_t b)
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
+}
+
+/* float -> the nearest bfloat16 value (ties to even), as a float; NaN stays NaN (quieted),
+ * values past the largest bf16 become infinite. The NumPy twin (fastspec._bf16) is the same
+ * integer arithmetic. */
+static inline uint32_t fs_f2bf_bits(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        u |= 0x00400000u;
+    else
+        u += 0x7fffu + ((u >> 16) & 1u);
+    return u & 0xffff0000u;
 }
 
 #endif /* FS_COMMON_H */

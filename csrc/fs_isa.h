@@ -1,4 +1,6 @@
-/* Runtime detection of the x86-64 features the matrix-product paths need.
+/* fs_isa.h -- the CPU features, the ISA paths and the ONE dispatch table of the core.
+ *
+ * Detection (fs_isa.c): the x86-64 features the matrix-product paths need.
  *
  * fs_isa_detect fills an fs_isa_features from CPUID (leaf 1: FMA, F16C, OSXSAVE; leaf 7
  * subleaf 0: AVX2, AVX512F, AMX_BF16, AMX_TILE; leaf 7 subleaf 1: AVX512_BF16) and XGETBV: a
@@ -9,20 +11,21 @@
  * the grant succeeds (amx_cpu says what the CPU itself has).
  *
  * Other compilers or architectures report no features (the portable path only).
+ *
+ * The dispatch table (fs_dispatch) holds the path every packed float product runs, the
+ * threads of large products and a function pointer per ISA-variant kernel (fs_variants.h
+ * declares the variants, each in its own file). Every core function that has variants calls
+ * through fs_disp. A process holds one table: each extension module links its own copy of the
+ * core (a static library), so the owner, fastspec.kernels._isa, fills its copy at import
+ * (fs_isa_init, then FASTSPEC_ISA) and every other extension points its copy's fs_disp at
+ * the owner's table (fs_isa_share) when it is imported; set_isa and set_threads then change
+ * what every extension runs. Before fs_isa_init a copy's table is valid but portable (the
+ * baseline variants, one thread): the C harnesses of tests/c use it without Python.
  */
 #ifndef FS_ISA_H
 #define FS_ISA_H
 
-#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-#define FS_ISA_X86 1
-#include <cpuid.h>
-#else
-#define FS_ISA_X86 0
-#endif
-#if FS_ISA_X86 && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+#include <stdint.h>
 
 typedef struct {
     int avx2, fma, f16c, avx512f, avx512bf16;
@@ -35,70 +38,58 @@ typedef struct {
 enum { FS_ISA_PORTABLE = 0, FS_ISA_AVX2 = 1, FS_ISA_AVX512 = 2, FS_ISA_AVX512BF16 = 3,
        FS_ISA_AMX = 4 };
 
-#if FS_ISA_X86
-static inline unsigned long long fs_isa_xgetbv0(void)
-{
-    unsigned int lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return ((unsigned long long)hi << 32) | lo;
-}
-#endif
-
-/* Ask Linux for the AMX tile-data state (ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA =
- * 18); returns 1 when granted. Idempotent: a second request for a granted feature succeeds. */
-static inline int fs_isa_request_amx(void)
-{
-#if FS_ISA_X86 && defined(__linux__) && defined(SYS_arch_prctl)
-    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
-#else
-    return 0;
-#endif
-}
-
-static inline void fs_isa_detect(fs_isa_features *f)
-{
-    f->avx2 = f->fma = f->f16c = f->avx512f = f->avx512bf16 = 0;
-    f->amx_cpu = f->amx_tile = f->amx_bf16 = 0;
-#if FS_ISA_X86
-    unsigned int a, b, c, d, max_leaf = __get_cpuid_max(0, 0);
-    if (max_leaf < 1 || !__get_cpuid(1, &a, &b, &c, &d)) return;
-    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, f16c = (c >> 29) & 1, avx = (c >> 28) & 1;
-    if (!osxsave || !avx) return;
-    unsigned long long xcr0 = fs_isa_xgetbv0();
-    int os_ymm = (xcr0 & 0x6) == 0x6, os_zmm = (xcr0 & 0xe6) == 0xe6;
-    int os_tiles = (xcr0 & 0x60000ULL) == 0x60000ULL;
-    if (!os_ymm) return;
-    f->fma = fma;
-    f->f16c = f16c;
-    if (max_leaf < 7) return;
-    __cpuid_count(7, 0, a, b, c, d);
-    unsigned int sub_max = a;
-    f->avx2 = (b >> 5) & 1;
-    f->avx512f = os_zmm && ((b >> 16) & 1);
-    int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
-    if (sub_max >= 1) {
-        __cpuid_count(7, 1, a, b, c, d);
-        f->avx512bf16 = f->avx512f && ((a >> 5) & 1);
-    }
-    f->amx_cpu = os_tiles && amx_tile && amx_bf16;
-    if (f->amx_cpu && fs_isa_request_amx()) {
-        f->amx_tile = 1;
-        f->amx_bf16 = 1;
-    }
-#endif
-}
-
+void fs_isa_detect(fs_isa_features *f);
 /* Whether path p can run on a CPU with features f (its instructions exist and are enabled). */
-static inline int fs_isa_supported(const fs_isa_features *f, int p)
-{
-    switch (p) {
-    case FS_ISA_PORTABLE: return 1;
-    case FS_ISA_AVX2: return f->avx2 && f->fma && f->f16c;
-    case FS_ISA_AVX512: return f->avx512f && f->f16c;
-    case FS_ISA_AVX512BF16: return f->avx512bf16;
-    case FS_ISA_AMX: return f->amx_tile && f->amx_bf16;
-    default: return 0;
-    }
-}
+int fs_isa_supported(const fs_isa_features *f, int p);
+
+/* The packed float products' columns [lo, hi) of y (n, out) [+]= x (n, in) @ P (fs_linear.h):
+ * float weights, and 16-bit ones (binary16 or bfloat16 bits). */
+typedef void (*fs_linf_f32_fn)(const float *x, const float *P, float *y, int n, int in,
+                               int out, int lo, int hi, int accumulate);
+typedef void (*fs_linf_u16_fn)(const float *x, const uint16_t *P, float *y, int n, int in,
+                               int out, int lo, int hi, int accumulate);
+/* One block of query rows of the tiled float attention (fs_attention.c). */
+typedef void (*fs_attn_block_fn)(const float *const *qrows, float *const *orows,
+                                 const int *count, int rows, const float *kh, const float *vh,
+                                 int head_dim, float scale, int base, const int32_t *anc);
+
+typedef struct {
+    int ready;       /* fs_isa_init ran on this table */
+    int path;        /* FS_ISA_* of the packed float products (AMX: bf16 on tiles) */
+    int threads;     /* OpenMP threads of large products (1: none) */
+    int amx;         /* the CPU runs AMX tiles and Linux granted them (built in too) */
+    fs_linf_f32_fn linf_f32;
+    fs_linf_u16_fn linf_f32h, linf_f32b;
+    /* The widest variant the CPU runs, whatever the path (its choice never depends on n, and
+     * forcing a product path does not change attention's bits). */
+    fs_attn_block_fn attn_f32;
+} fs_dispatch;
+
+/* The table this copy of the core reads. */
+extern fs_dispatch *fs_disp;
+
+/* Fill this copy's own table from the CPU (automatic path); idempotent. */
+void fs_isa_init(void);
+/* The table this copy reads (initialised), for fs_isa_share in the other extensions. */
+fs_dispatch *fs_isa_table(void);
+/* Read `owner` (another copy's fs_isa_table()) from now on. */
+void fs_isa_share(fs_dispatch *owner);
+
+/* Force path p (-1: automatic); returns 0, or -1 when this build or CPU cannot run it. Set it
+ * while no product runs, and repack bf16 weights after a change (fs_linear_bf16_amx says
+ * which layout). */
+int fs_linear_set_path(int p);
+/* The path the next product runs. */
+int fs_linear_get_path(void);
+/* 1 when the bf16 products run on AMX tiles now: their weights must then be packed by
+ * fs_pack_bf16_amx (fs_amx_packed_len), else by fs_pack_f32h (fs_packed_len). */
+int fs_linear_bf16_amx(void);
+/* 1 when this build has the AMX kernel (GCC >= 11 on x86-64 Linux). */
+int fs_linear_amx_built(void);
+/* Threads for large products: 1 by default. On a loaded machine (or one shared with other
+ * BLAS/OpenMP users) a descheduled worker stalls every barrier, which costs far more than
+ * the bandwidth a second core adds to a decode step; callers opt in. */
+void fs_linear_set_threads(int n);
+int fs_linear_get_threads(void);
 
 #endif /* FS_ISA_H */

@@ -1,9 +1,10 @@
-/* Fused decoder forward for fastspec._model (toy and Llama/Qwen families).
+/* fs_model.h -- fused decoder forward for fastspec.model._model (toy and Llama/Qwen families).
  *
  * Everything here runs without the GIL and cannot fail: the Cython runner checks shapes,
  * ranges and capacity first and hands over raw pointers to weights, cache and scratch.
  * The float, double, float-on-float16-weights and float-on-bfloat16-weights versions are
- * generated from fs_model_impl.h.
+ * generated from fs_model.inc (fs_model.c); their structs and entry points are declared here
+ * by FS_MODEL_DECLARE.
  *
  * Layouts (all C-contiguous):
  *   linear weights (in, out) so that a projection is x @ W   (fastspec's internal layout)
@@ -13,38 +14,10 @@
 #ifndef FS_MODEL_H
 #define FS_MODEL_H
 
-#include "fs_common.h"
-#include "fs_linear.h"
-
-/* The attention kernel shared with fastspec._kernels (one implementation of attention). */
-#include "fs_attention.h"
+#include <stddef.h>
+#include <stdint.h>
 
 enum { FS_ACT_SWIGLU = 0, FS_ACT_TANH = 1, FS_ACT_GELU = 2 };
-
-/* Activations go through fs_exp_nonpos (fs_common.h): branch-free, so their loops
- * vectorise (glibc's exp does not, and SwiGLU needs n * ffn_dim of them per layer). */
-
-/* silu(g) = g / (1 + exp(-g)), through exp(-|g|) only. */
-static inline double fs_model_silu(double g)
-{
-    double e = fs_exp_nonpos(g < 0 ? g : -g);
-    return g >= 0 ? g / (1.0 + e) : g * e / (1.0 + e);
-}
-
-/* tanh(t) = sign(t) (1 - e) / (1 + e) with e = exp(-2|t|). */
-static inline double fs_model_tanh(double t)
-{
-    double a = t < 0 ? -t : t;
-    double e = fs_exp_nonpos(-2.0 * a);
-    double y = (1.0 - e) / (1.0 + e);
-    return t < 0 ? -y : y;
-}
-
-/* Sequence position of new row i: positions[i] for a tree step, else pos0 + i. */
-static inline int fs_model_pos(const int32_t *positions, int pos0, int i)
-{
-    return positions ? positions[i] : pos0 + i;
-}
 
 typedef struct {
     int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, max_pos;
@@ -55,67 +28,69 @@ typedef struct {
     double eps;
 } fs_dims;
 
-/* Widest input of a product, and at least 16: the rows of xb, the bf16-rounded copy of a
- * product's input (on the AMX path fs_amx_kp(in) bf16 bits a row, which fit in
- * max(in, 16) floats). */
-static inline size_t fs_scratch_in(const fs_dims *d)
-{
-    size_t w = (size_t)d->dim, hd = (size_t)d->n_heads * d->head_dim;
-    if (hd > w) w = hd;
-    if ((size_t)d->ffn_dim > w) w = (size_t)d->ffn_dim;
-    return w > 16 ? w : 16;
-}
-
 /* Scratch rows per position, in elements of the model dtype:
  * x, h (dim each); q, att (H*D each); k, v (Hkv*D each); f1, f2 (ffn each); xb. */
-static inline size_t fs_scratch_row(const fs_dims *d)
-{
-    return 2 * (size_t)d->dim + 2 * (size_t)d->n_heads * d->head_dim
-           + 2 * (size_t)d->n_kv_heads * d->head_dim + 2 * (size_t)d->ffn_dim
-           + fs_scratch_in(d);
-}
+size_t fs_scratch_row(const fs_dims *d);
 
-/* FS_T: compute dtype; FS_W: dtype of the big matrices (wq .. w_down, embed, head); FS_SFX:
- * suffix of the model functions; FS_TSFX: suffix of what depends on FS_T only (scratch, norms,
- * activations, attention), defined by the FS_W == FS_T instantiation. FS_WHALF: FS_W is
- * 16-bit storage (uint16_t) widened by FS_WIDEN (embedding rows) and the fs_linear_<FS_SFX>
- * kernel; FS_WBF16: that storage is bfloat16 and every product rounds its input rows to bf16
- * first (fs_linear_f32b_round, into the scratch rows xb). */
-#define FS_T float
-#define FS_W float
-#define FS_SFX f32
-#define FS_TSFX f32
-#define FS_WHALF 0
-#define FS_WBF16 0
-#include "fs_model_impl.h"
+#define FS_MODEL_TYPES(SFX, T, W)                                                              \
+    typedef struct {                                                                           \
+        const W *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;                                   \
+        const T *attn_norm, *mlp_norm, *q_norm, *k_norm;                                       \
+        const T *bq, *bk, *bv;                                                                 \
+    } fs_layer_##SFX;                                                                          \
+    typedef struct {                                                                           \
+        fs_dims d;                                                                             \
+        const W *embed;              /* (vocab, dim) */                                        \
+        const T *pos_embed;          /* (max_pos, dim) or NULL */                              \
+        const W *head;               /* (dim, vocab) */                                        \
+        const T *final_norm;         /* (dim,) or NULL */                                      \
+        const T *rope_cos, *rope_sin; /* (max_pos, head_dim/2) or NULL */                      \
+        const fs_layer_##SFX *layers;                                                          \
+    } fs_model_##SFX;
 
-#define FS_T double
-#define FS_W double
-#define FS_SFX f64
-#define FS_TSFX f64
-#define FS_WHALF 0
-#define FS_WBF16 0
-#include "fs_model_impl.h"
+/* Views into one preallocated buffer of rows * fs_scratch_row(d) elements (xb: (rows,
+ * fs_scratch_in), a product's input rounded to bf16 for bf16 weights), plus a double buffer
+ * of at least capacity doubles for attention scores. */
+#define FS_SCRATCH_TYPE(TSFX, T)                                                               \
+    typedef struct {                                                                           \
+        T *x, *h, *q, *k, *v, *att, *f1, *f2;                                                  \
+        T *xb;                                                                                 \
+        double *scores;                                                                        \
+    } fs_scratch_##TSFX;                                                                       \
+    void fs_scratch_init_##TSFX(fs_scratch_##TSFX *s, const fs_dims *d, T *buf, size_t rows,   \
+                                double *dbuf, size_t capacity);
 
-/* float compute on float16 weights: bit-identical to the f32 model on the widened weights. */
-#define FS_T float
-#define FS_W uint16_t
-#define FS_SFX f32h
-#define FS_TSFX f32
-#define FS_WHALF 1
-#define FS_WBF16 0
-#define FS_WIDEN fs_h2f
-#include "fs_model_impl.h"
+/* The entry points of one variant (fs_model.inc documents them). */
+#define FS_MODEL_DECLARE(SFX, T, TSFX)                                                         \
+    void fs_layer_set_##SFX(fs_layer_##SFX *L, void *const *p);                                \
+    void fs_model_set_##SFX(fs_model_##SFX *m, const fs_dims *d, void *const *p,               \
+                            const fs_layer_##SFX *layers);                                     \
+    void fs_embed_##SFX(const fs_model_##SFX *m, const int64_t *ids, int n, int pos0,          \
+                        const int32_t *positions, T *x);                                       \
+    void fs_layers_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s, int n, int pos0,       \
+                         int causal, T *k_cache, T *v_cache, size_t layer_stride,              \
+                         int capacity, T *const *hidden, const int32_t *positions,             \
+                         const uint8_t *tree_mask);                                            \
+    void fs_head_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s, int n, T *logits);       \
+    void fs_context_kv_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s, const T *feat,     \
+                             int n, int pos0, T *k_cache, T *v_cache, size_t layer_stride,     \
+                             int capacity, int l0, int l1);                                    \
+    void fs_context_kv_taps_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s,               \
+                                  const T *taps, int n, int n_in, const T *fc,                 \
+                                  const T *hidden_norm, int pos0, T *k_cache, T *v_cache,      \
+                                  size_t layer_stride, int capacity);
 
-/* float compute on bfloat16 weights, inputs of every product rounded to bf16: bit-identical to
- * the f32 model on the widened weights whose products' inputs are rounded the same way. */
-#define FS_T float
-#define FS_W uint16_t
-#define FS_SFX f32b
-#define FS_TSFX f32
-#define FS_WHALF 1
-#define FS_WBF16 1
-#define FS_WIDEN fs_bf2f
-#include "fs_model_impl.h"
+/* float and double compute on weights of their own type; float compute on float16 (f32h) and
+ * bfloat16 (f32b) weights, the matrices as uint16_t bits. */
+FS_SCRATCH_TYPE(f32, float)
+FS_SCRATCH_TYPE(f64, double)
+FS_MODEL_TYPES(f32, float, float)
+FS_MODEL_TYPES(f64, double, double)
+FS_MODEL_TYPES(f32h, float, uint16_t)
+FS_MODEL_TYPES(f32b, float, uint16_t)
+FS_MODEL_DECLARE(f32, float, f32)
+FS_MODEL_DECLARE(f64, double, f64)
+FS_MODEL_DECLARE(f32h, float, f32)
+FS_MODEL_DECLARE(f32b, float, f32)
 
 #endif /* FS_MODEL_H */

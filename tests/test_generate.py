@@ -43,7 +43,7 @@ def test_embedded_greedy_equals_vanilla_and_streams_the_text(capsys, bundle, dra
 
 
 def test_threads_give_the_same_tokens(capsys):
-    model = pytest.importorskip("fastspec.model._model")
+    model = pytest.importorskip("fastspec.kernels._isa")
     args = ("--prompt", PROMPT, "--max-new-tokens", "30", "--drafter", "draft", "--json")
     one = json.loads(_run(capsys, *args)[1])
     try:

@@ -259,26 +259,26 @@ def test_config_validation():
 @needs_cython
 @needs_openmp
 def test_threaded_products_agree():
-    from fastspec.model import _model
+    from fastspec.kernels import _isa
     model = make("llama-gqa", np.float64)
     big = Transformer.random(ModelConfig.tiny_llama(dtype="float64", n_layers=1, max_seq_len=32))
     with fs.using_backend("cython"):
         for m in (model, big):
             ids = ids_for(m, 9)
             one = m.forward(ids).logits
-            _model.set_threads(2)
+            _isa.set_threads(2)
             try:
                 two = m.forward(ids).logits
             finally:
-                _model.set_threads(1)
+                _isa.set_threads(1)
             np.testing.assert_allclose(two, one, rtol=1e-12, atol=1e-12)
 
 
 @needs_cython
 def test_set_threads_rejects_zero():
-    from fastspec.model import _model
+    from fastspec.kernels import _isa
     with pytest.raises(ValueError, match="n must be"):
-        _model.set_threads(0)
+        _isa.set_threads(0)
 
 
 @needs_cython

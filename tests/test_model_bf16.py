@@ -64,13 +64,13 @@ def _isa_params():
 @pytest.fixture(params=_isa_params())
 def isa(request):
     """Force the compiled products onto one path and the Cython backend, then restore both."""
-    from fastspec.model import _model
+    from fastspec.kernels import _isa
     prev_isa = fs.kernels.isa_info()["forced"]
     with fs.using_backend("cython"):
-        _model.set_isa(request.param)
+        _isa.set_isa(request.param)
         assert fs.kernels.isa_info()["selected"] == request.param
         yield request.param
-        _model.set_isa(prev_isa)
+        _isa.set_isa(prev_isa)
 
 
 def on(backend, fn):
@@ -261,19 +261,19 @@ def test_dflash_on_a_bf16_target(backend):
 
 @needs_cython
 def test_set_isa_errors_name_the_isa():
-    from fastspec.model import _model
-    info = _model.isa_info()
+    from fastspec.kernels import _isa
+    info = _isa.isa_info()
     assert info["selected"] in info["available"]
     with pytest.raises(ValueError, match="'sse9'"):
-        _model.set_isa("sse9")
+        _isa.set_isa("sse9")
     for name in ("amx", "avx512bf16", "avx512"):
         if name not in info["available"]:
             with pytest.raises(RuntimeError, match=f"'{name}'.*lacks"):
-                _model.set_isa(name)
+                _isa.set_isa(name)
         elif name not in info["kernels"]:
             with pytest.raises(RuntimeError, match=f"'{name}'.*no {name} kernel"):
-                _model.set_isa(name)
-    assert _model.isa_info()["forced"] is None  # failed calls change nothing
+                _isa.set_isa(name)
+    assert _isa.isa_info()["forced"] is None  # failed calls change nothing
 
 
 @needs_cython
@@ -321,8 +321,8 @@ def test_c_kernels_amx_tiles(tmp_path):
 def test_runners_repack_bf16_weights_when_the_path_changes():
     # The tile layout of the AMX path and the panels of the others differ: a runner packed for
     # one must not run on the other. Transformer rebuilds its runner; a bare runner refuses.
-    from fastspec.model import _model
-    info = _model.isa_info()
+    from fastspec.kernels import _isa
+    info = _isa.isa_info()
     if "amx" not in info["available"] or "amx" not in info["kernels"]:
         pytest.skip("needs the amx path")
     m = bf16_model()
@@ -330,20 +330,20 @@ def test_runners_repack_bf16_weights_when_the_path_changes():
     prev = info["forced"]
     try:
         with fs.using_backend("cython"):
-            _model.set_isa("amx")
+            _isa.set_isa("amx")
             tiles = m.forward(ids).logits
             runner = m._fused()
-            _model.set_isa("avx512")
+            _isa.set_isa("avx512")
             assert runner.stale
             with pytest.raises(RuntimeError, match="set_isa"):
                 cache = m.new_cache()
                 runner.forward(ids, cache.k, cache.v, 0)
             panels = m.forward(ids).logits  # a new runner, packed in panels
             assert not m._fused().stale and m._fused() is not runner
-            _model.set_isa("amx")
+            _isa.set_isa("amx")
             again = m.forward(ids).logits
     finally:
-        _model.set_isa(prev)
+        _isa.set_isa(prev)
     np.testing.assert_array_equal(again, tiles)
     close(panels, tiles)
     assert not np.array_equal(panels, tiles)  # two paths, two summation orders

@@ -273,7 +273,7 @@ def test_dflash_block_bit_identical(backend, embedded):
 @needs_openmp
 def test_threaded_products_bit_identical():
     """Column blocks split between OpenMP threads (when built with it) change nothing."""
-    from fastspec.model import _model
+    from fastspec.kernels import _isa
 
     # products of >= 65536 weights and >= 128 columns are split (fs_linear.h); 300 columns
     # leave a remainder that is not a multiple of 16
@@ -281,13 +281,13 @@ def test_threaded_products_bit_identical():
                                                     n_layers=1, max_seq_len=64), seed=2)
     m32 = m16.with_weight_dtype("float32")
     ids = np.arange(20) % m16.config.vocab_size
-    threads = _model.get_threads()
+    threads = _isa.get_threads()
     with fs.using_backend("cython"):
         try:
             single = m16.forward(ids).logits
-            _model.set_threads(2)
+            _isa.set_threads(2)
             eq(m16.forward(ids).logits, m32.forward(ids).logits)
             eq(m16.forward(ids[:1]).logits, m32.forward(ids[:1]).logits)
             eq(m16.forward(ids).logits, single)
         finally:
-            _model.set_threads(threads)
+            _isa.set_threads(threads)

@@ -331,13 +331,13 @@ def run(args: argparse.Namespace) -> int:
     Returns 0, or 2 on bad input (the message on stderr, no traceback).
     """
     if args.threads != 1:
+        from fastspec.kernels import get_threads, set_threads
+
         try:
-            from fastspec.model import _model
-        except ImportError:
-            print("fastspec: --threads needs the compiled extension; running on one thread",
-                  file=sys.stderr)
-        else:
-            _model.set_threads(args.threads)
+            set_threads(args.threads)
+        except RuntimeError:
+            print("fastspec: --threads needs the compiled extension; running on "
+                  f"{get_threads()} thread", file=sys.stderr)
 
     def write(text: str) -> None:
         if not args.json:

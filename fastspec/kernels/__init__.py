@@ -5,6 +5,11 @@
 :mod:`fastspec.kernels._reference` ("numpy"). ``FASTSPEC_BACKEND=numpy|cython`` chooses at import;
 :func:`set_backend` switches at run time, :func:`using_backend` for one ``with`` block.
 Both backends expose the same names and signatures.
+
+The compiled core's state lives here too: :func:`isa_info`, :func:`set_isa` (the
+matrix-product path, ``FASTSPEC_ISA`` at import) and :func:`set_threads`, from
+:mod:`fastspec.kernels._isa`, whose dispatch table every compiled kernel and runner reads.
+This package imports nothing from the layers above it.
 """
 from __future__ import annotations
 
@@ -19,8 +24,9 @@ from fastspec.kernels import _reference
 from fastspec.kernels._reference import inverse_cdf
 
 __all__ = ["KERNEL_NAMES", "backend", "set_backend", "using_backend", "available_backends",
-           "module", "isa_info", "attention", "cache_write", "probs", "sample", "verify_greedy",
-           "verify_rejection", "tree_attention", "compact_kv", "inverse_cdf"]
+           "module", "isa_info", "set_isa", "set_threads", "get_threads", "attention",
+           "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
+           "tree_attention", "compact_kv", "inverse_cdf"]
 
 #: The kernels every backend provides, with identical signatures.
 KERNEL_NAMES = ("attention", "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
@@ -28,9 +34,13 @@ KERNEL_NAMES = ("attention", "cache_write", "probs", "sample", "verify_greedy", 
 
 _BACKENDS: dict[str, ModuleType] = {"numpy": _reference}
 try:
+    # _isa first: it owns the dispatch table the kernels share (and applies FASTSPEC_ISA,
+    # whose RuntimeError for a bad value fails the import on purpose)
+    _isa: ModuleType | None = importlib.import_module("fastspec.kernels._isa")
     _BACKENDS["cython"] = importlib.import_module("fastspec.kernels._kernels")
 except ImportError as exc:  # the package still works on the NumPy twin
     _IMPORT_ERROR: ImportError | None = exc
+    _isa = None
 else:
     _IMPORT_ERROR = None
 
@@ -110,16 +120,41 @@ def using_backend(name: str) -> Iterator[None]:
 
 
 def isa_info() -> dict[str, Any]:
-    """Return the CPU features and the matrix-product path of the compiled model runner.
+    """Return the CPU features and the matrix-product path of the compiled kernels and runners.
 
-    See :func:`fastspec.model._model.isa_info` (``FASTSPEC_ISA`` forces a path). Without the
-    compiled extension: ``{"selected": None, "available": [], ...}``.
+    See :func:`fastspec.kernels._isa.isa_info` (``FASTSPEC_ISA`` forces a path). Without the
+    compiled extensions: ``{"selected": None, "available": [], ...}``.
     """
-    try:
-        from fastspec.model import _model
-    except ImportError:
+    if _isa is None:
         return {"features": {}, "available": [], "kernels": [], "selected": None, "forced": None}
-    return _model.isa_info()
+    return _isa.isa_info()
+
+
+def _compiled() -> ModuleType:
+    if _isa is None:
+        raise RuntimeError(f"the compiled extensions are not available ({_IMPORT_ERROR}); "
+                           "reinstall fastspec with a C compiler")
+    return _isa
+
+
+def set_isa(name: str | None) -> None:
+    """Force every compiled matrix product onto path ``name`` (None: the automatic choice).
+
+    See :func:`fastspec.kernels._isa.set_isa` for the names and errors; RuntimeError without
+    the compiled extensions.
+    """
+    _compiled().set_isa(name)
+
+
+def set_threads(n: int) -> None:
+    """Set the OpenMP threads of the compiled matrix products (default 1); see
+    :func:`fastspec.kernels._isa.set_threads`. RuntimeError without the compiled extensions."""
+    _compiled().set_threads(n)
+
+
+def get_threads() -> int:
+    """Return the thread count of the compiled matrix products (1 without them)."""
+    return 1 if _isa is None else _isa.get_threads()
 
 
 def _initial_backend() -> str:

@@ -1,14 +1,11 @@
 """C declarations of the csrc/ headers, for every extension of fastspec (cimport them from here).
 
-One ``cdef extern from`` block per header. Cython #includes every header named here into
-each module that cimports this file; the unused static functions of a header cost nothing
-(the compiler drops them before optimising).
+One ``cdef extern from`` block per header. The headers only declare: the C core is compiled
+once into a static library that every extension links (setup.py, csrc/README.md). Variant
+choice and the path state live in ONE dispatch table, owned by :mod:`fastspec.kernels._isa`;
+an extension that links the core shares it at import (``_isa.share_table``).
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
-
-
-cdef extern from "fs_common.h" nogil:
-    double fs_exp_sum(double *s, int count, double m)
 
 
 cdef extern from "fs_isa.h" nogil:
@@ -16,8 +13,32 @@ cdef extern from "fs_isa.h" nogil:
         int avx2, fma, f16c, avx512f, avx512bf16, amx_cpu, amx_tile, amx_bf16
     void fs_isa_detect(fs_isa_features *f)
     int fs_isa_supported(const fs_isa_features *f, int p)
+    ctypedef struct fs_dispatch:
+        pass
+    void fs_isa_init()
+    fs_dispatch *fs_isa_table()
+    void fs_isa_share(fs_dispatch *owner)
+    int fs_linear_bf16_amx()
+    int fs_linear_amx_built()
+    void fs_linear_set_threads(int n)
+    int fs_linear_get_threads()
+    int fs_linear_set_path(int p)
+    int fs_linear_get_path()
 
-cdef extern from "fs_model.h" nogil:  # with fs_linear.h
+
+cdef extern from "fs_linear.h" nogil:
+    size_t fs_packed_len(int rows, int cols)
+    void fs_pack_f32(const float *W, int rows, int cols, float *P)
+    void fs_pack_f32h(const uint16_t *W, int rows, int cols, uint16_t *P)
+    void fs_pack_strided(const void *W, size_t esz, int rows, int cols, size_t rs, size_t cs,
+                         void *P)
+    size_t fs_amx_packed_len(int rows, int cols)
+    void fs_pack_bf16_amx(const uint16_t *W, int rows, int cols, uint16_t *P)
+    void fs_pack_bf16_amx_strided(const uint16_t *W, int rows, int cols, size_t rs, size_t cs,
+                                  uint16_t *P)
+
+
+cdef extern from "fs_model.h" nogil:
     ctypedef struct fs_dims:
         int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, max_pos
         int rmsnorm, rope, act, qk_norm
@@ -65,8 +86,9 @@ cdef extern from "fs_model.h" nogil:  # with fs_linear.h
                       const int32_t *positions, double *x)
     void fs_embed_f32h(const fs_model_f32h *m, const int64_t *ids, int n, int pos0,
                        const int32_t *positions, float *x)
-    # bfloat16 storage: the same structs as f32h (uint16_t matrices), another instantiation
-    ctypedef fs_model_f32h fs_model_f32b
+    # bfloat16 storage: the same layout as f32h (uint16_t matrices), another instantiation
+    ctypedef struct fs_model_f32b:
+        pass
     void fs_embed_f32b(const fs_model_f32b *m, const int64_t *ids, int n, int pos0,
                        const int32_t *positions, float *x)
     void fs_layers_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, int pos0, int causal,
@@ -113,21 +135,6 @@ cdef extern from "fs_model.h" nogil:  # with fs_linear.h
                                 int n, int n_in, const double *fc, const double *hidden_norm,
                                 int pos0, double *k_cache, double *v_cache, size_t layer_stride,
                                 int capacity)
-    size_t fs_packed_len(int rows, int cols)
-    void fs_pack_f32(const float *W, int rows, int cols, float *P)
-    void fs_pack_f32h(const uint16_t *W, int rows, int cols, uint16_t *P)
-    void fs_pack_strided(const void *W, size_t esz, int rows, int cols, size_t rs, size_t cs,
-                         void *P)
-    size_t fs_amx_packed_len(int rows, int cols)
-    void fs_pack_bf16_amx(const uint16_t *W, int rows, int cols, uint16_t *P)
-    void fs_pack_bf16_amx_strided(const uint16_t *W, int rows, int cols, size_t rs, size_t cs,
-                                  uint16_t *P)
-    int fs_linear_bf16_amx()
-    int fs_linear_amx_built()
-    void fs_linear_set_threads(int n)
-    int fs_linear_get_threads()
-    int fs_linear_set_path(int p)
-    int fs_linear_get_path()
 
 
 cdef extern from "fs_attention.h" nogil:
@@ -146,6 +153,7 @@ cdef extern from "fs_attention.h" nogil:
 
 
 cdef extern from "fs_kernels.h" nogil:
+    double fs_exp_sum(double *s, int count, double m)
     int fs_scan_f32(const float *x, long n, double *total)
     int fs_scan_f64(const double *x, long n, double *total)
     int fs_all_finite_f32(const float *x, long n)

@@ -1,13 +1,30 @@
-"""CPU features and the names of the matrix-product paths (``FASTSPEC_ISA``).
+"""CPU features, the matrix-product path (``FASTSPEC_ISA``) and the threads of the C core.
 
-What the CPU (and the OS) let this process run, from ``csrc/fs_isa.h`` (CPUID, XGETBV and, for
-AMX, the Linux tile-data grant), and the checks of a requested path. The path itself is state
-of the products in :mod:`fastspec.model._model` (it must share their C translation unit), which calls
-:func:`resolve` and :func:`describe` from its ``set_isa`` and ``isa_info``.
+What the CPU (and the OS) let this process run, from ``csrc/fs_isa.c`` (CPUID, XGETBV and, for
+AMX, the Linux tile-data grant), the checks of a requested path, and the path state itself:
+this module owns the core's one dispatch table (fs_isa.h). Every other extension links its own
+copy of the core and reads this table (``share_table`` in ``_isa.pxd``), so :func:`set_isa`
+and :func:`set_threads` apply to every kernel and runner of the process. The public names are
+:func:`fastspec.kernels.set_isa`, :func:`fastspec.kernels.isa_info` and
+:func:`fastspec.kernels.set_threads`.
 """
-from fastspec.kernels._csrc cimport fs_isa_detect, fs_isa_features, fs_isa_supported, fs_linear_amx_built
+from fastspec.kernels._csrc cimport (
+    fs_dispatch,
+    fs_isa_detect,
+    fs_isa_features,
+    fs_isa_init,
+    fs_isa_supported,
+    fs_isa_table,
+    fs_linear_amx_built,
+    fs_linear_bf16_amx,
+    fs_linear_get_path,
+    fs_linear_get_threads,
+    fs_linear_set_path,
+    fs_linear_set_threads,
+)
 
-__all__ = ["NAMES", "KERNELS", "features", "available", "resolve", "describe", "from_env"]
+__all__ = ["NAMES", "KERNELS", "features", "available", "resolve", "describe", "from_env",
+           "set_isa", "isa_info", "bf16_tiles", "set_threads", "get_threads"]
 
 #: Path names in fs_isa.h's order (FS_ISA_PORTABLE .. FS_ISA_AMX).
 NAMES = ("portable", "avx2", "avx512", "avx512bf16", "amx")
@@ -36,7 +53,7 @@ def available():
 
 def resolve(name):
     """Return the fs_isa.h index of path ``name``, or -1 for None / ``"auto"``; raise as
-    :func:`fastspec.model._model.set_isa` documents (ValueError, RuntimeError naming the ISA)."""
+    :func:`set_isa` documents (ValueError, RuntimeError naming the ISA)."""
     if name is None or name == "auto":
         return -1
     if name not in NAMES:
@@ -54,7 +71,7 @@ def resolve(name):
 
 
 def describe(int selected, forced):
-    """Return the ``isa_info`` dict of :mod:`fastspec.model._model` for path index ``selected``."""
+    """Return the :func:`isa_info` dict for path index ``selected``."""
     return {"features": features(), "available": available()[::-1], "kernels": list(KERNELS),
             "selected": NAMES[selected], "forced": forced}
 
@@ -64,3 +81,92 @@ def from_env():
     import os
     name = os.environ.get("FASTSPEC_ISA", "").strip().lower()
     return name or None
+
+
+# --- the state: this module's copy of the core owns the table ---------------------------------
+
+cdef fs_dispatch *table() noexcept nogil:
+    return fs_isa_table()
+
+
+fs_isa_init()
+_forced = None
+
+
+def isa_info():
+    """Return the CPU features and the matrix-product path of the compiled kernels and runners.
+
+    Returns
+    -------
+    dict
+        ``features``: {name: bool} for avx2, fma, f16c, avx512f, avx512bf16, amx_tile,
+        amx_bf16 (CPUID, enabled by the OS; AMX also needs the Linux tile-data grant, asked
+        for only when the CPU has AMX) and ``amx_cpu`` (AMX in CPUID, granted or not);
+        ``available``: the paths this CPU could run, best first; ``kernels``: the paths this
+        build has kernels for; ``selected``: the path every product runs now; ``forced``: the
+        name given to :func:`set_isa` or ``FASTSPEC_ISA``, or None.
+    """
+    return describe(fs_linear_get_path(), _forced)
+
+
+def set_isa(name):
+    """Force every matrix product onto path ``name``, or back to the automatic choice (None).
+
+    Parameters
+    ----------
+    name : {"amx", "avx512bf16", "avx512", "avx2", "portable"} or None
+        ``portable`` is the baseline build (no AVX); ``amx`` runs the bf16 products on AMX
+        tiles (the others as ``avx512``); None (or ``"auto"``) picks the widest path the CPU
+        runs. Process-wide; do not call while another thread runs a forward. bf16 weights are
+        packed for the path: runners built before a change between ``amx`` and another path
+        are :attr:`fastspec.model._model.TransformerRunner.stale` (a
+        :class:`fastspec.Transformer` rebuilds its own).
+
+    Raises
+    ------
+    ValueError
+        For an unknown name.
+    RuntimeError
+        When the CPU (or the OS) lacks the instructions of ``name``, or when this build has no
+        kernel for it (``avx512bf16``; ``amx`` without GCC >= 11); the message names the ISA.
+    """
+    global _forced
+    cdef int path = resolve(name)
+    if fs_linear_set_path(path) != 0:  # the build's own check (__builtin_cpu_supports)
+        raise RuntimeError(f"ISA {name!r} is not available in this build")
+    _forced = name if path >= 0 else None
+
+
+def bf16_tiles():
+    """Whether the bf16 products run on AMX tiles now (the ``amx`` path), so that bf16 weights
+    are packed in the tile layout."""
+    return bool(fs_linear_bf16_amx())
+
+
+def set_threads(int n):
+    """Set the OpenMP threads of the large matrix products (default 1).
+
+    More threads help only on an otherwise idle machine; it is a no-op when the extensions were
+    built without OpenMP. Applies to every runner in the process.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    fs_linear_set_threads(n)
+
+
+def get_threads():
+    """Return the thread count set by :func:`set_threads`."""
+    return fs_linear_get_threads()
+
+
+def _isa_from_env():
+    """Apply ``FASTSPEC_ISA`` at import: an unknown or unavailable ISA fails the import."""
+    name = from_env()
+    if name:
+        try:
+            set_isa(name)
+        except (ValueError, RuntimeError) as exc:
+            raise RuntimeError(f"FASTSPEC_ISA={name}: {exc}") from None
+
+
+_isa_from_env()

@@ -26,7 +26,10 @@ from fastspec.kernels._csrc cimport (
     fs_attention_masked_f32,
     fs_attention_masked_f64,
 )
+from fastspec.kernels._isa cimport share_table
 from fastspec.kernels._kernels_base cimport check_int_sized, is_float_c, thread_scratch
+
+share_table()  # the float attention variant of the one dispatch table
 
 __all__ = ["attention", "cache_write", "compact_kv", "tree_attention"]
 

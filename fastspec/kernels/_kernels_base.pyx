@@ -96,6 +96,11 @@ cdef check_rows_data(p, str name, bint normalised=True):
         p64 = p
         with nogil:
             status = _rows_status(p64, tol, normalised, &bad_sum)
+    raise_rows_status(p, name, status, normalised)
+
+
+cdef raise_rows_status(p, str name, int status, bint normalised=True):
+    """Raise the error of status ``status`` (_rows_status' code) of rows ``p``; 0: none."""
     if status == 1:
         raise ValueError(NOT_PROBABILITIES.format(name=name))
     if status:

@@ -11,7 +11,15 @@ from libc.stdint cimport int64_t
 
 import numpy as np
 
-from fastspec.kernels.checks import check_logits, check_probability_rows, check_tokens, check_uniforms
+from fastspec.kernels.checks import (
+    Q_ZERO,
+    ROW_SUM_TOL,
+    check_draft_rows,
+    check_logits,
+    check_probability_rows,
+    check_tokens,
+    check_uniforms,
+)
 
 from fastspec.kernels._csrc cimport (
     FS_CDF_CHECKPOINTS,
@@ -21,8 +29,16 @@ from fastspec.kernels._csrc cimport (
     fs_inverse_cdf_f64,
     fs_residual_draw_f32,
     fs_residual_draw_f64,
+    fs_scan_f32,
+    fs_scan_f64,
 )
-from fastspec.kernels._kernels_base cimport check_finite, check_rows_data, is_float_c, thread_scratch
+from fastspec.kernels._kernels_base cimport (
+    check_finite,
+    check_rows_data,
+    is_float_c,
+    raise_rows_status,
+    thread_scratch,
+)
 
 __all__ = ["verify_greedy", "verify_rejection"]
 
@@ -129,63 +145,100 @@ def verify_greedy(draft_tokens, target_logits):
     return accepted, next_token
 
 
-cdef int _q_status(const int64_t[::1] tokens, const floating[:, ::1] q) noexcept nogil:
-    """-1 when q[i, draft_tokens[i]] > 0 for every i, else the first bad i."""
-    cdef Py_ssize_t i
-    for i in range(tokens.shape[0]):
-        if not q[i, tokens[i]] > 0:
-            return <int>i
-    return -1
+cdef struct _Checked:
+    # What the fused pass of verify_rejection found: _rows_status codes (_kernels_base) of p
+    # and q, the first i with q[i, draft_tokens[i]] <= 0 (-1: none), and the step's result.
+    int p_status
+    int q_status
+    Py_ssize_t q_zero
+    Py_ssize_t accepted
+    long next_token
 
 
-cdef Py_ssize_t _rejection_run(const int64_t[::1] tokens,       # IN  (g,)
-                               const floating[:, ::1] p,        # IN  (g + 1, V)
-                               const floating[:, ::1] q,        # IN  (g, V), unused if none
-                               bint has_q,
-                               const double[::1] uniforms,      # IN  (g + 1,)
-                               double *ends,            # TMP (FS_CDF_CHECKPOINTS(V),)
-                               long *next_token) noexcept:
-    cdef Py_ssize_t accepted
-    with nogil:
-        accepted = _rejection_nogil(tokens, p, q, has_q, uniforms, ends, next_token)
-    return accepted
-
-
-cdef Py_ssize_t _rejection_nogil(const int64_t[::1] tokens, const floating[:, ::1] p,
-                                 const floating[:, ::1] q, bint has_q,
-                                 const double[::1] uniforms, double *cum,
-                                 long *next_token) noexcept nogil:
-    cdef Py_ssize_t g = tokens.shape[0], vocab = p.shape[1], i
-    cdef long x, drawn
-    cdef double qx
-    for i in range(g):
-        x = tokens[i]
-        qx = q[i, x] if has_q else 1.0
-        if uniforms[i] * qx < <double>p[i, x]:
-            continue
-        drawn = -1
-        if has_q:
-            if floating is float:
-                drawn = fs_residual_draw_f32(&p[i, 0], &q[i, 0], vocab, uniforms[g], cum)
-            else:
-                drawn = fs_residual_draw_f64(&p[i, 0], &q[i, 0], vocab, uniforms[g], cum)
-        elif _residual_without(&p[i, 0], vocab, x):
-            if floating is float:
-                drawn = fs_inverse_cdf_f32(&p[i, 0], vocab, x, uniforms[g], cum)
-            else:
-                drawn = fs_inverse_cdf_f64(&p[i, 0], vocab, x, uniforms[g], cum)
-        if drawn < 0:  # the residual is all zero (only through rounding): draw from p itself
-            if floating is float:
-                drawn = fs_inverse_cdf_f32(&p[i, 0], vocab, -1, uniforms[g], cum)
-            else:
-                drawn = fs_inverse_cdf_f64(&p[i, 0], vocab, -1, uniforms[g], cum)
-        next_token[0] = drawn
-        return i
+cdef inline int _scan(const floating *row, Py_ssize_t vocab, double tol,
+                      Py_ssize_t r) noexcept nogil:
+    """_rows_status' code for row r alone: 0 valid, 1 not finite or negative, bad sum."""
+    cdef double total
+    cdef int valid
     if floating is float:
-        next_token[0] = fs_inverse_cdf_f32(&p[g, 0], vocab, -1, uniforms[g], cum)
+        valid = fs_scan_f32(row, vocab, &total)
     else:
-        next_token[0] = fs_inverse_cdf_f64(&p[g, 0], vocab, -1, uniforms[g], cum)
-    return g
+        valid = fs_scan_f64(row, vocab, &total)
+    if not valid:
+        return 1
+    return 2 + (<int>r << 2) if abs(total - 1.0) > tol else 0
+
+
+cdef void _rejection_checked(const int64_t[::1] tokens,       # IN  (g,)
+                             const floating[:, ::1] p,        # IN  (g + 1, V)
+                             const floating[:, ::1] q,        # IN  (g, V), unused if none
+                             bint has_q,
+                             const double[::1] uniforms,      # IN  (g + 1,)
+                             double tol,
+                             double *cum,                     # TMP (FS_CDF_CHECKPOINTS(V),)
+                             _Checked *out) noexcept nogil:   # OUT
+    """Validate p and q row by row and run the step in the same pass: the rows a rejection
+    draws from are drawn while the scan has them in cache. Statuses keep the first error of
+    each array (a non-finite or negative entry anywhere before any row sum, as
+    check_rows_data); the result means something only when no status is set."""
+    cdef Py_ssize_t g = tokens.shape[0], vocab = p.shape[1], i, x
+    cdef int st
+    cdef bint decided = False
+    out.p_status = out.q_status = 0
+    out.q_zero = -1
+    out.accepted = g
+    out.next_token = 0
+    for i in range(g + 1):
+        st = _scan(&p[i, 0], vocab, tol, i)
+        if st == 1:
+            out.p_status = 1  # reported before anything else: stop here
+            return
+        if st and not out.p_status:
+            out.p_status = st
+        if i == g:
+            break
+        x = tokens[i]
+        if has_q and out.q_status != 1:
+            st = _scan(&q[i, 0], vocab, tol, i)
+            if st and (st == 1 or not out.q_status):
+                out.q_status = st
+            if out.q_zero < 0 and not q[i, x] > 0:
+                out.q_zero = i
+        if not decided and not out.p_status and not out.q_status and out.q_zero < 0:
+            if not uniforms[i] * (q[i, x] if has_q else 1.0) < <double>p[i, x]:
+                out.accepted = i
+                out.next_token = _correction(tokens, p, q, has_q, uniforms, i, cum)
+                decided = True
+    if not decided:
+        if floating is float:
+            out.next_token = fs_inverse_cdf_f32(&p[g, 0], vocab, -1, uniforms[g], cum)
+        else:
+            out.next_token = fs_inverse_cdf_f64(&p[g, 0], vocab, -1, uniforms[g], cum)
+
+
+cdef long _correction(const int64_t[::1] tokens, const floating[:, ::1] p,
+                      const floating[:, ::1] q, bint has_q, const double[::1] uniforms,
+                      Py_ssize_t i, double *cum) noexcept nogil:
+    """The token drawn after rejecting draft token i: from normalise(max(p - q, 0)), or from
+    p without the token for one-hot proposals; from p when that residual is all zero."""
+    cdef Py_ssize_t g = tokens.shape[0], vocab = p.shape[1]
+    cdef long x = tokens[i], drawn = -1
+    if has_q:
+        if floating is float:
+            drawn = fs_residual_draw_f32(&p[i, 0], &q[i, 0], vocab, uniforms[g], cum)
+        else:
+            drawn = fs_residual_draw_f64(&p[i, 0], &q[i, 0], vocab, uniforms[g], cum)
+    elif _residual_without(&p[i, 0], vocab, x):
+        if floating is float:
+            drawn = fs_inverse_cdf_f32(&p[i, 0], vocab, x, uniforms[g], cum)
+        else:
+            drawn = fs_inverse_cdf_f64(&p[i, 0], vocab, x, uniforms[g], cum)
+    if drawn < 0:  # the residual is all zero (only through rounding): draw from p itself
+        if floating is float:
+            drawn = fs_inverse_cdf_f32(&p[i, 0], vocab, -1, uniforms[g], cum)
+        else:
+            drawn = fs_inverse_cdf_f64(&p[i, 0], vocab, -1, uniforms[g], cum)
+    return drawn
 
 
 cdef inline bint _residual_without(const floating *row, Py_ssize_t vocab,
@@ -229,36 +282,41 @@ def verify_rejection(draft_tokens, p, q, uniforms):
         check_probability_rows(p, "p", data=False)
         tokens = np.ascontiguousarray(draft_tokens, dtype=np.int64)
     cdef Py_ssize_t g = tokens.shape[0]
-    check_rows_data(p, "p")
-    cdef int bad
-    if q is not None:
-        if not isinstance(q, np.ndarray):
-            raise TypeError(f"q must be a numpy.ndarray or None, got {type(q).__name__}")
-        if q.dtype != p.dtype:
-            raise TypeError(f"q must have the dtype of p ({p.dtype}), got {q.dtype}")
-        if q.ndim != 2 or q.shape != (g, p.shape[1]):
-            raise ValueError(f"q must have shape {(g, p.shape[1])}, got {q.shape}")
-        if not _fast_rows(q):
-            check_probability_rows(q, "q", data=False)
-        if g:
-            check_rows_data(q, "q")
-            if q.dtype == np.float32:
-                bad = _q_status[float](tokens, q)
-            else:
-                bad = _q_status[double](tokens, q)
-            if bad >= 0:
-                raise ValueError(f"q[{bad}, draft_tokens[{bad}]] must be > 0: the draft token "
-                                 "cannot have been sampled from q")
-    if not _fast_uniforms(uniforms, g + 1):
-        check_uniforms(uniforms, g + 1)
-    cdef long next_token = 0
-    cdef Py_ssize_t accepted
     has_q = q is not None and g > 0
+    if (q is not None and not _q_structure_ok(q, p, g)) or not _fast_uniforms(uniforms, g + 1):
+        # an argument the fused pass cannot take: the checks one by one, in their order
+        check_rows_data(p, "p")
+        if q is not None:
+            check_draft_rows(q, p, g, data=False)
+        if has_q:
+            check_rows_data(q, "q")
+            zero = np.flatnonzero(~(q[np.arange(g), tokens] > 0))
+            if zero.size:
+                raise ValueError(Q_ZERO.format(i=zero[0]))
+        check_uniforms(uniforms, g + 1)
+    cdef _Checked c
+    cdef double tol = ROW_SUM_TOL[p.dtype]
     q_rows = q if has_q else p  # a placeholder view when there is no q
     cdef double *ends = <double *>thread_scratch(FS_CDF_CHECKPOINTS(p.shape[1]) * sizeof(double))
     if p.dtype == np.float32:
-        accepted = _rejection_run[float](tokens, p, q_rows, has_q, uniforms, ends, &next_token)
+        _rejection_run[float](tokens, p, q_rows, has_q, uniforms, tol, ends, &c)
     else:
-        accepted = _rejection_run[double](tokens, p, q_rows, has_q, uniforms, ends,
-                                          &next_token)
-    return accepted, next_token
+        _rejection_run[double](tokens, p, q_rows, has_q, uniforms, tol, ends, &c)
+    raise_rows_status(p, "p", c.p_status)
+    raise_rows_status(q_rows, "q", c.q_status)
+    if c.q_zero >= 0:
+        raise ValueError(Q_ZERO.format(i=c.q_zero))
+    return c.accepted, c.next_token
+
+
+cdef void _rejection_run(const int64_t[::1] tokens, const floating[:, ::1] p,
+                         const floating[:, ::1] q, bint has_q, const double[::1] uniforms,
+                         double tol, double *ends, _Checked *c) noexcept:
+    with nogil:
+        _rejection_checked(tokens, p, q, has_q, uniforms, tol, ends, c)
+
+
+cdef bint _q_structure_ok(q, p, Py_ssize_t g):
+    """Whether q passes check_draft_rows(q, p, g, data=False) (without raising)."""
+    return (isinstance(q, np.ndarray) and q.dtype == p.dtype and q.ndim == 2
+            and q.shape == (g, p.shape[1]) and _fast_rows(q))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from fastspec.kernels.checks import (
+    Q_ZERO,
+    check_draft_rows,
     check_float_array,
     check_attention_args,
     check_cache_write_args,
@@ -316,17 +318,10 @@ def verify_rejection(draft_tokens, p, q, uniforms):
     g = check_tokens(draft_tokens, p, "p")
     check_probability_rows(p, "p")
     if q is not None:
-        if not isinstance(q, np.ndarray):
-            raise TypeError(f"q must be a numpy.ndarray or None, got {type(q).__name__}")
-        if q.dtype != p.dtype:
-            raise TypeError(f"q must have the dtype of p ({p.dtype}), got {q.dtype}")
-        if q.ndim != 2 or q.shape != (g, p.shape[1]):
-            raise ValueError(f"q must have shape {(g, p.shape[1])}, got {q.shape}")
-        check_probability_rows(q, "q")
+        check_draft_rows(q, p, g)
         for i in range(g):
             if not q[i, draft_tokens[i]] > 0:
-                raise ValueError(f"q[{i}, draft_tokens[{i}]] must be > 0: the draft token "
-                                 "cannot have been sampled from q")
+                raise ValueError(Q_ZERO.format(i=i))
     check_uniforms(uniforms, g + 1)
     for i in range(g):
         x = int(draft_tokens[i])

@@ -4,7 +4,7 @@ NumPy has no bf16, so a bf16 matrix is a ``uint16`` array of bit patterns (the u
 the float32 bits), and everywhere in fastspec a ``uint16`` weight array means exactly that.
 float32 -> bf16 rounds to nearest, ties to even (NaN stays NaN, quieted; values past the
 largest bf16 become infinite), with the same integer arithmetic as ``fs_f2bf_bits`` in
-``csrc/fs_linear.h``; bf16 -> float32 is exact.
+``csrc/fs_common.h``; bf16 -> float32 is exact.
 
 The compute rule of bf16 weights (docs/FORMATS.md): every matrix product rounds its input rows
 to bf16 and accumulates in float32. :class:`RoundingMatrix` is the NumPy twin of that rule.

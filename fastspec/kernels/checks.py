@@ -21,6 +21,7 @@ NOT_FINITE = "{name} must be finite (found NaN or inf)"
 NOT_PROBABILITIES = "{name} must be finite and non-negative"
 ROW_SUM = "{name} rows must sum to 1, row {row} sums to {total:.6g}"
 NO_MASS = "{name} must have a positive sum"
+Q_ZERO = "q[{i}, draft_tokens[{i}]] must be > 0: the draft token cannot have been sampled from q"
 
 
 def check_float_array(a, name, ndim, dtype=None, writable=False):
@@ -198,6 +199,19 @@ def check_probability_rows(p, name, normalised=True, data=True):
             raise ValueError(ROW_SUM.format(name=name, row=r, total=sums[r]))
     elif not (sums > 0).all():
         raise ValueError(NO_MASS.format(name=name))
+
+
+def check_draft_rows(q, p, g, data=True):
+    """Check the draft probabilities ``q`` of verify_rejection against ``p``: an ndarray of
+    p's dtype and shape ``(g, V)`` whose rows are probabilities (``data=False``: type and
+    shape only, as :func:`check_probability_rows`)."""
+    if not isinstance(q, np.ndarray):
+        raise TypeError(f"q must be a numpy.ndarray or None, got {type(q).__name__}")
+    if q.dtype != p.dtype:
+        raise TypeError(f"q must have the dtype of p ({p.dtype}), got {q.dtype}")
+    if q.ndim != 2 or q.shape != (g, p.shape[1]):
+        raise ValueError(f"q must have shape {(g, p.shape[1])}, got {q.shape}")
+    check_probability_rows(q, "q", data=data)
 
 
 def check_tokens(draft_tokens, rows, rows_name):

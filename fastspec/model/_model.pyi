@@ -1,19 +1,13 @@
 """Type stub of the compiled fused forward :mod:`fastspec.model._model`."""
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 from typing_extensions import disjoint_base
 
 from fastspec.model import Transformer
 
-__all__ = ["TransformerRunner", "set_threads", "get_threads", "isa_info", "set_isa",
-           "bf16_tiles"]
+__all__ = ["TransformerRunner"]
 
-def set_threads(n: int) -> None: ...
-def get_threads() -> int: ...
-def isa_info() -> dict[str, Any]: ...
-def set_isa(name: str | None) -> None: ...
-def bf16_tiles() -> bool: ...
 def linear_weights(a: np.ndarray) -> np.ndarray: ...
 
 @disjoint_base

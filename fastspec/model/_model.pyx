@@ -2,7 +2,7 @@
 
 A :class:`TransformerRunner` is built once per model. It keeps references to the weight
 arrays, stores raw pointers to them, and runs embed -> every layer -> final norm -> head for
-``n`` new positions in one ``nogil`` call of the C code in ``csrc/fs_model.h``, with scratch
+``n`` new positions in one ``nogil`` call of the C code in ``csrc/fs_model.c``, with scratch
 that is allocated once and only grown when ``n`` (or the cache capacity) exceeds it.
 
 All arguments are validated here, with the GIL held, before any pointer is dereferenced; the
@@ -38,10 +38,6 @@ from fastspec.kernels._csrc cimport (
     fs_layers_f32h,
     fs_layers_f64,
     fs_linear_bf16_amx,
-    fs_linear_get_path,
-    fs_linear_get_threads,
-    fs_linear_set_path,
-    fs_linear_set_threads,
     fs_model_f32b,
     fs_packed_len,
     fs_scratch_f32,
@@ -50,100 +46,16 @@ from fastspec.kernels._csrc cimport (
     fs_scratch_init_f64,
     fs_scratch_row,
 )
+from fastspec.kernels._isa cimport share_table
 from fastspec.model._model_weights cimport ModelWeights
 
-from fastspec.kernels import _isa
 from fastspec.kernels.checks import check_tree_mask
 from fastspec.model._model_weights import linear_weights
 
 cnp.import_array()
+share_table()  # the path and threads of fastspec.kernels (set_isa, set_threads)
 
-__all__ = ["TransformerRunner", "set_threads", "get_threads", "isa_info", "set_isa",
-           "bf16_tiles"]
-
-
-def set_threads(int n):
-    """Set the OpenMP threads of the runner's large matrix products (default 1).
-
-    More threads help only on an otherwise idle machine; it is a no-op when the extension was
-    built without OpenMP. Applies to every runner in the process.
-    """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    fs_linear_set_threads(n)
-
-
-def get_threads():
-    """Return the thread count set by :func:`set_threads`."""
-    return fs_linear_get_threads()
-
-
-# --- matrix-product paths (FASTSPEC_ISA): the names live in fastspec.kernels._isa, the state here -----
-
-_forced = None
-
-
-def isa_info():
-    """Return the CPU features and the matrix-product path of the runners.
-
-    Returns
-    -------
-    dict
-        ``features``: {name: bool} for avx2, fma, f16c, avx512f, avx512bf16, amx_tile,
-        amx_bf16 (CPUID, enabled by the OS; AMX also needs the Linux tile-data grant, asked
-        for only when the CPU has AMX) and ``amx_cpu`` (AMX in CPUID, granted or not);
-        ``available``: the paths this CPU could run, best first; ``kernels``: the paths this
-        build has kernels for; ``selected``: the path every product runs now; ``forced``: the
-        name given to :func:`set_isa` or ``FASTSPEC_ISA``, or None.
-    """
-    return _isa.describe(fs_linear_get_path(), _forced)
-
-
-def set_isa(name):
-    """Force every matrix product onto path ``name``, or back to the automatic choice (None).
-
-    Parameters
-    ----------
-    name : {"amx", "avx512bf16", "avx512", "avx2", "portable"} or None
-        ``portable`` is the baseline build (no AVX); ``amx`` runs the bf16 products on AMX
-        tiles (the others as ``avx512``); None (or ``"auto"``) picks the widest path the CPU
-        runs. Process-wide; do not call while another thread runs a forward. bf16 weights are
-        packed for the path: runners built before a change between ``amx`` and another path
-        are :attr:`TransformerRunner.stale` (a :class:`fastspec.Transformer` rebuilds its own).
-
-    Raises
-    ------
-    ValueError
-        For an unknown name.
-    RuntimeError
-        When the CPU (or the OS) lacks the instructions of ``name``, or when this build has no
-        kernel for it (``avx512bf16``; ``amx`` without GCC >= 11); the message names the ISA.
-    """
-    global _forced
-    cdef int path = _isa.resolve(name)
-    if fs_linear_set_path(path) != 0:  # the build's own check (__builtin_cpu_supports)
-        raise RuntimeError(f"ISA {name!r} is not available in this build")
-    _forced = name if path >= 0 else None
-
-
-def bf16_tiles():
-    """Whether the bf16 products run on AMX tiles now (the ``amx`` path), so that bf16 weights
-    are packed in the tile layout (:mod:`fastspec.model._model_weights` asks here: the path is state
-    of this module's C translation unit)."""
-    return bool(fs_linear_bf16_amx())
-
-
-def _isa_from_env():
-    """Apply ``FASTSPEC_ISA`` at import: an unknown or unavailable ISA fails the import."""
-    name = _isa.from_env()
-    if name:
-        try:
-            set_isa(name)
-        except (ValueError, RuntimeError) as exc:
-            raise RuntimeError(f"FASTSPEC_ISA={name}: {exc}") from None
-
-
-_isa_from_env()
+__all__ = ["TransformerRunner"]
 
 
 cdef enum:

@@ -30,8 +30,12 @@ from fastspec.kernels._csrc cimport (
     fs_pack_strided,
     fs_packed_len,
 )
+from fastspec.kernels._isa cimport share_table
+
+from fastspec.kernels._isa import bf16_tiles
 
 cnp.import_array()
+share_table()  # pack bf16 matrices for the path of fastspec.kernels.set_isa
 
 __all__ = ["ModelWeights", "linear_weights", "packed_of", "forget_packed", "bf16_tiles"]
 
@@ -62,14 +66,6 @@ def linear_weights(object a):
     if a.dtype != np.float32:
         raise TypeError(f"weights must be float32 or float64, got {a.dtype}")
     return _packed(a)
-
-
-def bf16_tiles() -> bool:
-    """Whether bf16 matrices are packed for the AMX tiles now: the bf16 products run on the
-    ``amx`` path. The path is state of :mod:`fastspec.model._model`'s C translation unit (every
-    extension has its own copy of the header's statics), so ask it there."""
-    from fastspec.model import _model  # at call time: _model cimports this module
-    return _model.bf16_tiles()
 
 
 cdef inline bint _tile_layout(object a, bint tiles):

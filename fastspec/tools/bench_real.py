@@ -105,8 +105,8 @@ def rss(field):
 folder, wdt, new_tokens, repeats, sampled, threads = sys.argv[1:7]
 new_tokens, repeats, threads = int(new_tokens), int(repeats), int(threads)
 try:
-    from fastspec.model import _model
-    _model.set_threads(threads)
+    from fastspec.kernels import _isa
+    _isa.set_threads(threads)
 except ImportError:
     pass
 base = rss("VmRSS:")

@@ -44,8 +44,8 @@ def real_peers(folder, new_tokens: int = 64, prompt_len: int = 64, threads=(1, 2
     import transformers
 
     try:
-        from fastspec.model import _model
-        set_fs_threads = _model.set_threads
+        from fastspec.kernels import _isa
+        set_fs_threads = _isa.set_threads
     except ImportError:  # pragma: no cover - NumPy-only install
         set_fs_threads = lambda n: None  # noqa: E731
     load = lambda dt: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731

@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "fs_isa.h"
 #include "fs_linear.h"
+#include "fs_variants.h"
 
 static uint32_t state = 12345;
 static float uniform(void)

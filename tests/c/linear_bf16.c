@@ -17,7 +17,9 @@
 #ifdef FS_TEST_PORTABLE
 #undef __GNUC__ /* after the system headers, which need it */
 #endif
+#include "fs_isa.h"
 #include "fs_linear.h"
+#include "fs_variants.h"
 
 typedef void (*part_f32)(const float *, const float *, float *, int, int, int, int, int, int);
 typedef void (*part_b)(const float *, const uint16_t *, float *, int, int, int, int, int, int);

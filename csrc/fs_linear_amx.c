@@ -1,9 +1,10 @@
-/* bf16 products on AMX tiles (TDPBF16PS), for fs_linear.h's FS_ISA_AMX path.
+/* fs_linear_amx.c -- bf16 products on AMX tiles (TDPBF16PS), for fs_linear.h's FS_ISA_AMX path,
+ * and the tile layout's packing.
  *
  * fs_amx_part: y (n, out) [+]= xa (n, kp) @ W (in, out) on column tiles [t_lo, t_hi), W bf16
  * bits packed by fs_pack_bf16_amx and xa the input rows rounded to bf16 bits (nearest even,
  * the integer rule of fs_f2bf_bits) by fs_amx_round_rows; the tiles accumulate in float32.
- * fs_linear.h's fs_linear_f32b_amx is the entry point (threads, bias).
+ * fs_linear.c's fs_linear_f32b_amx is the entry point (threads, bias).
  *
  * Why tiles: one TDPBF16PS multiplies up to 16 rows of 32 inputs by a 32 x 16 weight tile, so
  * a block of up to 16 rows (a verification or a DFlash block) streams the weights once for
@@ -25,34 +26,19 @@
  * tile, so a pass reads four sequential streams at once (measured on the SmolLM-shape decode
  * products, 212 MB: 16.4-16.8 GB/s against 15.8-16.1 for the same tiles as one stream).
  *
- * Only GCC on x86-64 Linux builds the kernel (FS_AMX_BUILD); the caller runs it only when
- * fs_isa.h reports AMX with the tile-data grant (fs_linear.h's path selection).
+ * Only GCC on x86-64 Linux builds the kernel (FS_AMX_BUILD, fs_variants.h); the caller runs it
+ * only when fs_isa.h reports AMX with the tile-data grant (the path of fs_isa.c's table).
  */
-#ifndef FS_LINEAR_AMX_H
-#define FS_LINEAR_AMX_H
+#include "fs_linear.h"
+#include "fs_variants.h"
 
-#include "fs_common.h"
-
-/* Column tiles that share one input tile per k step (4 sums + 1 input + 3 weight tiles of the
- * 8 tile registers). */
-#define FS_AMX_G 4
-/* Software prefetch this many bytes ahead in each of the four weight streams, every line; past
- * a stream's end, the same offset of the next group's stream (so its streams start warm).
- * Measured on the SmolLM-shape decode products with the head, 269 MB on 2 MiB pages: 16.9 ms
- * without, 15.0 with 1 KiB (the AVX-512 FMA kernel: 15.0); 512 B: 16.0, 2-3 KiB: 15.2-15.4. */
-#ifndef FS_AMX_PF
-#define FS_AMX_PF 1024
-#endif
-
-static inline int fs_amx_kp(int in) { return (in + 31) / 32 * 32; }
-static inline size_t fs_amx_packed_len(int in, int out)
+int fs_amx_kp(int in) { return (in + 31) / 32 * 32; }
+size_t fs_amx_packed_len(int in, int out)
 {
     return (size_t)fs_amx_kp(in) * ((out + 15) / 16 * 16);
 }
 
-/* Pack W (in, out) of bf16 bits, element (k, col) at W[k * rs + col * cs], into P
- * (fs_amx_packed_len elements). */
-static void fs_pack_bf16_amx_strided(const uint16_t *W, int in, int out, size_t rs, size_t cs,
+void fs_pack_bf16_amx_strided(const uint16_t *W, int in, int out, size_t rs, size_t cs,
                                      uint16_t *P)
 {
     int kp = fs_amx_kp(in), nt = (out + 15) / 16;
@@ -65,15 +51,20 @@ static void fs_pack_bf16_amx_strided(const uint16_t *W, int in, int out, size_t 
                         *P++ = (k < in && col < out) ? W[(size_t)k * rs + (size_t)col * cs] : 0;
                     }
 }
-/* W (in, out) C-contiguous */
-static void fs_pack_bf16_amx(const uint16_t *W, int in, int out, uint16_t *P)
+void fs_pack_bf16_amx(const uint16_t *W, int in, int out, uint16_t *P)
 {
     fs_pack_bf16_amx_strided(W, in, out, (size_t)out, 1, P);
 }
 
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) \
-    && defined(__linux__) && !defined(FS_NO_CLONES)
-#define FS_AMX_BUILD 1
+#if FS_AMX_BUILD
+/* Software prefetch this many bytes ahead in each of the four weight streams, every line; past
+ * a stream's end, the same offset of the next group's stream (so its streams start warm).
+ * Measured on the SmolLM-shape decode products with the head, 269 MB on 2 MiB pages: 16.9 ms
+ * without, 15.0 with 1 KiB (the AVX-512 FMA kernel: 15.0); 512 B: 16.0, 2-3 KiB: 15.2-15.4. */
+#ifndef FS_AMX_PF
+#define FS_AMX_PF 1024
+#endif
+
 #include <immintrin.h>
 
 #define FS_AMX_ATTR __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
@@ -97,8 +88,7 @@ static FS_AMX_ATTR void fs_amx_configure(int m)
     _tile_loadconfig(&c);
 }
 
-/* xa (m, kp) = x (m, in) rounded to bf16 bits (fs_f2bf_bits' rule), zero past in. */
-static FS_AMX_ATTR void fs_amx_round_rows(const float *x, int m, int in, int kp, uint16_t *xa)
+FS_AMX_ATTR void fs_amx_round_rows(const float *x, int m, int in, int kp, uint16_t *xa)
 {
     const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i quiet = _mm512_set1_epi32(0x00400000), half = _mm512_set1_epi32(0x7fff);
@@ -199,7 +189,7 @@ static FS_AMX_ATTR void fs_amx_tiles(const uint16_t *xa, int kp, const uint16_t 
 /* Column tiles [t_lo, t_hi) (t_lo a multiple of FS_AMX_G) of all n rows of xa (n, kp: the
  * input rows as bf16 bits, fs_amx_round_rows), in passes of up to 16 rows. Configures this
  * thread's tiles and releases them. */
-static FS_AMX_ATTR void fs_amx_part(const uint16_t *xa, int kp, const uint16_t *P, float *y,
+FS_AMX_ATTR void fs_amx_part(const uint16_t *xa, int kp, const uint16_t *P, float *y,
                                     int n, int out, int t_lo, int t_hi, int accumulate)
 {
     float stage[16 * 64] __attribute__((aligned(64)));
@@ -215,8 +205,4 @@ static FS_AMX_ATTR void fs_amx_part(const uint16_t *xa, int kp, const uint16_t *
     }
     _tile_release();
 }
-#else
-#define FS_AMX_BUILD 0
 #endif /* FS_AMX_BUILD */
-
-#endif /* FS_LINEAR_AMX_H */

@@ -1,0 +1,180 @@
+/* fs_isa.c -- CPU feature detection, the one dispatch table and the path state (fs_isa.h). */
+#include "fs_isa.h"
+#include "fs_variants.h"
+
+#if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+#define FS_ISA_X86 1
+#include <cpuid.h>
+#else
+#define FS_ISA_X86 0
+#endif
+#if FS_ISA_X86 && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#if FS_ISA_X86
+static unsigned long long fs_isa_xgetbv0(void)
+{
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((unsigned long long)hi << 32) | lo;
+}
+#endif
+
+/* Ask Linux for the AMX tile-data state (ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA =
+ * 18); returns 1 when granted. Idempotent: a second request for a granted feature succeeds. */
+static int fs_isa_request_amx(void)
+{
+#if FS_ISA_X86 && defined(__linux__) && defined(SYS_arch_prctl)
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return 0;
+#endif
+}
+
+void fs_isa_detect(fs_isa_features *f)
+{
+    f->avx2 = f->fma = f->f16c = f->avx512f = f->avx512bf16 = 0;
+    f->amx_cpu = f->amx_tile = f->amx_bf16 = 0;
+#if FS_ISA_X86
+    unsigned int a, b, c, d, max_leaf = __get_cpuid_max(0, 0);
+    if (max_leaf < 1 || !__get_cpuid(1, &a, &b, &c, &d)) return;
+    int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, f16c = (c >> 29) & 1, avx = (c >> 28) & 1;
+    if (!osxsave || !avx) return;
+    unsigned long long xcr0 = fs_isa_xgetbv0();
+    int os_ymm = (xcr0 & 0x6) == 0x6, os_zmm = (xcr0 & 0xe6) == 0xe6;
+    int os_tiles = (xcr0 & 0x60000ULL) == 0x60000ULL;
+    if (!os_ymm) return;
+    f->fma = fma;
+    f->f16c = f16c;
+    if (max_leaf < 7) return;
+    __cpuid_count(7, 0, a, b, c, d);
+    unsigned int sub_max = a;
+    f->avx2 = (b >> 5) & 1;
+    f->avx512f = os_zmm && ((b >> 16) & 1);
+    int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+    if (sub_max >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        f->avx512bf16 = f->avx512f && ((a >> 5) & 1);
+    }
+    f->amx_cpu = os_tiles && amx_tile && amx_bf16;
+    if (f->amx_cpu && fs_isa_request_amx()) {
+        f->amx_tile = 1;
+        f->amx_bf16 = 1;
+    }
+#endif
+}
+
+/* Whether path p can run on a CPU with features f (its instructions exist and are enabled). */
+int fs_isa_supported(const fs_isa_features *f, int p)
+{
+    switch (p) {
+    case FS_ISA_PORTABLE: return 1;
+    case FS_ISA_AVX2: return f->avx2 && f->fma && f->f16c;
+    case FS_ISA_AVX512: return f->avx512f && f->f16c;
+    case FS_ISA_AVX512BF16: return f->avx512bf16;
+    case FS_ISA_AMX: return f->amx_tile && f->amx_bf16;
+    default: return 0;
+    }
+}
+
+
+/* Until fs_isa_init: the baseline variants on one thread, valid on any CPU. */
+static fs_dispatch fs_own = {
+    0, FS_ISA_PORTABLE, 1, 0, fs_linf_part_f32_def, fs_linf_part_f32h_def,
+    fs_linf_part_f32b_def,
+#if FS_HAVE_VEC
+    fs_f32_block_def,
+#else
+    0,
+#endif
+};
+fs_dispatch *fs_disp = &fs_own;
+
+/* The widest product path the CPU runs (AMX only with the tile-data grant). */
+static int fs_isa_auto(const fs_dispatch *t)
+{
+#if FS_LINF_SIMD
+    if (t->amx) return FS_ISA_AMX;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c")) return FS_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+        && __builtin_cpu_supports("f16c"))
+        return FS_ISA_AVX2;
+#else
+    (void)t;
+#endif
+    return FS_ISA_PORTABLE;
+}
+
+/* The product variants of path p (AVX-512 CPUs all have F16C, so the three weight types always
+ * run the same arithmetic; the AMX path runs the non-bf16-tile products as AVX-512). */
+static void fs_isa_select(fs_dispatch *t, int p)
+{
+    t->path = p;
+#if FS_LINF_SIMD
+    if (p >= FS_ISA_AVX512) {
+        t->linf_f32 = fs_linf_part_f32_avx512;
+        t->linf_f32h = fs_linf_part_f32h_avx512;
+        t->linf_f32b = fs_linf_part_f32b_avx512;
+        return;
+    }
+    if (p == FS_ISA_AVX2) {
+        t->linf_f32 = fs_linf_part_f32_avx2;
+        t->linf_f32h = fs_linf_part_f32h_avx2;
+        t->linf_f32b = fs_linf_part_f32b_avx2;
+        return;
+    }
+#endif
+    t->linf_f32 = fs_linf_part_f32_def;
+    t->linf_f32h = fs_linf_part_f32h_def;
+    t->linf_f32b = fs_linf_part_f32b_def;
+}
+
+void fs_isa_init(void)
+{
+    fs_dispatch *t = &fs_own;
+    if (t->ready) return;
+#if FS_AMX_BUILD
+    fs_isa_features f;
+    fs_isa_detect(&f);  /* asks Linux for the tile data once */
+    t->amx = f.amx_bf16;
+#endif
+#if FS_ATTN_VARIANTS
+    __builtin_cpu_init();
+    t->attn_f32 = __builtin_cpu_supports("x86-64-v4")   ? fs_f32_block_avx512
+                  : __builtin_cpu_supports("x86-64-v3") ? fs_f32_block_avx2
+                                                        : fs_f32_block_def;
+#endif
+    fs_isa_select(t, fs_isa_auto(t));
+    t->ready = 1;
+}
+
+fs_dispatch *fs_isa_table(void)
+{
+    if (fs_disp == &fs_own) fs_isa_init();
+    return fs_disp;
+}
+
+void fs_isa_share(fs_dispatch *owner) { fs_disp = owner; }
+
+int fs_linear_set_path(int p)
+{
+    fs_dispatch *t = fs_isa_table();
+    int best = fs_isa_auto(t);
+    if (p == FS_ISA_AMX ? !t->amx : (p < -1 || p > FS_ISA_AVX512 || p > best))
+        return -1;
+    fs_isa_select(t, p < 0 ? best : p);
+    return 0;
+}
+
+int fs_linear_get_path(void) { return fs_isa_table()->path; }
+
+int fs_linear_bf16_amx(void) { return fs_disp->path == FS_ISA_AMX; }
+
+int fs_linear_amx_built(void) { return FS_AMX_BUILD; }
+
+void fs_linear_set_threads(int n) { fs_isa_table()->threads = n < 1 ? 1 : n; }
+
+int fs_linear_get_threads(void) { return fs_isa_table()->threads; }
+int fs_linf_amx(void) { return fs_isa_table()->amx; }

@@ -1,0 +1,293 @@
+/* fs_linear.c -- the products' entry points (fs_linear.h): threads, bias, the bf16 rounding,
+ * the double kernel, packing; the packed float kernels are ISA variants (fs_variants.h)
+ * reached through fs_disp. */
+#include "fs_linear.h"
+
+#include "fs_isa.h"
+#include "fs_variants.h"
+
+#if defined(FASTSPEC_HAVE_OPENMP) && defined(_OPENMP)
+#include <omp.h>
+#define FS_LIN_OMP 1
+#else
+#define FS_LIN_OMP 0
+#endif
+
+void fs_round_bf16(const float *x, float *xr, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        uint32_t u = fs_f2bf_bits(x[i]);
+        memcpy(xr + i, &u, sizeof u);
+    }
+}
+
+size_t fs_packed_len(int in, int out) { return (size_t)in * ((out + 15) / 16 * 16); }
+
+void fs_pack_strided(const void *W, size_t esz, int in, int out, size_t rs, size_t cs,
+                            void *P)
+{
+    const char *w = (const char *)W;
+    char *p = (char *)P;
+    int outp = (out + 15) / 16 * 16;
+    for (int c0 = 0; c0 < outp; c0 += 32) {
+        int width = outp - c0 >= 32 ? 32 : 16, real = out - c0 < width ? out - c0 : width;
+        for (int k = 0; k < in; k++) {
+            const char *row = w + ((size_t)k * rs + (size_t)c0 * cs) * esz;
+            if (cs == 1)
+                memcpy(p, row, (size_t)real * esz);
+            else if (esz == 2)
+                for (int c = 0; c < real; c++)
+                    ((uint16_t *)p)[c] = ((const uint16_t *)row)[(size_t)c * cs];
+            else
+                for (int c = 0; c < real; c++)
+                    ((float *)p)[c] = ((const float *)row)[(size_t)c * cs];
+            memset(p + (size_t)real * esz, 0, (size_t)(width - real) * esz);
+            p += (size_t)width * esz;
+        }
+    }
+}
+void fs_pack_f32(const float *W, int in, int out, float *P)
+{
+    fs_pack_strided(W, sizeof *W, in, out, (size_t)out, 1, P);
+}
+/* any 16-bit weights (float16 or bfloat16 bits) */
+void fs_pack_f32h(const uint16_t *W, int in, int out, uint16_t *P)
+{
+    fs_pack_strided(W, sizeof *W, in, out, (size_t)out, 1, P);
+}
+
+#if defined(__GNUC__)
+/* --- the double kernel (unpacked W) --------------------------------------------------------- */
+
+/* A tile of R rows x NV vectors of y at column c0, accumulated in registers over the whole
+ * `in` axis. R and NV are compile-time constants after inlining. */
+FS_ALWAYS_INLINE void fs_lin_tile_f64(const double *FS_RESTRICT x, const double *FS_RESTRICT W,
+                                     double *FS_RESTRICT y, const int R, const int NV, int in,
+                                     int out, int c0, int k0, int k1, int accumulate)
+{
+    fs_v8d_u acc[FS_LIN_MAXR * 8];
+    FS_LIN_UNROLL for (int r = 0; r < R; r++)
+        FS_LIN_UNROLL for (int v = 0; v < NV; v++)
+            acc[r * NV + v] = (accumulate || k0 > 0)
+                              ? *(const fs_v8d_u *)(y + (size_t)r * out + c0 + v * 8)
+                              : (fs_v8d_u){0};
+    for (int k = k0; k < k1; k++) {
+        const double *w = W + (size_t)k * out + c0;
+        if (FS_LIN_PF_TILES)
+            FS_LIN_UNROLL for (int v = 0; v < NV; v++)
+                __builtin_prefetch(w + (FS_LIN_PF_TILES * NV + v) * 8, 0, 3);
+        fs_v8d_u wv[8];
+        FS_LIN_UNROLL for (int v = 0; v < NV; v++) wv[v] = *(const fs_v8d_u *)(w + v * 8);
+        FS_LIN_UNROLL for (int r = 0; r < R; r++) {
+            const double a = x[(size_t)r * in + k];
+            FS_LIN_UNROLL for (int v = 0; v < NV; v++) acc[r * NV + v] += a * wv[v];
+        }
+    }
+    FS_LIN_UNROLL for (int r = 0; r < R; r++)
+        FS_LIN_UNROLL for (int v = 0; v < NV; v++)
+            *(fs_v8d_u *)(y + (size_t)r * out + c0 + v * 8) = acc[r * NV + v];
+}
+
+/* Columns [lo, hi): full tiles of NV vectors, then single vectors; returns the first column
+ * not covered. */
+FS_ALWAYS_INLINE int fs_lin_cols_f64(const double *x, const double *W, double *y, const int R,
+                                     const int NV,
+                                    int in, int out, int lo, int hi, int accumulate)
+{
+    /* Blocks of FS_LIN_KB rows of W, each swept across all columns: W is read as a few
+     * sequential streams (prefetcher-friendly) and y is reloaded once per block (from L1). */
+    int c0 = lo;
+    for (int k0 = 0; k0 < in; k0 += FS_LIN_KB) {
+        int k1 = k0 + FS_LIN_KB < in ? k0 + FS_LIN_KB : in;
+        for (c0 = lo; c0 + NV * 8 <= hi; c0 += NV * 8)
+            fs_lin_tile_f64(x, W, y, R, NV, in, out, c0, k0, k1, accumulate);
+        for (; c0 + 8 <= hi; c0 += 8)
+            fs_lin_tile_f64(x, W, y, R, 1, in, out, c0, k0, k1, accumulate);
+    }
+    return c0;
+}
+
+FS_ALWAYS_INLINE int fs_lin_vec_f64(const double *x, const double *W, double *y, int R, int in,
+                                    int out,
+                                   int lo, int hi, int accumulate)
+{
+    switch (R) {
+    case 2: return fs_lin_cols_f64(x, W, y, 2, 4, in, out, lo, hi, accumulate);
+    case 3: return fs_lin_cols_f64(x, W, y, 3, 2, in, out, lo, hi, accumulate);
+    case 4: return fs_lin_cols_f64(x, W, y, 4, 2, in, out, lo, hi, accumulate);
+    case 5: return fs_lin_cols_f64(x, W, y, 5, 2, in, out, lo, hi, accumulate);
+    case 6: return fs_lin_cols_f64(x, W, y, 6, 2, in, out, lo, hi, accumulate);
+    case 7: return fs_lin_cols_f64(x, W, y, 7, 2, in, out, lo, hi, accumulate);
+    case 8: return fs_lin_cols_f64(x, W, y, 8, 2, in, out, lo, hi, accumulate);
+    case 9: return fs_lin_cols_f64(x, W, y, 9, 2, in, out, lo, hi, accumulate);
+    default: return fs_lin_cols_f64(x, W, y, 10, 2, in, out, lo, hi, accumulate);
+    }
+}
+
+#define FS_LIN_VEC_F64(x, W, y, R, in, out, lo, hi, acc) \
+    fs_lin_vec_f64(x, W, y, R, in, out, lo, hi, acc)
+#else
+#define FS_LIN_VEC_F64(x, W, y, R, in, out, lo, hi, acc) (lo)
+#endif /* __GNUC__ */
+
+#if FS_LIN_OMP
+#define FS_LIN_PRAGMA_PARALLEL _Pragma("omp parallel for num_threads(parts) schedule(static, 1)")
+static inline int fs_lin_threads(void) { return fs_disp->threads; }
+#else
+#define FS_LIN_PRAGMA_PARALLEL
+static inline int fs_lin_threads(void) { return 1; }
+#endif
+
+/* One row, columns [lo, hi): four rows of W per pass over y (which stays in L1). */
+FS_ALWAYS_INLINE void fs_lin_row_f64(const double *FS_RESTRICT x, const double *FS_RESTRICT W,
+                                    double *FS_RESTRICT y, int in, int out, int lo, int hi,
+                                    int accumulate)
+{
+    if (!accumulate)
+        for (int c = lo; c < hi; c++) y[c] = (double)0;
+    int k = 0;
+    for (; k + 4 <= in; k += 4) {
+        const double a0 = x[k], a1 = x[k + 1], a2 = x[k + 2], a3 = x[k + 3];
+        const double *w0 = W + (size_t)k * out, *w1 = w0 + out, *w2 = w1 + out, *w3 = w2 + out;
+        for (int c = lo; c < hi; c++)
+            y[c] += (a0 * w0[c] + a1 * w1[c]) + (a2 * w2[c] + a3 * w3[c]);
+    }
+    for (; k < in; k++) {
+        const double a = x[k];
+        const double *w = W + (size_t)k * out;
+        for (int c = lo; c < hi; c++) y[c] += a * w[c];
+    }
+}
+
+/* Columns [c0, hi) not covered by vector tiles: plain axpy rows. */
+FS_ALWAYS_INLINE void fs_lin_tail_f64(const double *FS_RESTRICT x, const double *FS_RESTRICT W,
+                                     double *FS_RESTRICT y, int R, int in, int out, int c0,
+                                     int hi, int accumulate)
+{
+    for (int r = 0; r < R; r++) {
+        double *yr = y + (size_t)r * out;
+        if (!accumulate)
+            for (int c = c0; c < hi; c++) yr[c] = (double)0;
+        for (int k = 0; k < in; k++) {
+            const double a = x[(size_t)r * in + k];
+            const double *w = W + (size_t)k * out;
+            for (int c = c0; c < hi; c++) yr[c] += a * w[c];
+        }
+    }
+}
+
+/* All n rows, columns [lo, hi). */
+FS_CLONES static void fs_linear_part_f64(const double *x, const double *W, double *y, int n,
+                                          int in, int out, int lo, int hi, int accumulate)
+{
+    /* Split n rows into passes of at most FS_LIN_MAXR, as even as possible. */
+    int passes = (n + FS_LIN_MAXR - 1) / FS_LIN_MAXR;
+    int r0 = 0;
+    for (int p = 0; p < passes; p++) {
+        int R = (n - r0 + (passes - p) - 1) / (passes - p);
+        const double *xp = x + (size_t)r0 * in;
+        double *yp = y + (size_t)r0 * out;
+        if (R == 1) {
+            fs_lin_row_f64(xp, W, yp, in, out, lo, hi, accumulate);
+        } else {
+            int c0 = FS_LIN_VEC_F64(xp, W, yp, R, in, out, lo, hi, accumulate);
+            if (c0 < hi) fs_lin_tail_f64(xp, W, yp, R, in, out, c0, hi, accumulate);
+        }
+        r0 += R;
+    }
+}
+
+/* The packed float kernels' columns [lo, hi): the path's variant. */
+void fs_linear_part_f32(const float *x, const float *W, float *y, int n, int in, int out,
+                        int lo, int hi, int accumulate)
+{
+    fs_disp->linf_f32(x, W, y, n, in, out, lo, hi, accumulate);
+}
+void fs_linear_part_f32h(const float *x, const uint16_t *W, float *y, int n, int in, int out,
+                         int lo, int hi, int accumulate)
+{
+    fs_disp->linf_f32h(x, W, y, n, in, out, lo, hi, accumulate);
+}
+void fs_linear_part_f32b(const float *x, const uint16_t *W, float *y, int n, int in, int out,
+                         int lo, int hi, int accumulate)
+{
+    fs_disp->linf_f32b(x, W, y, n, in, out, lo, hi, accumulate);
+}
+
+#if !defined(__GNUC__)
+/* A build without GCC vectors: the baseline "variants" are scalar loops in k order. */
+#define FS_WT float
+#define FS_SFX f32_def
+#define FS_WIDEN(w) (w)
+#include "fs_linear_scalar.inc"
+#define FS_WT uint16_t
+#define FS_SFX f32h_def
+#define FS_WIDEN(w) fs_h2f(w)
+#include "fs_linear_scalar.inc"
+#define FS_WT uint16_t
+#define FS_SFX f32b_def
+#define FS_WIDEN(w) fs_bf2f(w)
+#include "fs_linear_scalar.inc"
+#endif
+
+#define FS_T double
+#define FS_WT double
+#define FS_SFX f64
+#include "fs_linear_api.inc"
+
+#define FS_T float
+#define FS_WT float
+#define FS_SFX f32
+#include "fs_linear_api.inc"
+
+#define FS_T float
+#define FS_WT uint16_t
+#define FS_SFX f32h
+#include "fs_linear_api.inc"
+
+#define FS_T float
+#define FS_WT uint16_t
+#define FS_SFX f32b
+#include "fs_linear_api.inc"
+
+#if FS_AMX_BUILD
+/* y (n, out) [+]= round_bf16(x) @ W [+ bias] on AMX tiles, W packed by fs_pack_bf16_amx; the
+ * rows are rounded once into xa (n * fs_amx_kp(in) bf16 bits), then the column tiles are
+ * split between threads in groups of FS_AMX_G (each thread configures its own tiles). */
+static void fs_linear_f32b_amx(const float *x, const uint16_t *P, const float *bias, float *y,
+                               int n, int in, int out, int accumulate, uint16_t *xa)
+{
+    int kp = fs_amx_kp(in), nt = (out + 15) / 16, parts = 1;
+    fs_amx_round_rows(x, n, in, kp, xa);
+    if (FS_LIN_OMP && (size_t)in * out >= FS_LIN_PARALLEL_MIN && out >= 128)
+        parts = fs_lin_threads();
+    if (parts <= 1) {
+        fs_amx_part(xa, kp, P, y, n, out, 0, nt, accumulate);
+    } else {
+        int groups = (nt + FS_AMX_G - 1) / FS_AMX_G, chunk = (groups + parts - 1) / parts;
+        FS_LIN_PRAGMA_PARALLEL
+        for (int p = 0; p < parts; p++) {
+            int lo = p * chunk * FS_AMX_G, hi = lo + chunk * FS_AMX_G < nt ? lo + chunk * FS_AMX_G
+                                                                         : nt;
+            if (lo < hi) fs_amx_part(xa, kp, P, y, n, out, lo, hi, accumulate);
+        }
+    }
+    if (bias != NULL)
+        for (int r = 0; r < n; r++)
+            for (int c = 0; c < out; c++) y[(size_t)r * out + c] += bias[c];
+}
+#endif
+
+void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, float *y,
+                                 int n, int in, int out, int accumulate, float *xr)
+{
+#if FS_AMX_BUILD
+    if (fs_linear_bf16_amx()) {  /* W in the tile layout; xr holds the rows as bf16 bits */
+        fs_linear_f32b_amx(x, W, bias, y, n, in, out, accumulate, (uint16_t *)(void *)xr);
+        return;
+    }
+#endif
+    fs_round_bf16(x, xr, (size_t)n * in);
+    fs_linear_f32b(xr, W, bias, y, n, in, out, accumulate);
+}
+

@@ -1,0 +1,93 @@
+/* fs_model.c -- the fused decoder forward (fs_model.h): four instantiations of fs_model.inc. */
+#include "fs_model.h"
+
+#include "fs_attention.h"
+#include "fs_common.h"
+#include "fs_linear.h"
+
+/* Activations go through fs_exp_nonpos (fs_common.h): branch-free, so their loops
+ * vectorise (glibc's exp does not, and SwiGLU needs n * ffn_dim of them per layer). */
+
+/* silu(g) = g / (1 + exp(-g)), through exp(-|g|) only. */
+static inline double fs_model_silu(double g)
+{
+    double e = fs_exp_nonpos(g < 0 ? g : -g);
+    return g >= 0 ? g / (1.0 + e) : g * e / (1.0 + e);
+}
+
+/* tanh(t) = sign(t) (1 - e) / (1 + e) with e = exp(-2|t|). */
+static inline double fs_model_tanh(double t)
+{
+    double a = t < 0 ? -t : t;
+    double e = fs_exp_nonpos(-2.0 * a);
+    double y = (1.0 - e) / (1.0 + e);
+    return t < 0 ? -y : y;
+}
+
+/* Sequence position of new row i: positions[i] for a tree step, else pos0 + i. */
+static inline int fs_model_pos(const int32_t *positions, int pos0, int i)
+{
+    return positions ? positions[i] : pos0 + i;
+}
+
+/* Widest input of a product, and at least 16: the rows of xb, the bf16-rounded copy of a
+ * product's input (on the AMX path fs_amx_kp(in) bf16 bits a row, which fit in
+ * max(in, 16) floats). */
+static inline size_t fs_scratch_in(const fs_dims *d)
+{
+    size_t w = (size_t)d->dim, hd = (size_t)d->n_heads * d->head_dim;
+    if (hd > w) w = hd;
+    if ((size_t)d->ffn_dim > w) w = (size_t)d->ffn_dim;
+    return w > 16 ? w : 16;
+}
+
+size_t fs_scratch_row(const fs_dims *d)
+{
+    return 2 * (size_t)d->dim + 2 * (size_t)d->n_heads * d->head_dim
+           + 2 * (size_t)d->n_kv_heads * d->head_dim + 2 * (size_t)d->ffn_dim
+           + fs_scratch_in(d);
+}
+
+/* FS_T: compute dtype; FS_W: dtype of the big matrices (wq .. w_down, embed, head); FS_SFX:
+ * suffix of the model functions; FS_TSFX: suffix of what depends on FS_T only (scratch, norms,
+ * activations, attention), defined by the FS_W == FS_T instantiation. FS_WHALF: FS_W is
+ * 16-bit storage (uint16_t) widened by FS_WIDEN (embedding rows) and the fs_linear_<FS_SFX>
+ * kernel; FS_WBF16: that storage is bfloat16 and every product rounds its input rows to bf16
+ * first (fs_linear_f32b_round, into the scratch rows xb). */
+#define FS_T float
+#define FS_W float
+#define FS_SFX f32
+#define FS_TSFX f32
+#define FS_WHALF 0
+#define FS_WBF16 0
+#include "fs_model.inc"
+
+#define FS_T double
+#define FS_W double
+#define FS_SFX f64
+#define FS_TSFX f64
+#define FS_WHALF 0
+#define FS_WBF16 0
+#include "fs_model.inc"
+
+/* float compute on float16 weights: bit-identical to the f32 model on the widened weights. */
+#define FS_T float
+#define FS_W uint16_t
+#define FS_SFX f32h
+#define FS_TSFX f32
+#define FS_WHALF 1
+#define FS_WBF16 0
+#define FS_WIDEN fs_h2f
+#include "fs_model.inc"
+
+/* float compute on bfloat16 weights, inputs of every product rounded to bf16: bit-identical to
+ * the f32 model on the widened weights whose products' inputs are rounded the same way. */
+#define FS_T float
+#define FS_W uint16_t
+#define FS_SFX f32b
+#define FS_TSFX f32
+#define FS_WHALF 1
+#define FS_WBF16 1
+#define FS_WIDEN fs_bf2f
+#include "fs_model.inc"
+
