@@ -12,8 +12,6 @@ import sys
 from typing import TextIO
 
 from fastspec.cli.args import gamma_or_adaptive, non_negative_float, positive_int
-from fastspec.cli.generate import (GenerateError, drafter_gamma, load_drafter, parse_drafter,
-                                   stream_reply)
 
 __all__ = ["add_parser", "run", "converse"]
 
@@ -35,6 +33,8 @@ def converse(model, tok, drafter, args, lines: TextIO, out: TextIO, err: TextIO,
         The user's input, the replies, the prompts and figures.
     gamma : int, "adaptive" or None
     """
+    from fastspec.cli.generate import stream_reply  # the engine, when a conversation starts
+
     messages = [{"role": "system", "content": args.system}] if args.system else []
     replies = 0
     while True:
@@ -99,6 +99,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``fastspec chat``; 0, or 2 on bad input (message on stderr)."""
+    from fastspec.cli.generate import GenerateError, drafter_gamma, load_drafter, parse_drafter
     from fastspec.models.catalog import resolve
     from fastspec.models.pretrained import load_pretrained
 

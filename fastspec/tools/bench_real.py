@@ -104,11 +104,9 @@ def rss(field):
 
 folder, wdt, new_tokens, repeats, sampled, threads = sys.argv[1:7]
 new_tokens, repeats, threads = int(new_tokens), int(repeats), int(threads)
-try:
-    from fastspec.kernels import _isa
-    _isa.set_threads(threads)
-except ImportError:
-    pass
+from fastspec.kernels import available_backends, set_threads
+if "cython" in available_backends():
+    set_threads(threads)
 base = rss("VmRSS:")
 t0 = time.perf_counter()
 model = Transformer.load(folder, weight_dtype=wdt)

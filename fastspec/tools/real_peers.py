@@ -43,11 +43,10 @@ def real_peers(folder, new_tokens: int = 64, prompt_len: int = 64, threads=(1, 2
     import torch
     import transformers
 
-    try:
-        from fastspec.kernels import _isa
-        set_fs_threads = _isa.set_threads
-    except ImportError:  # pragma: no cover - NumPy-only install
-        set_fs_threads = lambda n: None  # noqa: E731
+    from fastspec.kernels import available_backends, set_threads
+
+    # a NumPy-only install has no compiled products to thread
+    set_fs_threads = set_threads if "cython" in available_backends() else (lambda n: None)
     load = lambda dt: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
         folder, dtype=dt).eval()
     hf = {"transformers bf16": load(torch.bfloat16), "transformers float32": load(torch.float32)}
