@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["positive_int", "non_negative_float", "gamma_or_adaptive", "add_backend_option"]
+__all__ = ["positive_int", "non_negative_float", "gamma_or_adaptive", "add_backend_option",
+           "add_sampling_options"]
 
 
 def positive_int(text: str) -> int:
@@ -38,3 +39,17 @@ def add_backend_option(parser: argparse.ArgumentParser, dest: str, what: str) ->
     """
     parser.add_argument("--backend", dest=dest, choices=("cython", "numpy"),
                         help=f"kernel backend for {what} (same as the global --backend)")
+
+
+def add_sampling_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--temperature``, ``--top-k``, ``--top-p``, ``--seed`` and ``--gamma`` (the options
+    of every command that decodes speculatively with one drafter)."""
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0,
+                        help="0 = greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default)")
+    parser.add_argument("--top-p", type=float, default=1.0, metavar="P",
+                        help="1 = off (default)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--gamma", type=gamma_or_adaptive, default=None, metavar="G",
+                        help="draft tokens per round, an int or 'adaptive' (default: per "
+                             "drafter)")

@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from fastspec.cli.args import gamma_or_adaptive, non_negative_float, positive_int
+from fastspec.cli.args import add_sampling_options, positive_int
 
 __all__ = ["add_parser", "run", "converse"]
 
@@ -85,13 +85,7 @@ def add_parser(sub) -> None:
     p.add_argument("--system", default=None, help="a system message for the conversation")
     p.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N",
                    help="longest reply (default 512)")
-    p.add_argument("--temperature", type=non_negative_float, default=0.0,
-                   help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="1 = off (default)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--gamma", type=gamma_or_adaptive, default=None, metavar="G",
-                   help="draft tokens per round, an int or 'adaptive' (default: per drafter)")
+    add_sampling_options(p)
     p.add_argument("--weight-dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="storage of the matrices (default: float32 for GGUF, the folder's own)")
     p.set_defaults(run=run)

@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from fastspec.cli.args import gamma_or_adaptive, non_negative_float, positive_int
+from fastspec.cli.args import add_sampling_options, positive_int
 from fastspec.decoding import speculative_generate
 from fastspec.drafters import DraftModelDrafter, NgramDrafter
 from fastspec.drafters.base import Proposal
@@ -301,13 +301,7 @@ def add_parser(sub) -> None:
                           "reply stops at its end of turn")
     p.add_argument("--max-new-tokens", type=positive_int, default=128, metavar="N",
                    help="tokens to generate (default 128)")
-    p.add_argument("--temperature", type=non_negative_float, default=0.0,
-                   help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, metavar="K", help="0 = off (default)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="1 = off (default)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--gamma", type=gamma_or_adaptive, default=None, metavar="G",
-                   help="draft tokens per round, an int or 'adaptive' (default: per drafter)")
+    add_sampling_options(p)
     p.add_argument("--json", action="store_true", help="print the text and figures as JSON")
     p.add_argument("--weight-dtype", choices=("auto", "bfloat16", "float16", "float32"),
                    default="auto",
