@@ -81,3 +81,31 @@ def test_demo_on_the_real_model_is_greedy_identical(capsys):
     assert [r["method"] for r in out["results"]] == ["vanilla", "ngram", "ngram_tree"]
     assert all(r["identical"] for r in out["results"])
     assert main(["demo", "--model", "smollm2", "--drafter", "dflash"]) == 2
+
+
+def test_real_eval_rows_and_summary(smollm2):
+    from fastspec.tools.eval_suites import suite
+    from fastspec.tools.real_eval import evaluate, summarize, summary_markdown
+
+    model, tok = smollm2
+    rows = evaluate(model, tok, suite("grounded")[:2], [0.0, 1.0], 12)
+    assert len(rows) == 4 and {r["kind"] for r in rows} == {"type_hints", "rename"}
+    summary = summarize(rows)
+    assert [(s["temperature"], s["method"]) for s in summary] == [
+        (0.0, "vanilla"), (0.0, "ngram"), (0.0, "ngram_tree"),
+        (1.0, "vanilla"), (1.0, "ngram"), (1.0, "ngram_tree")]
+    assert all(s["identical"] for s in summary if s["temperature"] == 0)
+    assert all(s["identical"] is None for s in summary if s["temperature"] == 1)
+    table = summary_markdown(summary, "t")
+    assert table.count("\n| ") == 7 and "greedy identical" in table
+
+
+def test_markdown_sections_are_replaced_and_kept():
+    from fastspec.tools.markdown import replace_section, sections_from
+
+    text = "# R\n\nintro\n\n## embedded\n\nold\n"
+    one = replace_section(text, "Real model: a", "A1")
+    assert one.endswith("## Real model: a\n\nA1\n\n") and "## embedded\n\nold" in one
+    two = replace_section(replace_section(one, "Real model: b", "B"), "Real model: a", "A2")
+    assert two.count("## Real model: a") == 1 and "A2" in two and "A1" not in two
+    assert sections_from(two, "Real model") == "## Real model: a\n\nA2\n\n## Real model: b\n\nB\n\n"

@@ -328,7 +328,11 @@ def eval_main(args) -> int:
     Path(args.out).write_text(json_io.dumps(report, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
     if args.markdown:
-        Path(args.markdown).write_text(results_markdown(report))
+        from fastspec.tools.markdown import sections_from
+
+        path = Path(args.markdown)  # keep the real-model sections that eval --model wrote
+        kept = sections_from(path.read_text(), "Real model") if path.is_file() else ""
+        path.write_text(results_markdown(report) + ("\n" + kept if kept else ""))
         print(f"wrote {args.markdown}", file=sys.stderr)
     return 0
 

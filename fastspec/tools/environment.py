@@ -7,10 +7,22 @@ import time
 
 import numpy as np
 
-from fastspec.kernels import available_backends, backend
+from fastspec.kernels import available_backends, backend, isa_info
 from fastspec.version import __version__
 
-__all__ = ["environment"]
+__all__ = ["environment", "cpu_name"]
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what :mod:`platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def environment() -> dict:
@@ -19,5 +31,6 @@ def environment() -> dict:
             "fastspec": __version__, "backend": backend(),
             "available_backends": list(available_backends()),
             "platform": platform.platform(), "machine": platform.machine(),
-            "processor": platform.processor(), "cpus": os.cpu_count(),
+            "processor": platform.processor(), "cpu": cpu_name(),
+            "isa": isa_info()["selected"], "cpus": os.cpu_count(),
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}

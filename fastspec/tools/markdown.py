@@ -1,11 +1,12 @@
-"""The text summary and the PERFORMANCE.md rendering of a ``fastspec bench`` report."""
+"""The text summary and the PERFORMANCE.md rendering of a ``fastspec bench`` report, and the
+section edits that let several commands write one markdown file."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from fastspec.tools.rounds import storage_costs_text
 
-__all__ = ["summary_text", "performance_markdown"]
+__all__ = ["summary_text", "performance_markdown", "replace_section", "sections_from"]
 
 
 def summary_text(report: dict) -> str:
@@ -155,3 +156,34 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
         for name in ("speedup_vs_context", "speedup_vs_gamma", "kernels_cython_vs_numpy"):
             out.append(f"![{name}]({Path(plot_dir).name}/{name}.png)")
     return "\n".join(out) + "\n"
+
+
+def _split(text: str) -> list[str]:
+    """``text`` cut before every level-2 heading (the first piece is what precedes them)."""
+    pieces, current = [], []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("## ") and current:
+            pieces.append("".join(current))
+            current = []
+        current.append(line)
+    if current:
+        pieces.append("".join(current))
+    return pieces
+
+
+def replace_section(text: str, heading: str, body: str) -> str:
+    """Return ``text`` with its ``## heading`` section (up to the next level-2 heading) replaced
+    by ``body``, or with the section appended when it has none."""
+    section = f"## {heading}\n\n{body.rstrip()}\n\n"
+    pieces = _split(text)
+    for i, piece in enumerate(pieces):
+        if piece.startswith(f"## {heading}\n"):
+            pieces[i] = section
+            return "".join(pieces)
+    sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+    return text + sep + section
+
+
+def sections_from(text: str, prefix: str) -> str:
+    """The level-2 sections of ``text`` whose heading starts with ``prefix``, in order."""
+    return "".join(p for p in _split(text) if p.startswith(f"## {prefix}"))
