@@ -109,3 +109,30 @@ def test_markdown_sections_are_replaced_and_kept():
     two = replace_section(replace_section(one, "Real model: b", "B"), "Real model: a", "A2")
     assert two.count("## Real model: a") == 1 and "A2" in two and "A1" not in two
     assert sections_from(two, "Real model") == "## Real model: a\n\nA2\n\n## Real model: b\n\nB\n\n"
+
+
+@pytest.mark.hf
+def test_generate_chat_gives_transformers_greedy_tokens(capsys):
+    """``fastspec generate --model <file> --chat ... --max-new-tokens 64 --weight-dtype float32``
+    emits transformers' greedy tokens (its GGUF loader and tokenizer on the same file)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from fastspec.cli import main
+
+    message = "Rewrite in the past tense: I walk to the market and buy some bread."
+    assert main(["generate", "--model", str(SMOLLM2), "--chat", message, "--max-new-tokens",
+                 "64", "--weight-dtype", "float32", "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out)["tokens"]
+    kw = dict(gguf_file=SMOLLM2.name)
+    tok = transformers.AutoTokenizer.from_pretrained(SMOLLM2.parent, **kw)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2.parent, dtype=torch.float32,
+                                                            **kw).eval()
+    ids = tok.apply_chat_template([{"role": "user", "content": message}],
+                                  add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
+    with torch.no_grad():
+        out = ref.generate(torch.tensor([ids]), max_new_tokens=64, do_sample=False,
+                           eos_token_id=2, pad_token_id=2)
+    theirs = out[0, len(ids):].tolist()
+    assert ours == theirs[:len(ours)] and len(ours) >= 1
+    assert len(ours) == 64 or ours[-1] == 2 == theirs[len(ours) - 1]

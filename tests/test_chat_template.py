@@ -19,6 +19,15 @@ CONVERSATIONS = [
      {"role": "user", "content": "Another <b>one</b> & \"quoted\"?"}],
     [{"role": "user", "content": "Line1\nLine2 😀 ünïcödé"}, {"role": "assistant", "content": "ok"}],
     [{"role": "system", "content": ""}, {"role": "user", "content": "  spaces  \n\n"}],
+    # 1, 2 and 3 user turns, with and without a system message (the grid)
+    [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hello"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"},
+     {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
+    [{"role": "user", "content": "one"}, {"role": "assistant", "content": "1"},
+     {"role": "user", "content": "two"}, {"role": "assistant", "content": "2"},
+     {"role": "user", "content": "three"}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+     {"role": "user", "content": "z"}],
 ]
 
 
