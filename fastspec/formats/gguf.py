@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from fastspec.formats.gguf_header import check_header
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import MATRICES, hf_layer_keys
@@ -206,20 +206,22 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         gguf = _gguf()
+        # GGUFReader loops and allocates from the header's counts: check them first
+        check_header(self.path, gguf.GGML_QUANT_SIZES,
+                     {int(t): t.name for t in gguf.GGMLQuantizationType})
         try:
             reader = gguf.GGUFReader(self.path, mode="c")
-        except (ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error) as exc:
+            self.metadata: dict[str, Any] = {}
+            key = None
+            for key, field in reader.fields.items():
+                if key not in _HEADER_FIELDS:
+                    self.metadata[key] = field.contents()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{self.path}: metadata key {key!r} holds a string that is "
+                             f"not UTF-8 ({exc})") from None
+        except Exception as exc:  # what the header check let through: still the file's fault
             raise ValueError(f"{self.path}: not a readable GGUF file (truncated or corrupt?): "
                              f"{type(exc).__name__}: {exc}") from None
-        self.metadata: dict[str, Any] = {}
-        for key, field in reader.fields.items():
-            if key in _HEADER_FIELDS:
-                continue
-            try:
-                self.metadata[key] = field.contents()
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{self.path}: metadata key {key!r} holds a string that is "
-                                 f"not UTF-8 ({exc})") from None
         # the tensors keep their views of the map; the reader itself (and its per-string
         # arrays of the vocabulary, ~160 MB for 49k tokens and merges) can go
         self._tensors = {t.name: t for t in reader.tensors}
