@@ -45,8 +45,8 @@ _CONFIG_KEYS = frozenset({
     "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
     "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
     "vocab_size"})
-#: Elements :meth:`GGUFTensor.read` converts at a time (4 MB of float32).
-_CHUNK = 1 << 20
+#: Elements :meth:`GGUFTensor.read` converts at a time (1 MB of float32).
+_CHUNK = 1 << 18
 #: The reader's own entries for the file header: not key/value pairs of the file.
 _HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
 
