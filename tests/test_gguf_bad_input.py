@@ -187,6 +187,15 @@ def test_shapes_contradicting_the_metadata(tmp_path):
         fs.Transformer.load(path)
 
 
+def test_architecture_of_another_type():
+    from fastspec.formats.gguf import GGUFFile
+
+    f = GGUFFile(TMP / "valid.gguf")
+    f.architecture = ["llama"]  # what a value type flipped from string to array could give
+    with pytest.raises(ValueError, match=r"valid.gguf: general.architecture \['llama'\]"):
+        f.config()
+
+
 def test_header_layout_matches_the_reader():
     layout = check_header(TMP / "valid.gguf", gguf.GGML_QUANT_SIZES)
     r = gguf.GGUFReader(TMP / "valid.gguf")

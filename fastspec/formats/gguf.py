@@ -198,7 +198,9 @@ class GGUFFile:
     Raises
     ------
     ValueError
-        A truncated or corrupt file, or metadata strings that are not UTF-8 (named).
+        A header that the file cannot hold or that is corrupt (checked by
+        :func:`~fastspec.formats.gguf_header.check_header` before the reader sees it), anything
+        else the reader raises, or metadata strings that are not UTF-8 (named).
     ImportError
         Without the ``gguf`` package.
     """
@@ -279,7 +281,7 @@ class GGUFFile:
             or other feature, or a missing or invalid key (named with the file).
         """
         arch = self.architecture
-        if arch not in ARCHITECTURES:
+        if not isinstance(arch, str) or arch not in ARCHITECTURES:
             raise self._error(f"general.architecture {arch!r} is not supported; supported: "
                               f"{sorted(ARCHITECTURES)}")
         if "rope_freqs.weight" in self._tensors:
