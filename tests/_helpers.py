@@ -79,14 +79,15 @@ SLOW_EXAMPLES = 500
 
 
 def fast_and_slow(fast=FAST_EXAMPLES, slow=SLOW_EXAMPLES, *, backends=None,
-                  suppress=tuple(HealthCheck), **strategies):
+                  suppress=tuple(HealthCheck), deadline=None, **strategies):
     """Turn a property into a quick test and a `slow` one with ``slow`` examples.
 
-    With ``backends``, both are parametrised over ``backend`` in it.
+    With ``backends``, both are parametrised over ``backend`` in it; ``deadline`` (ms) fails
+    an example that runs longer (hypothesis' setting; None: no limit).
     """
     def wrap(body):
         def make(examples):
-            test = settings(max_examples=examples, deadline=None, derandomize=examples < 100,
+            test = settings(max_examples=examples, deadline=deadline, derandomize=examples < 100,
                             suppress_health_check=list(suppress))(given(**strategies)(body))
             if backends is not None:
                 test = pytest.mark.parametrize("backend", backends)(test)

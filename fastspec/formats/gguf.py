@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from fastspec.formats.gguf_header import check_header
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import MATRICES, hf_layer_keys
@@ -45,8 +45,8 @@ _CONFIG_KEYS = frozenset({
     "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
     "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
     "vocab_size"})
-#: Elements :meth:`GGUFTensor.read` converts at a time (4 MB of float32).
-_CHUNK = 1 << 20
+#: Elements :meth:`GGUFTensor.read` converts at a time (1 MB of float32).
+_CHUNK = 1 << 18
 #: The reader's own entries for the file header: not key/value pairs of the file.
 _HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
 
@@ -198,7 +198,9 @@ class GGUFFile:
     Raises
     ------
     ValueError
-        A truncated or corrupt file, or metadata strings that are not UTF-8 (named).
+        A header that the file cannot hold or that is corrupt (checked by
+        :func:`~fastspec.formats.gguf_header.check_header` before the reader sees it), anything
+        else the reader raises, or metadata strings that are not UTF-8 (named).
     ImportError
         Without the ``gguf`` package.
     """
@@ -206,20 +208,22 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         gguf = _gguf()
+        # GGUFReader loops and allocates from the header's counts: check them first
+        check_header(self.path, gguf.GGML_QUANT_SIZES,
+                     {int(t): t.name for t in gguf.GGMLQuantizationType})
         try:
             reader = gguf.GGUFReader(self.path, mode="c")
-        except (ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error) as exc:
+            self.metadata: dict[str, Any] = {}
+            key = None
+            for key, field in reader.fields.items():
+                if key not in _HEADER_FIELDS:
+                    self.metadata[key] = field.contents()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{self.path}: metadata key {key!r} holds a string that is "
+                             f"not UTF-8 ({exc})") from None
+        except Exception as exc:  # what the header check let through: still the file's fault
             raise ValueError(f"{self.path}: not a readable GGUF file (truncated or corrupt?): "
                              f"{type(exc).__name__}: {exc}") from None
-        self.metadata: dict[str, Any] = {}
-        for key, field in reader.fields.items():
-            if key in _HEADER_FIELDS:
-                continue
-            try:
-                self.metadata[key] = field.contents()
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{self.path}: metadata key {key!r} holds a string that is "
-                                 f"not UTF-8 ({exc})") from None
         # the tensors keep their views of the map; the reader itself (and its per-string
         # arrays of the vocabulary, ~160 MB for 49k tokens and merges) can go
         self._tensors = {t.name: t for t in reader.tensors}
@@ -277,7 +281,7 @@ class GGUFFile:
             or other feature, or a missing or invalid key (named with the file).
         """
         arch = self.architecture
-        if arch not in ARCHITECTURES:
+        if not isinstance(arch, str) or arch not in ARCHITECTURES:
             raise self._error(f"general.architecture {arch!r} is not supported; supported: "
                               f"{sorted(ARCHITECTURES)}")
         if "rope_freqs.weight" in self._tensors:
