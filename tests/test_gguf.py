@@ -10,6 +10,8 @@ import importlib.metadata
 import sys
 from pathlib import Path
 
+import json
+
 import numpy as np
 import pytest
 
@@ -193,6 +195,31 @@ def test_drafters_work_with_a_gguf_target(written, backend):
     dflash = fs.DFlashModel.random(fs.DFlashConfig(block_size=4, mask_token_id=0), target, seed=0)
     spec = fs.speculative_generate(target, fs.DFlashDrafter(dflash), prompt, 24, gamma=3)
     assert spec.tokens == vanilla and spec.stats.draft_calls > 0
+
+
+def test_dflash_folder_drafts_for_a_gguf_target(written, tmp_path, capsys):
+    """``generate --model x.gguf --drafter dflash:DIR``: a z-lab folder made for the GGUF target
+    drafts for it (greedy output unchanged); one made for another target is refused, named."""
+    from fastspec.cli import main
+
+    path = written["qwen3"][0]
+    target = fs.Transformer.load(path)
+    folder = tmp_path / "dflash"
+    zlab = fs.DFlashConfig(block_size=4, mask_token_id=0, qk_norm=True, last_tap_normed=True)
+    fs.DFlashModel.random(zlab, target, seed=0).save(folder)
+    ids = ",".join(map(str, PROMPT[:24]))
+    args = ["generate", "--model", str(path), "--prompt-ids", ids, "--max-new-tokens", "12",
+            "--json"]
+    assert main(args + ["--drafter", "none"]) == 0
+    vanilla = json.loads(capsys.readouterr().out)["tokens"]
+    assert main(args + ["--drafter", f"dflash:{folder}"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["tokens"] == vanilla and report["drafter"].startswith("dflash:")
+    other = fs.Transformer.load(written["llama"][0])  # the same shape, other weights
+    wrong = tmp_path / "wrong"
+    fs.DFlashModel.random(zlab, other, seed=0).save(wrong)
+    assert main(args + ["--drafter", f"dflash:{wrong}"]) == 2
+    assert "built for another target model" in capsys.readouterr().err
 
 
 # --- parity with transformers' GGUF loader ---------------------------------------------------
