@@ -63,6 +63,24 @@ def _sources() -> dict[str, Path]:
     return out
 
 
+@lru_cache(maxsize=None)
+def _compiled() -> frozenset[str]:
+    """Names of the compiled extension modules (an installed wheel ships no .pyx beside them)."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    out = set()
+    for path in ROOT.rglob("*"):
+        for suffix in EXTENSION_SUFFIXES:
+            if path.name.endswith(suffix):
+                rel = path.relative_to(ROOT.parent).as_posix()[:-len(suffix)]
+                out.add(rel.replace("/", "."))
+    return frozenset(out)
+
+
+def _is_module(name: str) -> bool:
+    return name in _sources() or f"{name}.pxd" in _sources() or name in _compiled()
+
+
 def _is_package(name: str) -> bool:
     return (ROOT.parent / name.replace(".", "/") / "__init__.py").exists()
 
@@ -283,7 +301,7 @@ def _private_uses(path: Path, name: str) -> list[str]:
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("fastspec"):
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
-                is_module = sub in _sources()
+                is_module = _is_module(sub)
                 private = a.name.startswith("_") and not a.name.startswith("__")
                 # a private module may be imported by its own package only
                 if private and not (is_module and node.module == package):
