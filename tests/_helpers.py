@@ -186,30 +186,52 @@ def needs_c_harness(test):
                               reason=f"no C compiler {C_COMPILER!r}")(test)
 
 
-def run_c_harness(name: str, flags: list[str], tmp_path: Path) -> None:
-    """Compile ``tests/c/<name>.c`` and the C core it links (csrc/*.c but the model, each file
-    in parallel) with setup.py's flags (CORE_FILE_ARGS included; no -march: the variants
-    carry their own targets) plus ``flags``, run it and assert it reports ``0 failures``."""
+#: Core objects already compiled for a set of flags (the harnesses share them: the core is
+#: most of the compile time). Kept in a temporary folder removed at exit.
+_CORE_OBJECTS: dict[tuple[str, ...], list[Path]] = {}
+
+
+def _core_objects(flags: list[str], base: list[str], csrc: Path) -> list[Path]:
+    """Compile csrc/*.c but the model (each file in parallel) once per ``flags``."""
+    import atexit
+    import tempfile
     from concurrent.futures import ThreadPoolExecutor
 
+    key = tuple(flags)
+    if key not in _CORE_OBJECTS:
+        out = Path(tempfile.mkdtemp(prefix="fastspec-core-"))
+        atexit.register(shutil.rmtree, out, True)
+
+        def compile_one(src: Path) -> Path:
+            obj = out / f"{src.stem}.o"
+            extra = (["-fno-gcse", "-fno-gcse-after-reload"] if src.name.startswith("fs_linear")
+                     else [])
+            build = subprocess.run([*base, *extra, "-c", str(src), "-o", str(obj)],
+                                   capture_output=True, text=True, timeout=900)
+            assert build.returncode == 0, build.stderr
+            return obj
+
+        sources = sorted(p for p in csrc.glob("*.c") if p.name != "fs_model.c")
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            _CORE_OBJECTS[key] = list(pool.map(compile_one, sources))
+    return _CORE_OBJECTS[key]
+
+
+def run_c_harness(name: str, flags: list[str], tmp_path: Path) -> None:
+    """Compile ``tests/c/<name>.c`` and link it with the C core (csrc/*.c but the model,
+    compiled once per ``flags`` for the whole run) built with setup.py's flags (CORE_FILE_ARGS
+    included; no -march: the variants carry their own targets) plus ``flags``; run it and
+    assert it reports ``0 failures``."""
     csrc = SOURCE_ROOT / "csrc"
-    sources = [SOURCE_ROOT / "tests" / "c" / f"{name}.c",
-               *sorted(p for p in csrc.glob("*.c") if p.name != "fs_model.c")]
     base = [C_COMPILER, "-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi", *flags,
             f"-I{csrc}"]
-
-    def compile_one(src: Path) -> Path:
-        obj = tmp_path / f"{src.stem}.o"
-        extra = ["-fno-gcse", "-fno-gcse-after-reload"] if src.name.startswith("fs_linear") else []
-        build = subprocess.run([*base, *extra, "-c", str(src), "-o", str(obj)],
-                               capture_output=True, text=True, timeout=900)
-        assert build.returncode == 0, build.stderr
-        return obj
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        objects = list(pool.map(compile_one, sources))
+    objects = _core_objects(flags, base, csrc)
+    harness = tmp_path / f"{name}.o"
+    build = subprocess.run([*base, "-c", str(SOURCE_ROOT / "tests" / "c" / f"{name}.c"), "-o",
+                            str(harness)], capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stderr
     exe = tmp_path / name
-    link = subprocess.run([C_COMPILER, *map(str, objects), "-o", str(exe), "-lm"],
+    link = subprocess.run([C_COMPILER, str(harness), *map(str, objects), "-o", str(exe), "-lm"],
                           capture_output=True, text=True, timeout=900)
     assert link.returncode == 0, link.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)

