@@ -18,6 +18,11 @@ from hypothesis import HealthCheck, given, settings
 import fastspec as fs
 
 BACKENDS = fs.available_backends()
+#: The backends the ``backend`` fixture runs a test on: the one a run asks for with
+#: FASTSPEC_BACKEND (CI runs the suite once per backend, so each is tested once), else every
+#: available one. Tests that compare the two backends use BACKENDS directly.
+_REQUESTED = os.environ.get("FASTSPEC_BACKEND", "").strip().lower()
+FIXTURE_BACKENDS = (_REQUESTED,) if _REQUESTED in BACKENDS else BACKENDS
 DTYPES = (np.float32, np.float64)
 #: relative tolerance per dtype when comparing the two backends / a float64 oracle.
 RTOL = {np.float32: 1e-5, np.float64: 1e-10}

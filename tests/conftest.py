@@ -5,7 +5,7 @@ import pytest
 
 import fastspec as fs
 
-from _helpers import BACKENDS, DTYPES, unbuilt_message
+from _helpers import BACKENDS, DTYPES, FIXTURE_BACKENDS, unbuilt_message
 
 
 def pytest_configure(config):
@@ -31,9 +31,10 @@ def pytest_report_header(config):
             f"backend {fs.backend()}; available {BACKENDS}")
 
 
-@pytest.fixture(params=BACKENDS)
+@pytest.fixture(params=FIXTURE_BACKENDS)
 def backend(request):
-    """Run the test on each available backend, restoring the active one afterwards."""
+    """Run the test on the run's backend (FASTSPEC_BACKEND), or on each available one when the
+    run names none; restores the active backend afterwards."""
     with fs.using_backend(request.param):
         yield request.param
 
