@@ -82,6 +82,20 @@ def vocabulary(size: int = 300) -> tuple[list[str], list[str]]:
     return SPECIAL + alphabet + [a + b for a, b in pairs], [f"{a} {b}" for a, b in pairs]
 
 
+def add_hparams(w, dim: int, n_layers: int, ffn: int, n_heads: int, n_kv: int,
+                vocab: int) -> None:
+    """The architecture keys every test file carries (context 512, eps 1e-6, rope base 1e4)."""
+    w.add_context_length(512)
+    w.add_block_count(n_layers)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(vocab)
+
+
 def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int = 256,
                 n_layers: int = 2, n_heads: int = 4, n_kv: int = 2, head_dim: int | None = None,
                 ffn: int = 512, vocab: int = 300, types=TYPES, tied: bool | None = None,
@@ -101,15 +115,7 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
     tokens, merges = vocabulary(vocab)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(f"test-{arch}")
-    w.add_context_length(512)
-    w.add_block_count(n_layers)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(len(tokens))
+    add_hparams(w, dim, n_layers, ffn, n_heads, n_kv, len(tokens))
     if arch == "llama":
         w.add_rope_dimension_count(head_dim)
     if arch == "qwen3":

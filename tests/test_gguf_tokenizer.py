@@ -21,6 +21,7 @@ from _helpers import gguf_metadata, smollm2_gguf
 gguf = pytest.importorskip("gguf")
 tokenizers = pytest.importorskip("tokenizers")
 from fastspec.text.gguf_tokenizer import build_gguf_tokenizer  # noqa: E402
+from _gguf_writer import add_hparams  # noqa: E402
 from fastspec.text.hf_tokenizer import HFTokenizer  # noqa: E402
 
 N_STRINGS = 2000
@@ -103,15 +104,7 @@ def write_tokenizer_gguf(path: Path, model: str = "gpt2", pre: str | None = "qwe
     """A GGUF file holding only a tokenizer (and the few keys a config reader needs)."""
     tokens, types, merges_or_scores = _trained_vocab(spm=model == "llama")
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(512)
-    w.add_block_count(1)
-    w.add_embedding_length(64)
-    w.add_feed_forward_length(128)
-    w.add_head_count(2)
-    w.add_head_count_kv(2)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(len(tokens))
+    add_hparams(w, 64, 1, 128, 2, 2, len(tokens))
     w.add_tokenizer_model(model)
     if model == "gpt2":
         if pre is not None:

@@ -22,7 +22,7 @@ from fastspec.tools.environment import environment
 from fastspec.tools.progress import Progress
 
 __all__ = ["METHODS", "DFLASH_TREE_BUDGET", "DEFAULT_GAMMA", "MethodResult", "default_gamma",
-           "run_methods", "format_table", "demo_main", "eval_main", "is_looping",
+           "run_methods", "summary_stats", "format_table", "demo_main", "eval_main", "is_looping",
            "results_markdown"]
 
 #: Methods in display order; "vanilla" is the baseline. "*_tree" are the tree-proposing
@@ -280,7 +280,8 @@ def is_looping(tokens: Sequence[int], run: int = 32) -> bool:
     return False
 
 
-def _summary(values: Sequence[float]) -> dict:
+def summary_stats(values: Sequence[float]) -> dict:
+    """``n``, mean, min, median and max of ``values`` (``{"n": 0}`` when empty)."""
     if not values:
         return {"n": 0}
     return {"n": len(values), "mean": statistics.fmean(values), "min": min(values),
@@ -318,8 +319,8 @@ def eval_main(args) -> int:
                 sel = [r for r in runs if r["method"] == method and r["temperature"] == temperature
                        and (subset == "all" or r["looping"] == (subset == "looping"))]
                 summary[f"T={temperature}/{subset}/{method}"] = {
-                    "tau": _summary([r["tau"] for r in sel]),
-                    "speedup": _summary([r["speedup"] for r in sel]),
+                    "tau": summary_stats([r["tau"] for r in sel]),
+                    "speedup": summary_stats([r["speedup"] for r in sel]),
                     "identical": sum(r["identical"] for r in sel) if temperature == 0 else None,
                     "gamma": sel[0]["gamma"] if sel else None,
                 }

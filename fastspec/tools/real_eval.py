@@ -8,7 +8,6 @@ tau (tokens per target call) and, at temperature 0, whether every output equals 
 """
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from dataclasses import asdict
@@ -20,7 +19,7 @@ from fastspec.formats import json_io
 from fastspec.kernels import backend
 from fastspec.models.catalog import resolve
 from fastspec.models.pretrained import load_pretrained
-from fastspec.tools.demo import run_methods
+from fastspec.tools.demo import run_methods, summary_stats
 from fastspec.tools.environment import environment
 from fastspec.tools.eval_suites import Request, suite
 from fastspec.tools.markdown import replace_section
@@ -86,13 +85,13 @@ def summarize(rows: Sequence[dict]) -> list[dict]:
         names = list(group[0]["methods"])
         for method in names:
             runs = [r["methods"][method] for r in group]
+            speed = summary_stats([m["speedup"] for m in runs])
             out.append({
                 "temperature": temperature, "method": method, "requests": len(runs),
-                "tokens_per_s": statistics.median(m["tokens_per_s"] for m in runs),
-                "speedup": statistics.median(m["speedup"] for m in runs),
-                "speedup_min": min(m["speedup"] for m in runs),
-                "speedup_max": max(m["speedup"] for m in runs),
-                "tau": statistics.fmean(m["tau"] for m in runs),
+                "tokens_per_s": summary_stats([m["tokens_per_s"] for m in runs])["median"],
+                "speedup": speed["median"], "speedup_min": speed["min"],
+                "speedup_max": speed["max"],
+                "tau": summary_stats([m["tau"] for m in runs])["mean"],
                 "identical": all(m["identical"] for m in runs) if temperature == 0 else None,
             })
     return out
