@@ -54,6 +54,11 @@
 #ifndef FS_LIN_MAXR_AVX2
 #define FS_LIN_MAXR_AVX2 6
 #endif
+/* Threads split a product's columns into chunks whose bounds are multiples of this (a whole
+ * number of the packed float kernels' panels, so every chunk runs whole tiles). */
+#ifndef FS_LIN_CHUNK_ALIGN
+#define FS_LIN_CHUNK_ALIGN 32
+#endif
 /* Products with at least this many weights are split between OpenMP threads. */
 #ifndef FS_LIN_PARALLEL_MIN
 #define FS_LIN_PARALLEL_MIN 65536
