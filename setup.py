@@ -3,20 +3,19 @@
 Environment switches (read at build time):
 
 FASTSPEC_NATIVE=1   add ``-march=native`` (never the default: wheels must run elsewhere).
-FASTSPEC_OPENMP=0   do not even probe for OpenMP (default: probe, use it when it links).
 FASTSPEC_DEBUG=1    Cython bounds/wraparound/initialized checks on, the extensions ``-O0 -g``
-                    (the C core keeps its optimised build: the checks are Cython's).
+                    (the C core keeps its optimised build, with FS_DEBUG's checks: a nested
+                    thread-pool job aborts).
+
+Threads: the core's own pool (csrc/fs_pool.c, POSIX threads; no OpenMP), linked with
+``-pthread``.
 
 The C core (``csrc/*.c``, csrc/README.md) is compiled ONCE, its files in parallel, into a
 static library that every extension links; then the extensions compile in parallel, one job
 per CPU (``build_ext -j N`` overrides).
 """
 import os
-import shutil
-import subprocess
 import sys
-import sysconfig
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from glob import glob
 from pathlib import Path
@@ -33,23 +32,6 @@ def _flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _compiler_accepts(flags: list[str], link_flags: list[str]) -> bool:
-    """Return True when the C compiler builds and links a tiny OpenMP program."""
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
-    cc = cc.split()[0]
-    if shutil.which(cc) is None:
-        return False
-    src = "#include <omp.h>\nint main(void){return omp_get_max_threads() > 0 ? 0 : 1;}\n"
-    with tempfile.TemporaryDirectory() as tmp:
-        c_file = Path(tmp) / "probe.c"
-        c_file.write_text(src)
-        cmd = [cc, *flags, str(c_file), "-o", str(Path(tmp) / "probe"), *link_flags]
-        try:
-            return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            return False
-
-
 DEBUG = _flag("FASTSPEC_DEBUG")
 IS_MSVC = sys.platform == "win32"
 
@@ -64,11 +46,11 @@ if not IS_MSVC:
     if _flag("FASTSPEC_NATIVE"):
         core_args.append("-march=native")
         compile_args.append("-march=native")
-    if os.environ.get("FASTSPEC_OPENMP", "1") != "0" and _compiler_accepts(["-fopenmp"], ["-fopenmp"]):
-        core_args.append("-fopenmp")
-        compile_args.append("-fopenmp")
-        link_args.append("-fopenmp")
-        macros.append(("FASTSPEC_HAVE_OPENMP", "1"))
+    core_args.append("-pthread")
+    compile_args.append("-pthread")
+    link_args.append("-pthread")
+if DEBUG:
+    macros.append(("FS_DEBUG", "1"))
 
 CORE_SOURCES = sorted(glob("csrc/*.c"))
 CORE_DEPENDS = sorted(glob("csrc/*.h") + glob("csrc/*.inc"))

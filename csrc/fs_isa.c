@@ -80,9 +80,9 @@ int fs_isa_supported(const fs_isa_features *f, int p)
 }
 
 
-/* Until fs_isa_init: the baseline variants on one thread, valid on any CPU. */
+/* Until fs_isa_init: the baseline variants and this copy's pool, valid on any CPU. */
 static fs_dispatch fs_own = {
-    0, FS_ISA_PORTABLE, 1, 0, fs_linf_part_f32_def, fs_linf_part_f32h_def,
+    0, FS_ISA_PORTABLE, &fs_pool_local, 0, fs_linf_part_f32_def, fs_linf_part_f32h_def,
     fs_linf_part_f32b_def,
 #if FS_HAVE_VEC
     fs_f32_block_def,
@@ -174,7 +174,7 @@ int fs_linear_bf16_amx(void) { return fs_disp->path == FS_ISA_AMX; }
 
 int fs_linear_amx_built(void) { return FS_AMX_BUILD; }
 
-void fs_linear_set_threads(int n) { fs_isa_table()->threads = n < 1 ? 1 : n; }
+void fs_linear_set_threads(int n) { fs_pool_set_threads(n); }
 
-int fs_linear_get_threads(void) { return fs_isa_table()->threads; }
+int fs_linear_get_threads(void) { return fs_pool_threads(); }
 int fs_linf_amx(void) { return fs_isa_table()->amx; }

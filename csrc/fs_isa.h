@@ -13,19 +13,22 @@
  * Other compilers or architectures report no features (the portable path only).
  *
  * The dispatch table (fs_dispatch) holds the path every packed float product runs, the
- * threads of large products and a function pointer per ISA-variant kernel (fs_variants.h
+ * thread pool (fs_pool.h) and a function pointer per ISA-variant kernel (fs_variants.h
  * declares the variants, each in its own file). Every core function that has variants calls
  * through fs_disp. A process holds one table: each extension module links its own copy of the
  * core (a static library), so the owner, fastspec.kernels._isa, fills its copy at import
  * (fs_isa_init, then FASTSPEC_ISA) and every other extension points its copy's fs_disp at
  * the owner's table (fs_isa_share) when it is imported; set_isa and set_threads then change
- * what every extension runs. Before fs_isa_init a copy's table is valid but portable (the
- * baseline variants, one thread): the C harnesses of tests/c use it without Python.
+ * what every extension runs, and every fs_pool_run of the process reaches the owner's pool
+ * (one set of workers). Before fs_isa_init a copy's table is valid but portable (the baseline
+ * variants, its own pool at one thread): the C harnesses of tests/c use it without Python.
  */
 #ifndef FS_ISA_H
 #define FS_ISA_H
 
 #include <stdint.h>
+
+#include "fs_pool.h"
 
 typedef struct {
     int avx2, fma, f16c, avx512f, avx512bf16;
@@ -56,7 +59,7 @@ typedef void (*fs_attn_block_fn)(const float *const *qrows, float *const *orows,
 typedef struct {
     int ready;       /* fs_isa_init ran on this table */
     int path;        /* FS_ISA_* of the packed float products (AMX: bf16 on tiles) */
-    int threads;     /* OpenMP threads of large products (1: none) */
+    const fs_pool_ops *pool;  /* the process's thread pool (the owner copy's fs_pool_local) */
     int amx;         /* the CPU runs AMX tiles and Linux granted them (built in too) */
     fs_linf_f32_fn linf_f32;
     fs_linf_u16_fn linf_f32h, linf_f32b;
@@ -86,9 +89,8 @@ int fs_linear_get_path(void);
 int fs_linear_bf16_amx(void);
 /* 1 when this build has the AMX kernel (GCC >= 11 on x86-64 Linux). */
 int fs_linear_amx_built(void);
-/* Threads for large products: 1 by default. On a loaded machine (or one shared with other
- * BLAS/OpenMP users) a descheduled worker stalls every barrier, which costs far more than
- * the bandwidth a second core adds to a decode step; callers opt in. */
+/* The pool's thread count (aliases of fs_pool_set_threads and fs_pool_threads): 1 until set
+ * (the Python layer sets the CPUs the process may run on at import). */
 void fs_linear_set_threads(int n);
 int fs_linear_get_threads(void);
 

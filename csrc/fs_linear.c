@@ -1,17 +1,34 @@
-/* fs_linear.c -- the products' entry points (fs_linear.h): threads, bias, the bf16 rounding,
+/* fs_linear.c -- the products' entry points (fs_linear.h): thread chunks, bias, the bf16 rounding,
  * the double kernel, packing; the packed float kernels are ISA variants (fs_variants.h)
  * reached through fs_disp. */
 #include "fs_linear.h"
 
 #include "fs_isa.h"
+#include "fs_pool.h"
 #include "fs_variants.h"
 
-#if defined(FASTSPEC_HAVE_OPENMP) && defined(_OPENMP)
-#include <omp.h>
-#define FS_LIN_OMP 1
-#else
-#define FS_LIN_OMP 0
+/* Thread chunks of a product: whole groups of FS_LIN_CHUNK_ALIGN columns, at least this many
+ * per chunk (fs_pool_chunks sizes them from the thread count and the weights). */
+#ifndef FS_LIN_CHUNK_PANELS
+#define FS_LIN_CHUNK_PANELS 4
 #endif
+
+/* How many chunks the columns of an (in, out) product are cut into: 1 (run on the caller)
+ * below FS_LIN_PARALLEL_MIN weights or at one thread. `unit` columns per unit of work (a
+ * multiple of the kernels' panels); at least min_cols columns per chunk. */
+static int fs_lin_chunks(int in, int out, int unit, int min_cols)
+{
+    if ((size_t)in * out < FS_LIN_PARALLEL_MIN) return 1;
+    return fs_pool_chunks((out + unit - 1) / unit, (size_t)in * unit,
+                          (min_cols + unit - 1) / unit);
+}
+
+/* Chunk c of n over `units` units: units [*lo, *hi). */
+static inline void fs_lin_chunk_range(int c, int n, int units, int *lo, int *hi)
+{
+    *lo = (int)((long long)c * units / n);
+    *hi = (int)((long long)(c + 1) * units / n);
+}
 
 void fs_round_bf16(const float *x, float *xr, size_t count)
 {
@@ -130,14 +147,6 @@ FS_ALWAYS_INLINE int fs_lin_vec_f64(const double *x, const double *W, double *y,
 #define FS_LIN_VEC_F64(x, W, y, R, in, out, lo, hi, acc) (lo)
 #endif /* __GNUC__ */
 
-#if FS_LIN_OMP
-#define FS_LIN_PRAGMA_PARALLEL _Pragma("omp parallel for num_threads(parts) schedule(static, 1)")
-static inline int fs_lin_threads(void) { return fs_disp->threads; }
-#else
-#define FS_LIN_PRAGMA_PARALLEL
-static inline int fs_lin_threads(void) { return 1; }
-#endif
-
 /* One row, columns [lo, hi): four rows of W per pass over y (which stays in L1). */
 FS_ALWAYS_INLINE void fs_lin_row_f64(const double *FS_RESTRICT x, const double *FS_RESTRICT W,
                                     double *FS_RESTRICT y, int in, int out, int lo, int hi,
@@ -251,26 +260,38 @@ void fs_linear_part_f32b(const float *x, const uint16_t *W, float *y, int n, int
 #include "fs_linear_api.inc"
 
 #if FS_AMX_BUILD
+typedef struct {
+    const uint16_t *xa, *P;
+    float *y;
+    int kp, n, out, nt, accumulate, units, nchunks;
+} fs_amx_job;
+
+static void fs_amx_chunk(void *arg, int c)
+{
+    const fs_amx_job *j = (const fs_amx_job *)arg;
+    int lo, hi;
+    fs_lin_chunk_range(c, j->nchunks, j->units, &lo, &hi);
+    lo *= FS_AMX_G;
+    hi = hi * FS_AMX_G < j->nt ? hi * FS_AMX_G : j->nt;
+    if (lo < hi) fs_amx_part(j->xa, j->kp, j->P, j->y, j->n, j->out, lo, hi, j->accumulate);
+}
+
 /* y (n, out) [+]= round_bf16(x) @ W [+ bias] on AMX tiles, W packed by fs_pack_bf16_amx; the
  * rows are rounded once into xa (n * fs_amx_kp(in) bf16 bits), then the column tiles are
- * split between threads in groups of FS_AMX_G (each thread configures its own tiles). */
+ * cut into pool chunks of whole groups of FS_AMX_G tiles (each thread configures its own
+ * tiles). */
 static void fs_linear_f32b_amx(const float *x, const uint16_t *P, const float *bias, float *y,
                                int n, int in, int out, int accumulate, uint16_t *xa)
 {
-    int kp = fs_amx_kp(in), nt = (out + 15) / 16, parts = 1;
+    int kp = fs_amx_kp(in), nt = (out + 15) / 16;
     fs_amx_round_rows(x, n, in, kp, xa);
-    if (FS_LIN_OMP && (size_t)in * out >= FS_LIN_PARALLEL_MIN && out >= 128)
-        parts = fs_lin_threads();
-    if (parts <= 1) {
+    int nchunks = fs_lin_chunks(in, out, 16 * FS_AMX_G, FS_LIN_CHUNK_PANELS * FS_LIN_CHUNK_ALIGN);
+    if (nchunks <= 1) {
         fs_amx_part(xa, kp, P, y, n, out, 0, nt, accumulate);
     } else {
-        int groups = (nt + FS_AMX_G - 1) / FS_AMX_G, chunk = (groups + parts - 1) / parts;
-        FS_LIN_PRAGMA_PARALLEL
-        for (int p = 0; p < parts; p++) {
-            int lo = p * chunk * FS_AMX_G, hi = lo + chunk * FS_AMX_G < nt ? lo + chunk * FS_AMX_G
-                                                                         : nt;
-            if (lo < hi) fs_amx_part(xa, kp, P, y, n, out, lo, hi, accumulate);
-        }
+        fs_amx_job job = {xa, P, y, kp, n, out, nt, accumulate, (nt + FS_AMX_G - 1) / FS_AMX_G,
+                          nchunks};
+        fs_pool_run(fs_amx_chunk, &job, nchunks);
     }
     if (bias != NULL)
         for (int r = 0; r < n; r++)

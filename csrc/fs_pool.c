@@ -1,13 +1,380 @@
-/* fs_pool.c -- the thread pool (fs_pool.h). Placeholder: runs every chunk on the caller. */
+/* fs_pool.c -- the thread pool (fs_pool.h): persistent workers that spin briefly, then sleep.
+ *
+ * One job at a time (the caller that owns the pool, `busy`). A job is fn + ctx + nchunks and
+ * the 64-bit word `claim` = generation << 32 | chunks not yet claimed. A thread claims a chunk
+ * by a compare-and-swap that checks the generation, so a worker that wakes late (its job
+ * already finished, the next one perhaps being written) can never claim a chunk of a job it
+ * did not see: it fails the swap and goes back to waiting. A successful claim also proves the
+ * job is not finished (this chunk is not done), so fn/ctx/nchunks, written before the job was
+ * published, stay valid until the claimer's own increment of `done`.
+ *
+ * Waiting: the workers wait for `seq` (the generation, a 32-bit futex word) to change, the
+ * caller for `done` to reach nchunks. Both spin on a relaxed load with a pause for spin_ns,
+ * then announce themselves (`sleepers`, `caller_sleeps`) and block; the other side reads the
+ * announcement after its own store (both sequentially consistent), so it either sees the
+ * sleeper and wakes it or the sleeper sees the new value and does not block. Nobody asleep:
+ * no system call.
+ */
+#if defined(__linux__) && !defined(_GNU_SOURCE)
+#define _GNU_SOURCE /* syscall(), clock_gettime() under -std=c11 */
+#endif
 #include "fs_pool.h"
 
 #include "fs_isa.h"
 
-void fs_pool_run(fs_pool_fn fn, void *ctx, int nchunks)
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#if defined(_WIN32) || defined(FS_POOL_SERIAL)
+#define FS_POOL_THREADED 0
+#else
+#define FS_POOL_THREADED 1
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <time.h>
+#endif
+
+/* Linux: futexes; elsewhere (and in tests/c's portable build) a mutex and condition variable
+ * per waited word. */
+#if FS_POOL_THREADED && defined(__linux__) && !defined(FS_TEST_PORTABLE) \
+    && !defined(FS_POOL_NO_FUTEX)
+#define FS_POOL_FUTEX 1
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#else
+#define FS_POOL_FUTEX 0
+#endif
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(FS_TEST_PORTABLE)
+#define FS_POOL_RELAX() __builtin_ia32_pause()
+#elif defined(__GNUC__) && defined(__aarch64__) && !defined(FS_TEST_PORTABLE)
+#define FS_POOL_RELAX() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define FS_POOL_RELAX() ((void)0)
+#endif
+
+static void fs_pool_serial(fs_pool_fn fn, void *ctx, int nchunks)
 {
     for (int c = 0; c < nchunks; c++) fn(ctx, c);
 }
 
-int fs_pool_threads(void) { return fs_linear_get_threads(); }
+int fs_pool_chunks(int units, size_t unit_cost, int min_units)
+{
+    int t = fs_pool_threads();
+    if (t <= 1 || units < 2) return 1;
+    double total = (double)units * (double)unit_cost;
+    double n = (double)t * FS_POOL_CHUNKS_PER_THREAD;
+    double most = total / FS_POOL_CHUNK_MAX_COST;
+    if (n < most) n = most;
+    double by_units = (double)(units / (min_units > 1 ? min_units : 1));
+    double by_cost = total / FS_POOL_CHUNK_MIN_COST;
+    if (n > by_units) n = by_units;
+    if (n > by_cost) n = by_cost;
+    return n < 2 ? 1 : (int)n;
+}
 
-void fs_pool_set_threads(int n) { fs_linear_set_threads(n); }
+#if !FS_POOL_THREADED
+
+static int fs_pool_want = 1;
+static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
+{
+    fs_pool_serial(fn, ctx, nchunks);
+}
+static int fs_pool_threads_impl(void) { return fs_pool_want; }
+static void fs_pool_set_threads_impl(int n)
+{
+    fs_pool_want = n < 1 ? 1 : n > FS_POOL_MAX ? FS_POOL_MAX : n;
+}
+
+#else /* FS_POOL_THREADED */
+
+#define FS_POOL_SPIN_US_DEFAULT 30
+
+static struct {
+    /* the job; written by the owner of `busy` while no chunk of the previous job is claimable */
+    fs_pool_fn fn;
+    void *ctx;
+    int nchunks;
+    _Atomic uint64_t claim;    /* generation << 32 | chunks not yet claimed */
+    _Atomic uint32_t done;     /* chunks finished (the caller waits on it) */
+    _Atomic uint32_t seq;      /* generation of the last job (the workers wait on it) */
+    _Atomic int sleepers;      /* workers blocked on seq */
+    _Atomic int caller_sleeps; /* the caller is blocked on done */
+    _Atomic int quit;          /* workers: exit at the next wake-up */
+    _Atomic int busy;          /* a caller owns the pool (the workers, the job) */
+    _Atomic int want;          /* threads asked for, caller included */
+    int running;               /* workers started (owner of busy only) */
+    long spin_ns;              /* -1 until read from FASTSPEC_SPIN_US */
+    pthread_t tid[FS_POOL_MAX];
+#if !FS_POOL_FUTEX
+    pthread_mutex_t mu;
+    pthread_cond_t cv_seq, cv_done;
+#endif
+} fs_pool = {
+    .want = 1, .spin_ns = -1,
+#if !FS_POOL_FUTEX
+    .mu = PTHREAD_MUTEX_INITIALIZER, .cv_seq = PTHREAD_COND_INITIALIZER,
+    .cv_done = PTHREAD_COND_INITIALIZER,
+#endif
+};
+
+/* 1 on a thread that runs chunks of a job now (a worker, or the caller inside its job). */
+static _Thread_local int fs_pool_inside;
+
+static long fs_pool_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* FASTSPEC_SPIN_US: decimal microseconds in [0, 1000000]; anything else is the default. */
+static long fs_pool_read_spin(void)
+{
+    const char *s = getenv("FASTSPEC_SPIN_US");
+    long us = FS_POOL_SPIN_US_DEFAULT;
+    if (s != NULL && *s != '\0') {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= 1000000) us = v;
+    }
+    return us * 1000L;
+}
+
+/* ---- blocking on a 32-bit word ------------------------------------------------------------ */
+
+#if FS_POOL_FUTEX
+static void fs_pool_block(_Atomic uint32_t *word, uint32_t seen)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+}
+static void fs_pool_wake(_Atomic uint32_t *word, int count)
+{
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE_PRIVATE, count, NULL, NULL, 0);
+}
+#else
+static pthread_cond_t *fs_pool_cv(_Atomic uint32_t *word)
+{
+    return word == &fs_pool.seq ? &fs_pool.cv_seq : &fs_pool.cv_done;
+}
+static void fs_pool_block(_Atomic uint32_t *word, uint32_t seen)
+{
+    pthread_mutex_lock(&fs_pool.mu);
+    while (atomic_load(word) == seen) pthread_cond_wait(fs_pool_cv(word), &fs_pool.mu);
+    pthread_mutex_unlock(&fs_pool.mu);
+}
+static void fs_pool_wake(_Atomic uint32_t *word, int count)
+{
+    (void)count;
+    pthread_mutex_lock(&fs_pool.mu);
+    pthread_cond_broadcast(fs_pool_cv(word));
+    pthread_mutex_unlock(&fs_pool.mu);
+}
+#endif
+
+/* ---- the job ------------------------------------------------------------------------------ */
+
+/* Claim and run chunks of generation g until none is left (or the job is another one). */
+static void fs_pool_work(uint32_t g)
+{
+    uint64_t w = atomic_load_explicit(&fs_pool.claim, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t)(w >> 32) != g || (uint32_t)w == 0) return;
+        if (!atomic_compare_exchange_weak_explicit(&fs_pool.claim, &w, w - 1,
+                                                   memory_order_acquire, memory_order_acquire))
+            continue;  /* w reloaded */
+        int n = fs_pool.nchunks;  /* valid: this job cannot finish before our chunk */
+        fs_pool.fn(fs_pool.ctx, n - (int)(uint32_t)w);
+        uint32_t d = atomic_fetch_add(&fs_pool.done, 1) + 1;  /* seq_cst: see caller_sleeps */
+        if (d == (uint32_t)n) {
+            if (atomic_load(&fs_pool.caller_sleeps)) fs_pool_wake(&fs_pool.done, 1);
+            return;
+        }
+        w = atomic_load_explicit(&fs_pool.claim, memory_order_acquire);
+    }
+}
+
+/* Wait (spin, then block) until seq != seen; return the new seq. */
+static uint32_t fs_pool_wait_job(uint32_t seen)
+{
+    long spin = fs_pool.spin_ns, t0 = spin > 0 ? fs_pool_now_ns() : 0;
+    for (unsigned i = 1; spin > 0; i++) {
+        uint32_t g = atomic_load_explicit(&fs_pool.seq, memory_order_acquire);
+        if (g != seen) return g;
+        FS_POOL_RELAX();
+        if ((i & 15) == 0 && fs_pool_now_ns() - t0 > spin) break;
+    }
+    for (;;) {
+        atomic_fetch_add(&fs_pool.sleepers, 1);
+        uint32_t g = atomic_load(&fs_pool.seq);
+        if (g == seen) fs_pool_block(&fs_pool.seq, seen);
+        atomic_fetch_sub(&fs_pool.sleepers, 1);
+        g = atomic_load_explicit(&fs_pool.seq, memory_order_acquire);
+        if (g != seen) return g;
+    }
+}
+
+static void *fs_pool_worker(void *arg)
+{
+    uint32_t seen = (uint32_t)(uintptr_t)arg;
+    fs_pool_inside = 1;
+    for (;;) {
+        seen = fs_pool_wait_job(seen);
+        if (atomic_load(&fs_pool.quit)) return NULL;
+        fs_pool_work(seen);
+    }
+}
+
+/* The caller: wait (spin, then block) until all n chunks are done. */
+static void fs_pool_wait_done(uint32_t n)
+{
+    long spin = fs_pool.spin_ns, t0 = spin > 0 ? fs_pool_now_ns() : 0;
+    for (unsigned i = 1; spin > 0; i++) {
+        if (atomic_load_explicit(&fs_pool.done, memory_order_acquire) == n) return;
+        FS_POOL_RELAX();
+        if ((i & 15) == 0 && fs_pool_now_ns() - t0 > spin) break;
+    }
+    for (;;) {
+        atomic_store(&fs_pool.caller_sleeps, 1);
+        uint32_t d = atomic_load(&fs_pool.done);
+        if (d == n) break;
+        fs_pool_block(&fs_pool.done, d);
+    }
+    atomic_store(&fs_pool.caller_sleeps, 0);
+}
+
+/* ---- workers: start, stop, fork ------------------------------------------------------------ */
+
+static void fs_pool_stop_workers(void)
+{
+    if (fs_pool.running == 0) return;
+    atomic_store(&fs_pool.quit, 1);
+    atomic_store(&fs_pool.seq, atomic_load(&fs_pool.seq) + 1);
+    fs_pool_wake(&fs_pool.seq, 0x7fffffff);
+    for (int i = 0; i < fs_pool.running; i++) pthread_join(fs_pool.tid[i], NULL);
+    fs_pool.running = 0;
+    atomic_store(&fs_pool.quit, 0);
+}
+
+/* The child of a fork has only the thread that forked: no workers, nobody waiting, no job. */
+static void fs_pool_after_fork(void)
+{
+    fs_pool.running = 0;
+    atomic_store(&fs_pool.sleepers, 0);
+    atomic_store(&fs_pool.caller_sleeps, 0);
+    atomic_store(&fs_pool.quit, 0);
+    atomic_store(&fs_pool.busy, 0);
+    fs_pool_inside = 0;
+#if !FS_POOL_FUTEX
+    pthread_mutex_init(&fs_pool.mu, NULL);
+    pthread_cond_init(&fs_pool.cv_seq, NULL);
+    pthread_cond_init(&fs_pool.cv_done, NULL);
+#endif
+}
+
+static void fs_pool_first_use(void)
+{
+    fs_pool.spin_ns = fs_pool_read_spin();
+    pthread_atfork(NULL, NULL, fs_pool_after_fork);
+}
+
+/* Start workers until `count` run (fewer when the system refuses threads). Signals are blocked
+ * in them: they go to the threads the program (Python) started. */
+static void fs_pool_start_workers(int count)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, fs_pool_first_use);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    uint32_t seen = atomic_load(&fs_pool.seq);
+    while (fs_pool.running < count
+           && pthread_create(&fs_pool.tid[fs_pool.running], NULL, fs_pool_worker,
+                             (void *)(uintptr_t)seen) == 0)
+        fs_pool.running++;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
+static int fs_pool_try_own(void)
+{
+    int free_ = 0;
+    return atomic_compare_exchange_strong_explicit(&fs_pool.busy, &free_, 1,
+                                                   memory_order_acquire, memory_order_relaxed);
+}
+
+static void fs_pool_release(void) { atomic_store_explicit(&fs_pool.busy, 0, memory_order_release); }
+
+static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
+{
+    int want = atomic_load_explicit(&fs_pool.want, memory_order_relaxed);
+    if (fs_pool_inside) {
+#ifdef FS_DEBUG
+        fprintf(stderr, "fs_pool_run: called from inside a chunk (nesting is not allowed)\n");
+        abort();
+#endif
+        fs_pool_serial(fn, ctx, nchunks);
+        return;
+    }
+    if (want <= 1 || !fs_pool_try_own()) {
+        fs_pool_serial(fn, ctx, nchunks);
+        return;
+    }
+    if (fs_pool.running != want - 1) {
+        if (fs_pool.running > want - 1) fs_pool_stop_workers();
+        fs_pool_start_workers(want - 1);
+    }
+    if (fs_pool.running == 0) {  /* no thread could be started */
+        fs_pool_release();
+        fs_pool_serial(fn, ctx, nchunks);
+        return;
+    }
+    fs_pool.fn = fn;
+    fs_pool.ctx = ctx;
+    fs_pool.nchunks = nchunks;
+    atomic_store_explicit(&fs_pool.done, 0, memory_order_relaxed);
+    uint32_t g = atomic_load_explicit(&fs_pool.seq, memory_order_relaxed) + 1;
+    atomic_store_explicit(&fs_pool.claim, (uint64_t)g << 32 | (uint32_t)nchunks,
+                          memory_order_release);
+    atomic_store(&fs_pool.seq, g);  /* seq_cst: see sleepers */
+    int sleeping = atomic_load(&fs_pool.sleepers);
+    if (sleeping > 0) fs_pool_wake(&fs_pool.seq, sleeping < nchunks - 1 ? sleeping : nchunks - 1);
+    fs_pool_inside = 1;
+    fs_pool_work(g);
+    fs_pool_inside = 0;
+    fs_pool_wait_done((uint32_t)nchunks);
+    fs_pool_release();
+}
+
+static int fs_pool_threads_impl(void) { return atomic_load(&fs_pool.want); }
+
+static void fs_pool_set_threads_impl(int n)
+{
+    n = n < 1 ? 1 : n > FS_POOL_MAX ? FS_POOL_MAX : n;
+    atomic_store(&fs_pool.want, n);
+    /* Fewer threads: let the extra workers go now if no job runs (else at the next run). */
+    if (!fs_pool_inside && fs_pool_try_own()) {
+        if (fs_pool.running > n - 1) fs_pool_stop_workers();
+        fs_pool_release();
+    }
+}
+
+#endif /* FS_POOL_THREADED */
+
+const fs_pool_ops fs_pool_local = {fs_pool_run_impl, fs_pool_threads_impl,
+                                   fs_pool_set_threads_impl};
+
+void fs_pool_run(fs_pool_fn fn, void *ctx, int nchunks)
+{
+    if (nchunks <= 1) {
+        if (nchunks == 1) fn(ctx, 0);
+        return;
+    }
+    fs_disp->pool->run(fn, ctx, nchunks);
+}
+
+int fs_pool_threads(void) { return fs_disp->pool->threads(); }
+
+void fs_pool_set_threads(int n) { fs_disp->pool->set_threads(n); }

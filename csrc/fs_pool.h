@@ -9,22 +9,71 @@
  *   - fn(ctx, c) is called exactly once for every c in [0, nchunks); fs_pool_run returns when
  *     all calls have returned; the caller's thread takes part;
  *   - fn must not call fs_pool_run (no nesting), must not touch Python, and must be
- *     noexcept (no longjmp out of it).
+ *     noexcept (no longjmp out of it). A nested call runs its chunks serially on the calling
+ *     thread (a build with FS_DEBUG aborts instead, to find the caller);
  *   - Small products should not ask for threads: fs_pool_run with nchunks <= 1, or
- *     fs_pool_threads() == 1, runs every chunk on the caller with no synchronisation.
+ *     fs_pool_threads() == 1, runs every chunk on the caller with no synchronisation
+ *     (fs_pool_chunks says how many chunks a piece of work is worth).
+ *   - Several threads of the process may call fs_pool_run at once (e.g. two Python threads,
+ *     each decoding its own model): one of them gets the pool's workers, the others run their
+ *     chunks serially on their own thread. Either way every chunk runs exactly once.
  *
- * Threads: fs_pool_set_threads(n) (n >= 1); the Python layer's default is the number of CPUs
- * the process may run on (os.sched_getaffinity). One pool per process: every extension links
- * its own copy of the core, and the copies reach the owner's pool through the shared dispatch
- * table (fs_isa.h).
+ * Threads: fs_pool_set_threads(n) (1 <= n <= FS_POOL_MAX; out-of-range values are clamped)
+ * takes effect at the next fs_pool_run; the Python layer's default is the number of CPUs the
+ * process may run on (os.sched_getaffinity). The pool is the caller plus n - 1 persistent
+ * workers, started on the first run that needs them and restarted when n changes. A worker
+ * claims chunks dynamically (a slow or preempted thread just claims fewer); between jobs it
+ * spins for FASTSPEC_SPIN_US microseconds (environment, read once; default 30), then sleeps
+ * (a futex on Linux, a condition variable elsewhere); the caller waits for the last chunk the
+ * same way. After fork() the child starts with no workers (it starts its own on first use).
+ * Builds for Windows (no pthreads) run every chunk on the caller.
+ *
+ * One pool per process: every extension links its own copy of the core, and the copies reach
+ * the owner's pool through the shared dispatch table (fs_isa.h, field `pool`).
  */
 #ifndef FS_POOL_H
 #define FS_POOL_H
+
+#include <stddef.h>
 
 typedef void (*fs_pool_fn)(void *ctx, int chunk);
 
 void fs_pool_run(fs_pool_fn fn, void *ctx, int nchunks);
 int fs_pool_threads(void);
 void fs_pool_set_threads(int n);
+
+/* The most threads a pool runs (fs_pool_set_threads clamps to it). */
+#define FS_POOL_MAX 1024
+/* fs_pool_chunks' targets: about this many chunks per thread (dynamic claiming balances a
+ * busy neighbour), no chunk below FS_POOL_CHUNK_MIN_COST units of cost (a few microseconds
+ * of streaming: the claim and the cache lines shared at chunk edges must stay negligible),
+ * and more chunks when they would exceed FS_POOL_CHUNK_MAX_COST (a worker preempted inside a
+ * chunk stalls the caller until it runs again: keep chunks to tens of microseconds). The
+ * cost unit is the caller's; the products count weights (one weight ~ 2-4 bytes read). */
+#ifndef FS_POOL_CHUNKS_PER_THREAD
+#define FS_POOL_CHUNKS_PER_THREAD 8
+#endif
+#ifndef FS_POOL_CHUNK_MIN_COST
+#define FS_POOL_CHUNK_MIN_COST 32768
+#endif
+#ifndef FS_POOL_CHUNK_MAX_COST
+#define FS_POOL_CHUNK_MAX_COST 262144
+#endif
+
+/* How many chunks to cut `units` equal units of work into (each costing `unit_cost`, each
+ * chunk at least `min_units` units) at the current thread count: 1 means "run it on the
+ * caller". Chunk c of n then covers units [c * units / n, (c + 1) * units / n). */
+int fs_pool_chunks(int units, size_t unit_cost, int min_units);
+
+/* The functions behind fs_pool_run, fs_pool_threads and fs_pool_set_threads in one copy of
+ * the core; the dispatch table (fs_isa.h) points at the owner's. */
+typedef struct fs_pool_ops {
+    void (*run)(fs_pool_fn fn, void *ctx, int nchunks);
+    int (*threads)(void);
+    void (*set_threads)(int n);
+} fs_pool_ops;
+
+/* This copy's pool. */
+extern const fs_pool_ops fs_pool_local;
 
 #endif /* FS_POOL_H */

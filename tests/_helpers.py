@@ -228,15 +228,16 @@ def run_c_harness(name: str, flags: list[str], tmp_path: Path) -> None:
     included; no -march: the variants carry their own targets) plus ``flags``; run it and
     assert it reports ``0 failures``."""
     csrc = SOURCE_ROOT / "csrc"
-    base = [C_COMPILER, "-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi", *flags,
-            f"-I{csrc}"]
+    base = [C_COMPILER, "-O3", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi", "-pthread",
+            *flags, f"-I{csrc}"]
     objects = _core_objects(flags, base, csrc)
     harness = tmp_path / f"{name}.o"
     build = subprocess.run([*base, "-c", str(SOURCE_ROOT / "tests" / "c" / f"{name}.c"), "-o",
                             str(harness)], capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stderr
     exe = tmp_path / name
-    link = subprocess.run([C_COMPILER, str(harness), *map(str, objects), "-o", str(exe), "-lm"],
+    link = subprocess.run([C_COMPILER, str(harness), *map(str, objects), "-o", str(exe), "-lm",
+                           "-pthread"],
                           capture_output=True, text=True, timeout=900)
     assert link.returncode == 0, link.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)

@@ -1,0 +1,202 @@
+/* Checks fs_pool.h's thread pool: every chunk of every job runs exactly once, whatever the
+ * thread count (1 to more than the CPUs, changed between jobs), for nchunks 0, 1, 2, small
+ * and huge; many tiny jobs in a row; two threads submitting jobs at once (one gets the
+ * workers, the other runs serially); a nested call (serial); the pool in the child of a fork;
+ * fs_pool_chunks' bounds. The whole run is done twice at once: by the parent with the
+ * default spin and by a child forked before any use with FASTSPEC_SPIN_US=0 (every wait
+ * blocks at once: the sleeping paths). With -DFS_TEST_PORTABLE the pool waits on condition
+ * variables instead of futexes. Built and run by tests/test_pool_c.py; exit status = failures.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fs_pool.h"
+
+#define MAXC 200000
+
+typedef struct {
+    _Atomic int *count;
+    int nested;  /* chunk 0 runs a nested job */
+    _Atomic long *sum;
+} job;
+
+static void chunk(void *ctx, int c)
+{
+    job *j = (job *)ctx;
+    atomic_fetch_add_explicit(&j->count[c], 1, memory_order_relaxed);
+    if (j->sum) atomic_fetch_add_explicit(j->sum, c + 1, memory_order_relaxed);
+    if (j->nested && c == 0) {
+        static _Atomic int inner[16];
+        for (int i = 0; i < 16; i++) atomic_store(&inner[i], 0);
+        job k = {inner, 0, NULL};
+        fs_pool_run(chunk, &k, 16);
+        for (int i = 0; i < 16; i++)
+            if (atomic_load(&inner[i]) != 1) atomic_fetch_add(&j->count[c], 100);
+    }
+}
+
+static int run_and_check(_Atomic int *count, int nchunks, int nested, const char *what)
+{
+    for (int c = 0; c < nchunks; c++) atomic_store(&count[c], 0);
+    atomic_store(&count[nchunks], 0);  /* a sentinel past the end */
+    job j = {count, nested, NULL};
+    fs_pool_run(chunk, &j, nchunks);
+    int bad = 0;
+    for (int c = 0; c < nchunks; c++) bad += atomic_load(&count[c]) != 1;
+    bad += atomic_load(&count[nchunks]) != 0;
+    if (bad) printf("FAIL %s: %d of %d chunks not run exactly once (threads %d)\n", what, bad,
+                    nchunks, fs_pool_threads());
+    return bad != 0;
+}
+
+static _Atomic int counts[MAXC + 1];
+
+static int sizes_and_threads(void)
+{
+    static const int threads[] = {1, 2, 3, 5, 8, 2, 1, 4, 3};
+    static const int sizes[] = {0, 1, 2, 3, 7, 16, 64, 1000, MAXC};
+    int fails = 0;
+    for (size_t t = 0; t < sizeof threads / sizeof *threads; t++) {
+        fs_pool_set_threads(threads[t]);
+        if (fs_pool_threads() != threads[t]) {
+            printf("FAIL set_threads(%d): threads %d\n", threads[t], fs_pool_threads());
+            fails++;
+        }
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            fails += run_and_check(counts, sizes[s], 0, "sizes");
+    }
+    return fails;
+}
+
+static int tiny_jobs(int threads, int jobs)
+{
+    fs_pool_set_threads(threads);
+    int fails = 0;
+    for (int i = 0; i < jobs; i++) {
+        int n = 2 + i % 7;
+        _Atomic long sum = 0;
+        _Atomic int c[10];
+        for (int k = 0; k < 10; k++) atomic_store(&c[k], 0);
+        job j = {c, 0, &sum};
+        fs_pool_run(chunk, &j, n);
+        int bad = atomic_load(&sum) != (long)n * (n + 1) / 2;
+        for (int k = 0; k < n; k++) bad |= atomic_load(&c[k]) != 1;
+        if (bad && fails++ < 5) printf("FAIL tiny job %d (%d chunks, threads %d)\n", i, n, threads);
+    }
+    return fails;
+}
+
+/* Two submitters at once, each with its own counters. */
+static void *submitter(void *arg)
+{
+    static _Atomic int c2[2][4097];
+    int who = (int)(long)arg, fails = 0;
+    for (int i = 0; i < 300; i++)
+        fails += run_and_check(c2[who], 1 + (i * 37 + who) % 4096, 0, "concurrent");
+    return (void *)(long)fails;
+}
+
+static int concurrent(void)
+{
+    fs_pool_set_threads(3);
+    pthread_t t[2];
+    for (long i = 0; i < 2; i++) pthread_create(&t[i], NULL, submitter, (void *)i);
+    int fails = 0;
+    for (int i = 0; i < 2; i++) {
+        void *r;
+        pthread_join(t[i], &r);
+        fails += (int)(long)r;
+    }
+    return fails;
+}
+
+static int nested(void)
+{
+#ifdef FS_DEBUG
+    return 0;  /* a nested job aborts there */
+#else
+    fs_pool_set_threads(2);
+    return run_and_check(counts, 64, 1, "nested");
+#endif
+}
+
+static int after_fork(void)
+{
+    fs_pool_set_threads(3);
+    int fails = run_and_check(counts, 500, 0, "before fork");  /* workers running */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int f = run_and_check(counts, 500, 0, "child");
+        fs_pool_set_threads(2);
+        f += run_and_check(counts, 3000, 0, "child, 2 threads");
+        f += tiny_jobs(4, 200);
+        fflush(stdout);
+        _exit(f);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        printf("FAIL fork: child status %d\n", status);
+        fails++;
+    }
+    return fails + run_and_check(counts, 500, 0, "parent after fork");
+}
+
+static int chunk_counts(void)
+{
+    int fails = 0;
+    fs_pool_set_threads(1);
+    fails += fs_pool_chunks(1000, 1 << 20, 1) != 1;
+    fs_pool_set_threads(2);
+    fails += fs_pool_chunks(1, 1 << 20, 1) != 1;                    /* one unit */
+    fails += fs_pool_chunks(100, 1, 1) != 1;                        /* too little work */
+    fails += fs_pool_chunks(8, 1 << 20, 4) != 2;                    /* min units per chunk */
+    fails += fs_pool_chunks(1000, 1 << 20, 1) != 1000;              /* cap on the cost */
+    int n = fs_pool_chunks(64, FS_POOL_CHUNK_MAX_COST / 8, 1);
+    fails += n < 2 || n > 64;
+    fs_pool_set_threads(0);
+    fails += fs_pool_threads() != 1;
+    fs_pool_set_threads(1 << 20);
+    fails += fs_pool_threads() != FS_POOL_MAX;
+    fs_pool_set_threads(2);
+    if (fails) printf("FAIL fs_pool_chunks / clamping: %d\n", fails);
+    return fails;
+}
+
+static int all(void)
+{
+    int fails = sizes_and_threads();
+    fails += tiny_jobs(2, 20000);
+    fails += tiny_jobs(5, 3000);
+    fails += concurrent();
+    fails += nested();
+    fails += after_fork();
+    fails += chunk_counts();
+    fails += run_and_check(counts, MAXC, 0, "last");
+    return fails;
+}
+
+int main(void)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        setenv("FASTSPEC_SPIN_US", "0", 1);
+        _exit(all() ? 1 : 0);
+    }
+    int fails = all();
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        printf("FAIL the run with FASTSPEC_SPIN_US=0 (status %d)\n", status);
+        fails++;
+    }
+    printf("%d failures\n", fails);
+    return fails != 0;
+}
