@@ -3,6 +3,7 @@
 See ``docs/`` and the README for the API tour. Everything public is importable from here.
 """
 from fastspec.kernels import backend, set_backend, using_backend, available_backends
+from fastspec.kernels import get_threads, set_threads
 from fastspec import kernels
 from fastspec.kernels.cache import KVCache
 from fastspec.model.config import ModelConfig
@@ -27,6 +28,7 @@ from fastspec.version import __version__
 
 __all__ = [
     "__version__", "backend", "set_backend", "using_backend", "available_backends", "kernels",
+    "set_threads", "get_threads",
     "KVCache", "ModelConfig", "Transformer", "ForwardOutput",
     "Drafter", "Proposal", "Target", "SamplingParams", "DraftModelDrafter", "NgramDrafter",
     "DecodeStats", "GenerationResult", "generate", "speculative_generate",

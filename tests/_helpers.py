@@ -53,25 +53,6 @@ def unbuilt_message() -> str | None:
 needs_cython = pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
 
 
-def built_with_openmp() -> bool:
-    """True when the compiled model runner calls an OpenMP runtime (GNU or LLVM).
-
-    ``set_threads`` is a no-op otherwise. An extension built with ``-fopenmp`` imports
-    ``GOMP_parallel`` (libgomp) or ``__kmpc_fork_call`` (libomp); the names sit in its file.
-    """
-    try:
-        from fastspec.model import _model
-    except ImportError:
-        return False
-    with open(_model.__file__, "rb") as f:
-        data = f.read()
-    return b"GOMP_parallel" in data or b"__kmpc_fork_call" in data
-
-
-needs_openmp = pytest.mark.skipif(not built_with_openmp(),
-                                  reason="extension built without OpenMP: set_threads is a no-op")
-
-
 def toy(seed, layers, dtype="float64", **kw):
     """The toy model (layer norm, learned positions) of ``seed`` with ``layers`` layers."""
     return fs.Transformer.random(fs.ModelConfig.toy(n_layers=layers, dtype=dtype, **kw), seed)

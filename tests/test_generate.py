@@ -45,12 +45,14 @@ def test_embedded_greedy_equals_vanilla_and_streams_the_text(capsys, bundle, dra
 def test_threads_give_the_same_tokens(capsys):
     model = pytest.importorskip("fastspec.kernels._isa")
     args = ("--prompt", PROMPT, "--max-new-tokens", "30", "--drafter", "draft", "--json")
-    one = json.loads(_run(capsys, *args)[1])
+    threads = model.get_threads()
     try:
+        one = json.loads(_run(capsys, *args, "--threads", "1")[1])
+        assert model.get_threads() == 1
         rc, out, _ = _run(capsys, *args, "--threads", "2")
         assert model.get_threads() == 2
     finally:
-        model.set_threads(1)
+        model.set_threads(threads)
     assert rc == 0 and json.loads(out)["tokens"] == one["tokens"]
     with pytest.raises(SystemExit):
         main(["generate", "--threads", "0"])

@@ -11,7 +11,7 @@ import pytest
 import fastspec as fs
 from fastspec.model import ModelConfig, Transformer
 
-from _helpers import MODEL_CONFIGS, needs_cython, needs_openmp
+from _helpers import MODEL_CONFIGS, needs_cython
 
 needs_data = pytest.mark.skipif(not fs.pretrained.available(), reason="embedded models missing")
 
@@ -270,13 +270,12 @@ def test_dflash_block_bit_identical(backend, embedded):
 
 
 @needs_cython
-@needs_openmp
 def test_threaded_products_bit_identical():
-    """Column blocks split between OpenMP threads (when built with it) change nothing."""
+    """Column blocks split between the pool's threads change nothing."""
     from fastspec.kernels import _isa
 
-    # products of >= 65536 weights and >= 128 columns are split (fs_linear.h); 300 columns
-    # leave a remainder that is not a multiple of 16
+    # products of >= FS_LIN_PARALLEL_MIN weights are split (fs_linear.c); 300 columns leave a
+    # remainder that is not a multiple of 16
     m16 = Transformer.random(ModelConfig.tiny_llama(weight_dtype="float16", vocab_size=300,
                                                     n_layers=1, max_seq_len=64), seed=2)
     m32 = m16.with_weight_dtype("float32")
@@ -284,6 +283,7 @@ def test_threaded_products_bit_identical():
     threads = _isa.get_threads()
     with fs.using_backend("cython"):
         try:
+            _isa.set_threads(1)
             single = m16.forward(ids).logits
             _isa.set_threads(2)
             eq(m16.forward(ids).logits, m32.forward(ids).logits)

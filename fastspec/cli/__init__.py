@@ -3,7 +3,8 @@
 Each command is a module of this package (``info``, ``audit``, ``demo``, ``generate``,
 ``eval``, ``bench``, ``train``, ``seeds``) with ``add_parser(sub)``, which registers its parser
 with ``set_defaults(run=run)``, and ``run(args) -> int``, which returns the exit status.
-Shared argument types live in :mod:`fastspec.cli.args`. A command module imports its engine
+Shared argument types live in :mod:`fastspec.cli.args`; every command has ``--threads``
+(:func:`fastspec.cli.args.add_threads_option`), applied here before the command runs. A command module imports its engine
 (audits, tools, seeds, training) when it runs, so ``fastspec --help`` stays quick. This is the
 top layer: it may import every other package of fastspec; nothing imports it.
 """
@@ -13,6 +14,7 @@ import argparse
 import sys
 
 from fastspec.cli import audit, bench, chat, demo, generate, info, seeds, train
+from fastspec.cli.args import apply_threads_option
 from fastspec.cli import eval as eval_command  # the module, not the builtin
 from fastspec.kernels import backend, using_backend
 from fastspec.version import __version__
@@ -43,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    apply_threads_option(args)  # before any work
     # a caller's backend survives main(), whatever --backend or a command selects
     with using_backend(args.backend or backend()):
         run = getattr(args, "run", None)

@@ -7,15 +7,26 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["positive_int", "non_negative_float", "gamma_or_adaptive", "add_backend_option",
-           "add_sampling_options"]
+from fastspec.kernels import MAX_THREADS, threads_info
+
+__all__ = ["positive_int", "thread_count", "non_negative_float", "gamma_or_adaptive",
+           "add_backend_option", "add_sampling_options", "add_threads_option",
+           "apply_threads_option"]
 
 
 def positive_int(text: str) -> int:
-    """Parse an int >= 1 (``--max-new-tokens``, ``--repeats``, ``--threads``, ...)."""
+    """Parse an int >= 1 (``--max-new-tokens``, ``--repeats``, ...)."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def thread_count(text: str) -> int:
+    """Parse ``--threads``: an int in [1, MAX_THREADS]."""
+    value = positive_int(text)
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_THREADS}, got {value}")
     return value
 
 
@@ -53,3 +64,23 @@ def add_sampling_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gamma", type=gamma_or_adaptive, default=None, metavar="G",
                         help="draft tokens per round, an int or 'adaptive' (default: per "
                              "drafter)")
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--threads N`` (every command has it; :func:`apply_threads_option` applies it
+    before the command runs). Unset, the library's default stands (the CPUs this process
+    may run on, or ``FASTSPEC_THREADS``)."""
+    info = threads_info()
+    parser.add_argument("--threads", type=thread_count, default=None, metavar="N",
+                        help=f"threads of the compiled kernels, 1 to {MAX_THREADS} (default "
+                             f"{info['default']}: {info['default_from']}); the outputs are "
+                             "the same at every count")
+
+
+def apply_threads_option(args: argparse.Namespace) -> None:
+    """Set the library's thread count from ``args.threads`` when the command line gave one."""
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        from fastspec.kernels import set_threads
+
+        set_threads(threads)

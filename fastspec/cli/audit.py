@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastspec.cli.args import add_backend_option
+from fastspec.cli.args import add_backend_option, add_threads_option
 from fastspec.kernels import set_backend
 
 __all__ = ["add_parser", "run"]
@@ -28,6 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--check", action="append", metavar="NAME", dest="checks",
                    help="run only this check or group (repeatable)")
     add_backend_option(p, "audit_backend", "this audit")
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from fastspec.cli.args import add_threads_option
+
 __all__ = ["add_parser", "run"]
 
 
@@ -19,6 +21,7 @@ def add_parser(sub) -> None:
     p.add_argument("--plot-dir", metavar="DIR", help="write PNG plots here ([plot] extra)")
     p.add_argument("--markdown", metavar="PATH", help="also write a markdown report (docs/PERFORMANCE.md)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 

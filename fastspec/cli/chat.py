@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from fastspec.cli.args import add_sampling_options, positive_int
+from fastspec.cli.args import add_sampling_options, add_threads_option, positive_int
 
 __all__ = ["add_parser", "run", "converse"]
 
@@ -88,6 +88,7 @@ def add_parser(sub) -> None:
     add_sampling_options(p)
     p.add_argument("--weight-dtype", choices=("float32", "float16", "bfloat16"), default=None,
                    help="storage of the matrices (default: float32 for GGUF, the folder's own)")
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 

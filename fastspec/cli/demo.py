@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from fastspec.cli.args import non_negative_float, positive_int
+from fastspec.cli.args import add_threads_option, non_negative_float, positive_int
 
 __all__ = ["add_parser", "run"]
 
@@ -35,6 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="timed runs per method, fastest reported (default 1)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 

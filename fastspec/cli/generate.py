@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from fastspec.cli.args import add_sampling_options, positive_int
+from fastspec.cli.args import add_sampling_options, add_threads_option, positive_int
 from fastspec.decoding import speculative_generate
 from fastspec.drafters import DraftModelDrafter, NgramDrafter
 from fastspec.drafters.base import Proposal
@@ -312,10 +312,7 @@ def add_parser(sub) -> None:
                    help="map a --model folder's safetensors instead of reading them: tensors "
                         "already in their storage dtype are not read at load (the first "
                         "forward packs them) and their pages stay reclaimable page cache")
-    p.add_argument("--threads", type=positive_int, default=1, metavar="N",
-                   help="threads of the compiled runner's matrix products (default 1). More "
-                        "help on an idle machine; on a busy one also set "
-                        "OMP_WAIT_POLICY=PASSIVE in the environment")
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 
@@ -324,15 +321,6 @@ def run(args: argparse.Namespace) -> int:
 
     Returns 0, or 2 on bad input (the message on stderr, no traceback).
     """
-    if args.threads != 1:
-        from fastspec.kernels import get_threads, set_threads
-
-        try:
-            set_threads(args.threads)
-        except RuntimeError:
-            print("fastspec: --threads needs the compiled extension; running on "
-                  f"{get_threads()} thread", file=sys.stderr)
-
     def write(text: str) -> None:
         if not args.json:
             sys.stdout.write(text)

@@ -1,7 +1,10 @@
-"""``fastspec info``: the version, the kernel backends and the compiled runner's ISA path."""
+"""``fastspec info``: the version, the kernel backends, the compiled runner's ISA path and
+threads."""
 from __future__ import annotations
 
 import argparse
+
+from fastspec.cli.args import add_threads_option
 
 from fastspec import kernels
 from fastspec.kernels import available_backends, backend
@@ -14,6 +17,7 @@ def add_parser(sub) -> None:
     """Register ``info`` on the subparsers ``sub``."""
     p = sub.add_parser("info", help="print the version, backend and build information",
                        description="Print the version, the active backend and the available ones.")
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 
@@ -22,9 +26,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"fastspec {__version__}; backend {backend()}; "
           f"available {', '.join(available_backends())}")
     isa = kernels.isa_info()
+    threads = kernels.threads_info()
+    source = (f"set by --threads or set_threads; default {threads['default']}: "
+              if threads["set"] else "default: ") + threads["default_from"]
     if isa["selected"] is None:
         print("matrix products: NumPy only (compiled extension not built)")
+        print(f"threads: {threads['threads']} ({source}; the NumPy backend ignores them)")
         return 0
+    print(f"threads: {threads['threads']} ({source})")
     feats = " ".join(k for k, v in isa["features"].items() if v) or "none"
     how = f"forced by FASTSPEC_ISA/set_isa ({isa['forced']})" if isa["forced"] else "automatic"
     path = isa["selected"]

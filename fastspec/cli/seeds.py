@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastspec.cli.args import add_backend_option
+from fastspec.cli.args import add_backend_option, add_threads_option
 from fastspec.kernels import set_backend
 
 __all__ = ["add_parser", "run"]
@@ -25,6 +25,7 @@ def add_parser(sub) -> None:
     add_backend_option(p, "seeds_backend", "this run")
     p.add_argument("--seed-file", metavar="PATH",
                    help="the seed document: its own NumPy code is timed beside fastspec's")
+    add_threads_option(p)
     p.set_defaults(run=run)
 
 

@@ -7,7 +7,8 @@
 Both backends expose the same names and signatures.
 
 The compiled core's state lives here too: :func:`isa_info`, :func:`set_isa` (the
-matrix-product path, ``FASTSPEC_ISA`` at import) and :func:`set_threads`, from
+matrix-product path, ``FASTSPEC_ISA`` at import) and :func:`set_threads` (the thread pool:
+by default the CPUs this process may run on, ``FASTSPEC_THREADS`` at import), from
 :mod:`fastspec.kernels._isa`, whose dispatch table every compiled kernel and runner reads.
 This package imports nothing from the layers above it.
 """
@@ -22,9 +23,11 @@ from typing import Any
 
 from fastspec.kernels import _reference
 from fastspec.kernels._reference import inverse_cdf
+from fastspec.kernels.checks import check_index
 
 __all__ = ["KERNEL_NAMES", "backend", "set_backend", "using_backend", "available_backends",
-           "module", "isa_info", "set_isa", "set_threads", "get_threads", "attention",
+           "module", "isa_info", "set_isa", "set_threads", "get_threads", "threads_info",
+           "MAX_THREADS", "attention",
            "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
            "tree_attention", "compact_kv", "inverse_cdf"]
 
@@ -45,6 +48,8 @@ else:
     _IMPORT_ERROR = None
 
 _active = "numpy"
+#: The most threads :func:`set_threads` accepts (the C pool's FS_POOL_MAX).
+MAX_THREADS = 1024
 
 
 def available_backends() -> tuple[str, ...]:
@@ -146,15 +151,77 @@ def set_isa(name: str | None) -> None:
     _compiled().set_isa(name)
 
 
+def _default_threads() -> tuple[int, str]:
+    """Return the thread count at import and how it was chosen (``FASTSPEC_THREADS``, else
+    the CPUs this process may run on)."""
+    text = os.environ.get("FASTSPEC_THREADS", "").strip()
+    if text:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if not 1 <= n <= MAX_THREADS:
+            raise ValueError(f"FASTSPEC_THREADS must be an integer in [1, {MAX_THREADS}], "
+                             f"got {text!r}")
+        return n, f"FASTSPEC_THREADS={n}"
+    try:
+        n, how = len(os.sched_getaffinity(0)), "os.sched_getaffinity"
+    except (AttributeError, OSError):  # not Linux
+        n, how = os.cpu_count() or 1, "os.cpu_count"
+    n = max(1, min(n, MAX_THREADS))
+    return n, f"the {n} CPU{'s' if n > 1 else ''} this process may run on ({how})"
+
+
+_DEFAULT_THREADS, _DEFAULT_HOW = _default_threads()
+_threads = {"n": _DEFAULT_THREADS, "set": False}
+
+
 def set_threads(n: int) -> None:
-    """Set the OpenMP threads of the compiled matrix products (default 1); see
-    :func:`fastspec.kernels._isa.set_threads`. RuntimeError without the compiled extensions."""
-    _compiled().set_threads(n)
+    """Set the threads of the compiled kernels and runners (the caller plus ``n - 1`` pool
+    workers).
+
+    Large matrix products split their output columns between the threads; the results are
+    the same bits at every thread count. Process-wide, from the next product on. The default
+    is the number of CPUs this process may run on (``os.sched_getaffinity``), or
+    ``FASTSPEC_THREADS`` when set at import. The NumPy backend ignores it (the value is still
+    kept, for the compiled one).
+
+    Parameters
+    ----------
+    n : int
+        From 1 to :data:`MAX_THREADS`; more than the CPUs is allowed (idle workers spin for
+        ``FASTSPEC_SPIN_US`` microseconds, default 30, then sleep).
+
+    Raises
+    ------
+    TypeError
+        When ``n`` is not an integer (a bool or a float included).
+    ValueError
+        When ``n`` is outside [1, MAX_THREADS].
+    """
+    n = check_index(n, "n", 1, MAX_THREADS)
+    if _isa is not None:
+        _isa.set_threads(n)
+    _threads.update(n=n, set=True)
 
 
 def get_threads() -> int:
-    """Return the thread count of the compiled matrix products (1 without them)."""
-    return 1 if _isa is None else _isa.get_threads()
+    """Return the thread count of the compiled kernels and runners (:func:`set_threads`)."""
+    return _threads["n"] if _isa is None else _isa.get_threads()
+
+
+def threads_info() -> dict[str, Any]:
+    """Return the thread count and where it came from.
+
+    Returns
+    -------
+    dict
+        ``threads``: the count now; ``default``: the count at import; ``default_from``: how
+        the default was chosen (``FASTSPEC_THREADS`` or the CPUs of this process);
+        ``set``: whether :func:`set_threads` changed it since (``--threads`` included).
+    """
+    return {"threads": get_threads(), "default": _DEFAULT_THREADS,
+            "default_from": _DEFAULT_HOW, "set": _threads["set"]}
 
 
 def _initial_backend() -> str:
@@ -174,3 +241,5 @@ verify_rejection: Any
 tree_attention: Any
 compact_kv: Any
 set_backend(_initial_backend())
+if _isa is not None:
+    _isa.set_threads(_DEFAULT_THREADS)

@@ -26,6 +26,12 @@ cdef extern from "fs_isa.h" nogil:
     int fs_linear_get_path()
 
 
+cdef extern from "fs_pool.h" nogil:
+    enum: FS_POOL_MAX
+    void fs_pool_set_threads(int n)
+    int fs_pool_threads()
+
+
 cdef extern from "fs_linear.h" nogil:
     size_t fs_packed_len(int rows, int cols)
     void fs_pack_f32(const float *W, int rows, int cols, float *P)

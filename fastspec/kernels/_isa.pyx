@@ -1,12 +1,13 @@
-"""CPU features, the matrix-product path (``FASTSPEC_ISA``) and the threads of the C core.
+"""CPU features, the matrix-product path (``FASTSPEC_ISA``) and the thread pool of the C core.
 
 What the CPU (and the OS) let this process run, from ``csrc/fs_isa.c`` (CPUID, XGETBV and, for
 AMX, the Linux tile-data grant), the checks of a requested path, and the path state itself:
 this module owns the core's one dispatch table (fs_isa.h). Every other extension links its own
 copy of the core and reads this table (``share_table`` in ``_isa.pxd``), so :func:`set_isa`
-and :func:`set_threads` apply to every kernel and runner of the process. The public names are
+and :func:`set_threads` apply to every kernel and runner of the process, and every copy runs
+the one pool of this module's copy (csrc/fs_pool.h). The public names are
 :func:`fastspec.kernels.set_isa`, :func:`fastspec.kernels.isa_info` and
-:func:`fastspec.kernels.set_threads`.
+:func:`fastspec.kernels.set_threads` (which also sets the default thread count at import).
 """
 from fastspec.kernels._csrc cimport (
     fs_dispatch,
@@ -18,19 +19,24 @@ from fastspec.kernels._csrc cimport (
     fs_linear_amx_built,
     fs_linear_bf16_amx,
     fs_linear_get_path,
-    fs_linear_get_threads,
     fs_linear_set_path,
-    fs_linear_set_threads,
+    fs_pool_set_threads,
+    fs_pool_threads,
+    FS_POOL_MAX,
 )
 
-__all__ = ["NAMES", "KERNELS", "features", "available", "resolve", "describe", "from_env",
-           "set_isa", "isa_info", "bf16_tiles", "set_threads", "get_threads"]
+from fastspec.kernels.checks import check_index
+
+__all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "available", "resolve", "describe",
+           "from_env", "set_isa", "isa_info", "bf16_tiles", "set_threads", "get_threads"]
 
 #: Path names in fs_isa.h's order (FS_ISA_PORTABLE .. FS_ISA_AMX).
 NAMES = ("portable", "avx2", "avx512", "avx512bf16", "amx")
 #: Paths with kernels in this build (the others are detected and reported only). ``amx`` runs
 #: the bf16 products on AMX tiles and the others as ``avx512``.
 KERNELS = ("portable", "avx2", "avx512") + (("amx",) if fs_linear_amx_built() else ())
+#: The most threads :func:`set_threads` accepts (FS_POOL_MAX).
+MAX_THREADS = FS_POOL_MAX
 
 
 def features():
@@ -143,20 +149,28 @@ def bf16_tiles():
     return bool(fs_linear_bf16_amx())
 
 
-def set_threads(int n):
-    """Set the OpenMP threads of the large matrix products (default 1).
+def set_threads(n):
+    """Set the threads of the core's pool: the caller plus ``n - 1`` workers (1: none).
 
-    More threads help only on an otherwise idle machine; it is a no-op when the extensions were
-    built without OpenMP. Applies to every runner in the process.
+    Large products cut their output columns into chunks that the threads claim as they go;
+    the results are the same bits at every thread count. Idle workers spin for
+    ``FASTSPEC_SPIN_US`` microseconds (default 30), then sleep. Applies to every kernel and
+    runner in the process, from the next product on. :func:`fastspec.kernels.set_threads`
+    is the public name (the default there: the CPUs this process may run on).
+
+    Raises
+    ------
+    TypeError
+        When ``n`` is not an integer (a bool or a float included).
+    ValueError
+        When ``n`` is outside [1, MAX_THREADS].
     """
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    fs_linear_set_threads(n)
+    fs_pool_set_threads(check_index(n, "n", 1, MAX_THREADS))
 
 
 def get_threads():
-    """Return the thread count set by :func:`set_threads`."""
-    return fs_linear_get_threads()
+    """Return the thread count of the core's pool."""
+    return fs_pool_threads()
 
 
 def _isa_from_env():

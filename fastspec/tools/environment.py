@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from fastspec.kernels import available_backends, backend, isa_info
+from fastspec.kernels import available_backends, backend, isa_info, threads_info
 from fastspec.version import __version__
 
 __all__ = ["environment", "cpu_name"]
@@ -33,4 +33,5 @@ def environment() -> dict:
             "platform": platform.platform(), "machine": platform.machine(),
             "processor": platform.processor(), "cpu": cpu_name(),
             "isa": isa_info()["selected"], "cpus": os.cpu_count(),
+            "threads": threads_info()["threads"],
             "time_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())}

@@ -1,0 +1,214 @@
+"""The thread count (``fs.set_threads``, ``FASTSPEC_THREADS``, ``--threads``) and the C pool
+behind it: the outputs are the same bits at every thread count (more threads than CPUs too),
+for every float product (float32, float16, bfloat16 on each path, float64) at odd shapes, in a
+forward and in greedy generation; bad values are refused with errors that name them."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fastspec as fs
+from fastspec.cli import build_parser, main
+
+from _helpers import needs_cython
+
+THREADS = (1, 2, 3, 5)
+
+
+@pytest.fixture
+def keep_threads():
+    """Restore the thread count the test found."""
+    n = fs.get_threads()
+    yield
+    fs.set_threads(n)
+
+
+def _model(dtype="float32", weight_dtype=None, seed=0):
+    # the FFN (192 x 700: 22 panels, a remainder) and the head (192 x 2999) are split between
+    # threads; the attention products (192 x 192, 192 x 64) stay on the caller
+    cfg = fs.ModelConfig(vocab_size=2999, dim=192, n_layers=2, n_heads=6, n_kv_heads=2,
+                         ffn_dim=700, max_seq_len=64, dtype=dtype, weight_dtype=weight_dtype)
+    return fs.Transformer.random(cfg, seed=seed)
+
+
+def _paths_for(weight_dtype):
+    """The compiled paths worth a run: every path with kernels on this CPU for bf16 (AMX runs
+    only its products on tiles), the automatic one otherwise."""
+    if weight_dtype != "bfloat16":
+        return [None]
+    info = fs.kernels.isa_info()
+    return [p for p in info["kernels"] if p in info["available"] and p != "portable"] or [None]
+
+
+CASES = [("float32", None), ("float32", "float16"), ("float32", "bfloat16"), ("float64", None)]
+
+
+@needs_cython
+@pytest.mark.parametrize("dtype,weight_dtype", CASES, ids=["f32", "f16", "bf16", "f64"])
+def test_forward_is_the_same_bits_at_every_thread_count(keep_threads, dtype, weight_dtype):
+    model = _model(dtype, weight_dtype)
+    ids = np.arange(1, 24) * 131 % model.config.vocab_size
+    for path in _paths_for(weight_dtype):
+        fs.kernels.set_isa(path)
+        try:
+            with fs.using_backend("cython"):
+                runs = {}
+                for t in THREADS + (2, 1):  # and back: the pool resizes between products
+                    fs.set_threads(t)
+                    runs.setdefault(t, []).append(
+                        (model.forward(ids).logits, model.forward(ids[:16]).logits,
+                         model.forward(ids[:1]).logits))
+        finally:
+            fs.kernels.set_isa(None)
+        want = runs[1][0]
+        for t, outs in runs.items():
+            for got in outs:
+                for g, w in zip(got, want):
+                    assert np.array_equal(g, w), (path, t)  # the same bits
+
+
+@needs_cython
+@pytest.mark.parametrize("weight_dtype", [None, "bfloat16"], ids=["f32", "bf16"])
+def test_greedy_generation_is_the_same_at_every_thread_count(keep_threads, weight_dtype):
+    model = _model(weight_dtype=weight_dtype, seed=1)
+    prompt = [5, 17, 300, 2000, 9]
+    with fs.using_backend("cython"):
+        runs = {}
+        for t in THREADS:
+            fs.set_threads(t)
+            runs[t] = fs.generate(model, prompt, 24).tokens
+    assert all(r == runs[1] for r in runs.values()), runs
+
+
+def test_threads_from_two_python_threads_at_once(keep_threads):
+    """Two Python threads decoding at once share the one pool (one gets the workers, the
+    other runs its chunks itself): both get the serial results."""
+    import threading
+
+    fs.set_threads(3)
+    models = [_model(seed=s) for s in (2, 3)]
+    prompt = [1, 2, 3]
+    want = [fs.generate(m, prompt, 12).tokens for m in models]
+    got = [None, None]
+
+    def run(i):
+        got[i] = [fs.generate(models[i], prompt, 12).tokens for _ in range(3)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [[w] * 3 for w in want]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork()")
+@needs_cython
+def test_a_forked_child_runs_its_own_pool(keep_threads):
+    fs.set_threads(2)
+    model = _model(weight_dtype="float16", seed=4)
+    ids = np.arange(9)
+    with fs.using_backend("cython"):
+        want = model.forward(ids).logits  # the workers run in the parent now
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports through its exit status
+            try:
+                fs.set_threads(3)
+                ok = all(np.array_equal(model.forward(ids).logits, want) for _ in range(3))
+            except BaseException:
+                ok = False
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        assert np.array_equal(model.forward(ids).logits, want)
+
+
+# ---- the count ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad,error", [(0, ValueError), (-1, ValueError), (1025, ValueError),
+                                       (10**9, ValueError), (True, TypeError),
+                                       (2.0, TypeError), ("2", TypeError), (None, TypeError)])
+def test_set_threads_refuses_bad_values(keep_threads, bad, error):
+    before = fs.get_threads()
+    with pytest.raises(error, match=f"n must be .*got {bad!r}" if error is TypeError
+                       else f"n must be in \\[1, 1024\\], got {bad}"):
+        fs.set_threads(bad)
+    assert fs.get_threads() == before
+
+
+def test_set_threads_takes_integers(keep_threads):
+    for n in (1, np.int64(3), 1024, 2):
+        fs.set_threads(n)
+        assert fs.get_threads() == int(n)
+    info = fs.kernels.threads_info()
+    assert info["threads"] == 2 and info["set"]
+
+
+def _import_with(env: dict, code: str) -> subprocess.CompletedProcess:
+    full = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full, timeout=300)
+
+
+def test_the_default_is_the_cpus_of_the_process():
+    env = {"FASTSPEC_THREADS": ""}
+    run = _import_with(env, "import fastspec as fs; print(fs.get_threads(), "
+                            "fs.kernels.threads_info()['default_from'])")
+    assert run.returncode == 0, run.stderr
+    want = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert run.stdout.split()[0] == str(want)
+
+
+@pytest.mark.parametrize("value", ["3", " 1 "])
+def test_fastspec_threads_sets_the_default(value):
+    run = _import_with({"FASTSPEC_THREADS": value},
+                       "import fastspec as fs; print(fs.get_threads(), "
+                       "fs.kernels.threads_info()['default_from'])")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[0] == value.strip()
+    assert "FASTSPEC_THREADS" in run.stdout
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5", "1025"])
+def test_a_bad_fastspec_threads_is_a_clear_error(value):
+    run = _import_with({"FASTSPEC_THREADS": value}, "import fastspec")
+    assert run.returncode != 0
+    assert f"FASTSPEC_THREADS must be an integer in [1, 1024], got {value!r}" in run.stderr
+
+
+# ---- the command line -------------------------------------------------------------------------
+
+def _commands():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return sub.choices
+
+
+@pytest.mark.parametrize("name", [n for n in _commands() if n != "train"])
+def test_every_command_takes_threads(name):
+    """``--threads`` parses on every command (``train`` passes every argument to its trainer,
+    whose own ``--threads`` sets torch's)."""
+    opts = {a.dest: a for a in _commands()[name]._actions}
+    assert "threads" in opts and opts["threads"].default is None
+
+
+def test_threads_option_is_applied_before_the_command(keep_threads, capsys):
+    assert main(["info", "--threads", "3"]) == 0
+    assert fs.get_threads() == 3
+    assert "threads: 3 (set by --threads" in capsys.readouterr().out
+    for bad in ("0", "1025", "x"):
+        with pytest.raises(SystemExit):
+            main(["info", "--threads", bad])
+        assert "--threads" in capsys.readouterr().err
+    assert fs.get_threads() == 3
+
+
+def test_info_says_how_the_default_was_chosen(capsys):
+    run = _import_with({"FASTSPEC_THREADS": "2"},
+                       "from fastspec.cli import main; main(['info'])")
+    assert run.returncode == 0, run.stderr
+    assert "threads: 2 (default: FASTSPEC_THREADS=2)" in run.stdout
