@@ -28,8 +28,10 @@
  * reassociating sums; one row streams W row after row, several rows use register tiles swept
  * over blocks of FS_LIN_KB rows of W.
  *
- * With OpenMP (FASTSPEC_HAVE_OPENMP, probed by setup.py) large products can split their
- * columns between threads: opt in with fs_linear_set_threads (fs_isa.h; default 1 thread).
+ * Threads: a product of at least FS_LIN_PARALLEL_MIN weights cuts its output columns into
+ * chunks of whole FS_LIN_CHUNK_ALIGN-column groups (fs_variants.h), which the core's pool
+ * (fs_pool.h) shares out; each column is summed as by one thread, so the results are the same
+ * bits at any thread count (fs_pool_set_threads; 1 until the Python layer sets its default).
  *
  * With GCC on x86-64 Linux the double kernel is compiled three times (FS_CLONES, fs_common.h)
  * and the float kernels exist in AVX-512, AVX2 and baseline variants, each in its own file

@@ -59,7 +59,8 @@
 #ifndef FS_LIN_CHUNK_ALIGN
 #define FS_LIN_CHUNK_ALIGN 32
 #endif
-/* Products with at least this many weights are split between OpenMP threads. */
+/* Products with at least this many weights are split between the pool's threads (fs_pool.h;
+ * fs_linear.c sizes the chunks); smaller ones run on the caller. */
 #ifndef FS_LIN_PARALLEL_MIN
 #define FS_LIN_PARALLEL_MIN 65536
 #endif
