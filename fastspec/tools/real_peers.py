@@ -43,10 +43,9 @@ def real_peers(folder, new_tokens: int = 64, prompt_len: int = 64, threads=(1, 2
     import torch
     import transformers
 
-    from fastspec.kernels import available_backends, set_threads
+    from fastspec.kernels import get_threads, set_threads
 
-    # a NumPy-only install has no compiled products to thread
-    set_fs_threads = set_threads if "cython" in available_backends() else (lambda n: None)
+    fs_threads = get_threads()
     load = lambda dt: transformers.AutoModelForCausalLM.from_pretrained(  # noqa: E731
         folder, dtype=dt).eval()
     hf = {"transformers bf16": load(torch.bfloat16), "transformers float32": load(torch.float32)}
@@ -72,19 +71,19 @@ def real_peers(folder, new_tokens: int = 64, prompt_len: int = 64, threads=(1, 2
     tokens: dict[str, list[int]] = {}
     for t in threads:  # warm-up at each thread count
         torch.set_num_threads(t)
-        set_fs_threads(t)
+        set_threads(t)
         for fn in systems.values():
             fn()
     for _ in range(repeats):
         for t in threads:
             torch.set_num_threads(t)
-            set_fs_threads(t)
+            set_threads(t)
             for name, fn in systems.items():
                 loads.setdefault((name, t), []).append(os.getloadavg()[0])
                 t0 = time.perf_counter()
                 tokens[name] = fn()
                 times.setdefault((name, t), []).append(time.perf_counter() - t0)
-    set_fs_threads(1)
+    set_threads(fs_threads)
     rows = [{"system": name, "threads": t, "tokens_per_s": new_tokens / min(v),
              "all_tokens_per_s": [new_tokens / x for x in v], "load_average": loads[(name, t)]}
             for (name, t), v in times.items()]
