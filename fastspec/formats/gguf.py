@@ -35,8 +35,20 @@ __all__ = ["GGUFFile", "GGUFTensor", "read_metadata", "load_gguf", "ARCHITECTURE
 #: GGUF ``general.architecture`` -> the Hugging Face class it maps onto.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
-#: ``weight_dtype`` names of the native quantized storage the quantized-weights issue adds.
+#: ``weight_dtype`` names of the native quantized storage (GGUF's own Q8_0, Q4_0, Q4_1).
 NATIVE_QUANT_TYPES = ("q8_0", "q4_0", "q4_1")
+#: The native kind a quantized model stores a GGUF matrix type in (docs/FORMATS.md,
+#: "Quantized storage"): its own blocks for Q8_0/Q4_0/Q4_1; otherwise the nearest native
+#: kind with at least its precision (4-bit-or-less types -> q4_1, 5- to 8-bit types and the
+#: non-uniform 4-bit floats -> q8_0). Float tensors (absent here) take the requested kind.
+NEAREST_NATIVE = {
+    "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1",
+    "Q5_0": "q8_0", "Q5_1": "q8_0", "Q5_K": "q8_0", "Q6_K": "q8_0", "Q8_1": "q8_0",
+    "Q8_K": "q8_0", "MXFP4": "q8_0", "NVFP4": "q8_0", "IQ4_NL": "q8_0", "IQ4_XS": "q8_0",
+    "Q2_K": "q4_1", "Q3_K": "q4_1", "Q4_K": "q4_1", "IQ1_S": "q4_1", "IQ1_M": "q4_1",
+    "IQ2_XXS": "q4_1", "IQ2_XS": "q4_1", "IQ2_S": "q4_1", "IQ3_XXS": "q4_1", "IQ3_S": "q4_1",
+    "TQ1_0": "q4_1", "TQ2_0": "q4_1",
+}
 
 #: Architecture keys (after ``"{arch}."``) the config reads; any other ``{arch}.*`` key is
 #: refused unless :func:`_check_arch_key` knows it changes nothing fastspec computes.
@@ -163,6 +175,54 @@ class GGUFTensor:
         if self._head_rows:
             out = _unpermute(out, h)
         return out[start - a:stop - a]
+
+    def native_kind(self, requested: str) -> str:
+        """The quantized kind this tensor is stored in for a model of ``requested`` kind
+        (:data:`NEAREST_NATIVE`; float tensors: ``requested``)."""
+        return NEAREST_NATIVE.get(self.type_name, requested)
+
+    def blocks(self) -> np.ndarray:
+        """Return the raw Q8_0/Q4_0/Q4_1 blocks as uint8 ``(out, in/32 * block bytes)`` (rows
+        unpermuted for a llama file's ``attn_q``/``attn_k``), a new array."""
+        if self.type_name not in NEAREST_NATIVE or self.ndim != 2:
+            raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
+                             "holds no native quantized blocks")
+        raw = np.array(self._t.data, dtype=np.uint8)
+        if raw.ndim != 2 or raw.shape[0] != self.shape[0]:
+            raise ValueError(f"{self.file.path}: tensor {self.name!r} has {raw.shape} bytes "
+                             f"of blocks, not {self.shape[0]} rows")
+        return _unpermute(raw, self._head_rows) if self._head_rows else raw
+
+    def quant(self, requested: str):
+        """Return the matrix as a :class:`~fastspec.kernels.quant.QuantMatrix` for a model
+        of kind ``requested``.
+
+        A Q8_0/Q4_0/Q4_1 tensor keeps its blocks, byte for byte (whatever ``requested``
+        is): nothing is dequantized. Any other type is converted to :meth:`native_kind`:
+        dequantized (``gguf.quants.dequantize``) and quantized again, :data:`_CHUNK`
+        elements at a time into the blocks of the result.
+
+        Raises
+        ------
+        ValueError
+            Blocks with a NaN or infinite scale, or values that dequantize to NaN or
+            infinity (named with the file and the tensor).
+        """
+        from fastspec.model.quantized import QuantMatrix, as_quant
+
+        kind = self.native_kind(requested)
+        rows, cols = self.shape
+        try:
+            if self.type_name.lower() == kind:
+                return QuantMatrix.from_blocks(kind, self.blocks(), cols)
+            h = self._head_rows or 1
+            step = max(h, _CHUNK // max(1, cols) // h * h)
+            parts = [as_quant(self.read(r, min(r + step, rows)), kind, rows_are_outputs=True)
+                     .to_blocks() for r in range(0, rows, step)]
+            return QuantMatrix.from_blocks(kind, np.concatenate(parts), cols)
+        except ValueError as exc:
+            raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}): "
+                             f"{exc}") from None
 
     def mapped(self) -> np.ndarray:
         """Return the tensor as a copy-on-write view of the file when it is F32, F16 or BF16
@@ -332,22 +392,18 @@ class GGUFFile:
         ----------
         dtype : {"float32", "float64"}, optional
             Compute dtype; default float32.
-        weight_dtype : {"float32", "float16", "bfloat16", "float64"}, optional
-            Storage dtype of the matrices; default ``dtype``.
+        weight_dtype : {"float32", "float16", "bfloat16", "float64", "q8_0", "q4_0", "q4_1"}, optional
+            Storage dtype of the matrices; default ``dtype`` (the file's quantization is not
+            kept unless a quantized kind is asked for: see :meth:`GGUFTensor.quant`).
 
         Raises
         ------
         ValueError
             See :meth:`hf_config`; a missing, unexpected or misshapen tensor, or one whose type
             the ``gguf`` package cannot dequantize (named with the file).
-        NotImplementedError
-            ``weight_dtype`` is a native quantized type (:data:`NATIVE_QUANT_TYPES`).
         """
         if isinstance(weight_dtype, str) and weight_dtype.lower() in NATIVE_QUANT_TYPES:
-            raise NotImplementedError(
-                f"weight_dtype={weight_dtype!r}: native quantized storage "
-                f"({', '.join(NATIVE_QUANT_TYPES)}) comes with the quantized-weights issue; "
-                "load with weight_dtype 'float32', 'float16' or 'bfloat16' for now")
+            weight_dtype = weight_dtype.lower()
         try:
             config = hf_config(self.hf_config(), dtype or "float32").replace(
                 weight_dtype=weight_dtype)
