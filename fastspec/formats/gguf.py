@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # annotations only
     from fastspec.model.transformer import Transformer
 
 __all__ = ["GGUFFile", "GGUFTensor", "read_metadata", "load_gguf", "ARCHITECTURES",
-           "NATIVE_QUANT_TYPES"]
+           "NATIVE_QUANT_TYPES", "NEAREST_NATIVE", "gguf_package", "gguf_tensor_name"]
 
 #: GGUF ``general.architecture`` -> the Hugging Face class it maps onto.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -89,6 +89,17 @@ def _gguf():
         raise ImportError('reading GGUF files needs the gguf package: pip install '
                           '"fastspec[gguf]"') from exc
     return gguf
+
+
+def gguf_package():
+    """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
+    return _gguf()
+
+
+def gguf_tensor_name(hf: str) -> str:
+    """Return the GGUF name of a model's Hugging Face tensor name (``model.norm.weight`` ->
+    ``output_norm.weight``, ``model.layers.3.mlp.up_proj.weight`` -> ``blk.3.ffn_up.weight``)."""
+    return _gguf_name(hf)
 
 
 def _gguf_name(hf: str) -> str:
