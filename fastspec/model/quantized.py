@@ -13,7 +13,7 @@ quantized copy of any model (:meth:`fastspec.Transformer.quantize`), and :class:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -119,12 +119,15 @@ class QRows:
             *ids.shape, self.shape[1])
 
 
-def quantize_model(model: "Transformer", kind: str) -> "Transformer":
+def quantize_model(model: "Transformer", kind: str, *, keep_native: bool = False,
+                   progress: Callable[[int, int], None] | None = None) -> "Transformer":
     """Return a copy of ``model`` whose matrices are quantized to ``kind``.
 
     Float matrices (float32/float64, float16, bfloat16) are quantized from their float32
     values; matrices of a quantized model are dequantized first unless already of ``kind``
-    (then kept, blocks shared). Norms, biases and positions are shared, as float32.
+    (then kept, blocks shared), or of any quantized kind with ``keep_native``. Norms,
+    biases and positions are shared, as float32. ``progress(done, total)`` is called after
+    the embedding, each layer and the head.
     """
     if kind not in QUANT_WEIGHT_DTYPES:
         raise ValueError(f"kind must be one of {QUANT_WEIGHT_DTYPES}, got {kind!r}")
@@ -135,18 +138,25 @@ def quantize_model(model: "Transformer", kind: str) -> "Transformer":
 
     def conv(a, rows_are_outputs=False):
         if is_quant(a):
-            if a.kind == kind:
+            if a.kind == kind or keep_native:
                 return a
             w = a.dequantize()
             return as_quant(w, kind, rows_are_outputs=True)
         return as_quant(a, kind, rows_are_outputs)
 
     from fastspec.model.schema import MATRICES, LayerWeights
+    total = len(model.layers) + 2
+    tick = progress or (lambda done, total: None)
     embed = conv(model.embed, rows_are_outputs=True)
+    tick(1, total)
+    layers = []
+    for lw in model.layers:
+        layers.append(LayerWeights(**{k: conv(v) if k in MATRICES else np.asarray(v, np.float32)
+                                      for k, v in lw.arrays().items()}))
+        tick(len(layers) + 1, total)
     tied = model.head is model.embed or _is_view_t(model.head, model.embed)
     head = embed if tied else conv(model.head)
-    layers = [LayerWeights(**{k: conv(v) if k in MATRICES else np.asarray(v, np.float32)
-                              for k, v in lw.arrays().items()}) for lw in model.layers]
+    tick(total, total)
     f32 = lambda a: None if a is None else np.asarray(a, np.float32)  # noqa: E731
     return type(model)(config, embed, layers, head, f32(model.final_norm), f32(model.pos_embed))
 
