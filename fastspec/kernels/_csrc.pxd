@@ -72,6 +72,7 @@ cdef extern from "fs_model.h" nogil:
     ctypedef struct fs_scratch_f32:
         float *x
         float *h
+        void *qs
     ctypedef struct fs_scratch_f64:
         double *x
         double *h
@@ -102,6 +103,37 @@ cdef extern from "fs_model.h" nogil:
                                  int n, int n_in, const float *fc, const float *hidden_norm,
                                  int pos0, float *k_cache, float *v_cache, size_t layer_stride,
                                  int capacity)
+    # quantized storage (f32q): every matrix an fs_qmat (packed blocks and their kind)
+    ctypedef struct fs_qmat:
+        const uint8_t *p
+        int kind
+    ctypedef struct fs_layer_f32q:
+        pass
+    ctypedef struct fs_model_f32q:
+        pass
+    void fs_layer_set_f32q(fs_layer_f32q *L, void **p)
+    void fs_model_set_f32q(fs_model_f32q *m, const fs_dims *d, void **p,
+                           const fs_layer_f32q *layers)
+    # the float-compute variants behind one entry point each (FS_MV_*, the model struct)
+    enum:
+        FS_MV_F32
+        FS_MV_F32H
+        FS_MV_F32B
+        FS_MV_F32Q
+    void fs_model_embed(int variant, const void *m, const int64_t *ids, int n, int pos0,
+                        const int32_t *positions, float *x)
+    void fs_model_layers(int variant, const void *m, fs_scratch_f32 *s, int n, int pos0,
+                         int causal, float *k_cache, float *v_cache, size_t layer_stride,
+                         int capacity, float **hidden, const int32_t *positions,
+                         const uint8_t *tree_mask)
+    void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int n, float *logits)
+    void fs_model_context_kv(int variant, const void *m, fs_scratch_f32 *s, const float *feat,
+                             int n, int pos0, float *k_cache, float *v_cache,
+                             size_t layer_stride, int capacity, int l0, int l1)
+    void fs_model_context_kv_taps(int variant, const void *m, fs_scratch_f32 *s,
+                                  const float *taps, int n, int n_in, const float *fc,
+                                  const float *hidden_norm, int pos0, float *k_cache,
+                                  float *v_cache, size_t layer_stride, int capacity)
     void fs_layers_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, int pos0, int causal,
                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
                        float **hidden, const int32_t *positions, const uint8_t *tree_mask)
