@@ -5,12 +5,13 @@ once into a static library that every extension links (setup.py, csrc/README.md)
 choice and the path state live in ONE dispatch table, owned by :mod:`fastspec.kernels._isa`;
 an extension that links the core shares it at import (``_isa.share_table``).
 """
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 
 cdef extern from "fs_isa.h" nogil:
     ctypedef struct fs_isa_features:
         int avx2, fma, f16c, avx512f, avx512bf16, amx_cpu, amx_tile, amx_bf16
+        int avx512vnni, avx_vnni, amx_int8
     void fs_isa_detect(fs_isa_features *f)
     int fs_isa_supported(const fs_isa_features *f, int p)
     ctypedef struct fs_dispatch:
@@ -24,6 +25,7 @@ cdef extern from "fs_isa.h" nogil:
     int fs_linear_get_threads()
     int fs_linear_set_path(int p)
     int fs_linear_get_path()
+    const char *fs_isa_quant_kernel(int p, int n)
 
 
 cdef extern from "fs_linear.h" nogil:
@@ -209,3 +211,26 @@ cdef extern from "fs_kernels.h" nogil:
     void fs_top_p(double *p, long n, double top_p, uint64_t *key, int32_t *idx,
                   uint64_t *tmp_key, int32_t *tmp_idx)
     long FS_CDF_CHECKPOINTS(long n)
+
+
+cdef extern from "fs_quant.h" nogil:
+    # Quantized products (GGUF's Q8_0 / Q4_0 / Q4_1 weights, int8 activations); the numerics
+    # are docs/FORMATS.md's "Quantized products". Kinds in QUANT_KINDS order.
+    enum:
+        FS_Q8_0
+        FS_Q4_0
+        FS_Q4_1
+        FS_Q_EBADSCALE
+        FS_Q_EARG
+    int fs_quant_block_bytes(int kind)
+    size_t fs_quant_packed_bytes(int kind, int inp, int out)
+    int fs_quant_pack(int kind, const uint8_t *blocks, int inp, int out, uint8_t *P)
+    void fs_quant_unpack(int kind, const uint8_t *P, int inp, int out, uint8_t *blocks)
+    void fs_quant_rows_f32(int kind, const uint8_t *P, int inp, int out, const int32_t *cols,
+                           int count, float *dst)
+    size_t fs_quant_scratch_bytes(int kind, int n, int inp)
+    # y (n, out) [+]= x (n, inp) @ W^T [+ bias]; W packed by fs_quant_pack; checks nothing
+    void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, float *y,
+                     int n, int inp, int out, int accumulate, void *scratch)
+    void fs_quant_rows(const float *x, int n, int inp, int8_t *q, float *d, int32_t *s)
+    const char *fs_quant_kernel_name(int n)
