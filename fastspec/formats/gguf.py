@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from fastspec.formats.gguf_header import check_header
+from fastspec.formats.gguf_quant import NEAREST_NATIVE, native_kind, quant_matrix
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import MATRICES, hf_layer_keys
@@ -37,22 +38,6 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
 #: ``weight_dtype`` names of the native quantized storage (GGUF's own Q8_0, Q4_0, Q4_1).
 NATIVE_QUANT_TYPES = ("q8_0", "q4_0", "q4_1")
-#: The nearest native kind of each quantized GGUF type (docs/FORMATS.md, "Quantized
-#: storage"): itself for Q8_0/Q4_0/Q4_1; otherwise the native kind with at least its
-#: precision (4-bit-or-less types -> q4_1, 5- to 8-bit types and the non-uniform 4-bit
-#: types -> q8_0). A tensor is stored in the more precise of this and the requested kind
-#: (:meth:`GGUFTensor.native_kind`); float tensors (absent here) in the requested kind.
-#: Precision order of the native kinds (the two 4-bit grids are not nested: one is never
-#: converted to the other, which would cost ~6% relative RMS).
-_PRECISION = {"q4_0": 0, "q4_1": 0, "q8_0": 1}
-NEAREST_NATIVE = {
-    "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1",
-    "Q5_0": "q8_0", "Q5_1": "q8_0", "Q5_K": "q8_0", "Q6_K": "q8_0", "Q8_1": "q8_0",
-    "Q8_K": "q8_0", "MXFP4": "q8_0", "NVFP4": "q8_0", "IQ4_NL": "q8_0", "IQ4_XS": "q8_0",
-    "TQ1_0": "q8_0", "TQ2_0": "q8_0",  # ternary: no 4-bit grid of 32 holds -d, 0, d exactly
-    "Q2_K": "q4_1", "Q3_K": "q4_1", "Q4_K": "q4_1", "IQ1_S": "q4_1", "IQ1_M": "q4_1",
-    "IQ2_XXS": "q4_1", "IQ2_XS": "q4_1", "IQ2_S": "q4_1", "IQ3_XXS": "q4_1", "IQ3_S": "q4_1",
-}
 
 #: Architecture keys (after ``"{arch}."``) the config reads; any other ``{arch}.*`` key is
 #: refused unless :func:`_check_arch_key` knows it changes nothing fastspec computes.
@@ -154,7 +139,7 @@ class GGUFTensor:
 
     def __init__(self, file: GGUFFile, tensor: Any, head_rows: int | None = None) -> None:
         self.file, self.name = file, tensor.name
-        self._t, self._head_rows = tensor, head_rows
+        self._t, self.head_rows = tensor, head_rows
         self.type_name = tensor.tensor_type.name
         self.shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
         self.ndim = len(self.shape)
@@ -178,7 +163,7 @@ class GGUFTensor:
         rows = self.shape[0]
         stop = rows if stop is None else min(stop, rows)
         start = min(max(start, 0), stop)
-        h = self._head_rows or 1  # the permutation acts inside a head: read whole heads
+        h = self.head_rows or 1  # the permutation acts inside a head: read whole heads
         a, b = start // h * h, -(-stop // h) * h
         if self.ndim == 1:  # quant blocks of a vector are not rows: convert it whole
             out = np.array(self._convert(self._t.data)[a:b])
@@ -187,69 +172,38 @@ class GGUFTensor:
             step = max(1, _CHUNK // max(1, math.prod(self.shape[1:])))
             for r in range(a, b, step):
                 out[r - a:r - a + step] = self._convert(self._t.data[r:min(r + step, b)])
-        if self._head_rows:
+        if self.head_rows:
             out = _unpermute(out, h)
         return out[start - a:stop - a]
 
     def native_kind(self, requested: str) -> str:
-        """The quantized kind this tensor is stored in for a model of ``requested`` kind:
-        its :data:`NEAREST_NATIVE` kind unless ``requested`` is more precise (q8_0 over the
-        4-bit kinds, which rank equal; float tensors: ``requested``). So a Q4_1 file loaded
-        as q4_1 (or q4_0) keeps its blocks and its Q8_0 embedding, and loaded as q8_0 has
-        every matrix in q8_0."""
-        own = NEAREST_NATIVE.get(self.type_name)
-        if own is None or _PRECISION[own] < _PRECISION[requested]:
-            return requested
-        return own
+        """The quantized kind this tensor is stored in for a model of ``requested`` kind
+        (:func:`fastspec.formats.gguf_quant.native_kind`)."""
+        return native_kind(self.type_name, requested)
 
     def blocks(self) -> np.ndarray:
         """Return the raw Q8_0/Q4_0/Q4_1 blocks as uint8 ``(out, in/32 * block bytes)`` (rows
         unpermuted for a llama file's ``attn_q``/``attn_k``), a new array."""
         if self.type_name not in NEAREST_NATIVE or self.ndim != 2:
             raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
-                             "holds no native quantized blocks")
+                             "holds no quantized blocks")
         raw = np.array(self._t.data, dtype=np.uint8)
         if raw.ndim != 2 or raw.shape[0] != self.shape[0]:
             raise ValueError(f"{self.file.path}: tensor {self.name!r} has {raw.shape} bytes "
                              f"of blocks, not {self.shape[0]} rows")
-        return _unpermute(raw, self._head_rows) if self._head_rows else raw
+        return _unpermute(raw, self.head_rows) if self.head_rows else raw
 
     def quant(self, requested: str):
         """Return the matrix as a :class:`~fastspec.kernels.quant.QuantMatrix` for a model
-        of kind ``requested``.
-
-        A Q8_0/Q4_0/Q4_1 tensor whose :meth:`native_kind` is its own type keeps its blocks,
-        byte for byte: nothing is dequantized. Any other is converted to :meth:`native_kind`:
-        dequantized (``gguf.quants.dequantize``) and quantized again, :data:`_CHUNK`
-        elements at a time into the blocks of the result.
-
-        Raises
-        ------
-        ValueError
-            Blocks with a NaN or infinite scale, or values that dequantize to NaN or
-            infinity (named with the file and the tensor).
-        """
-        from fastspec.model.quantized import QuantMatrix, as_quant
-
-        kind = self.native_kind(requested)
-        rows, cols = self.shape
-        try:
-            if self.type_name.lower() == kind:
-                return QuantMatrix.from_blocks(kind, self.blocks(), cols)
-            h = self._head_rows or 1
-            step = max(h, _CHUNK // max(1, cols) // h * h)
-            parts = [as_quant(self.read(r, min(r + step, rows)), kind, rows_are_outputs=True)
-                     .to_blocks() for r in range(0, rows, step)]
-            return QuantMatrix.from_blocks(kind, np.concatenate(parts), cols)
-        except ValueError as exc:
-            raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}): "
-                             f"{exc}") from None
+        of kind ``requested`` (:func:`fastspec.formats.gguf_quant.quant_matrix`: a file's
+        own blocks kept when its type is the kind it is stored in, else converted)."""
+        return quant_matrix(self, requested)
 
     def mapped(self) -> np.ndarray:
         """Return the tensor as a copy-on-write view of the file when it is F32, F16 or BF16
         and not permuted (nothing read until touched; the file must not change while it
         lives); other tensors cannot be mapped and are read (:meth:`read`)."""
-        if self._head_rows or self.type_name not in ("F32", "F16", "BF16"):
+        if self.head_rows or self.type_name not in ("F32", "F16", "BF16"):
             return self.read()
         return self._convert(self._t.data).view(np.ndarray)
 

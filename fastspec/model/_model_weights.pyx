@@ -22,6 +22,8 @@ from fastspec.kernels._csrc cimport (
     FS_MV_F32Q,
     fs_layer_set_f32q,
     fs_model_set_f32q,
+    fs_quant_packed_bytes,
+    fs_quant_scratch_bytes,
     fs_layer_f32,
     fs_layer_f32h,
     fs_layer_f64,
@@ -37,11 +39,6 @@ from fastspec.kernels._csrc cimport (
     fs_packed_len,
 )
 from fastspec.kernels._isa cimport share_table
-from fastspec.kernels._quant cimport (
-    fs_quant_pack,
-    fs_quant_packed_bytes,
-    fs_quant_scratch_bytes,
-)
 
 from fastspec.kernels._isa import bf16_tiles
 
@@ -171,20 +168,14 @@ def _f32(a, keep):
     return a
 
 
-def _shared_qpacked(a, int kind):
-    """The packed copy (``fs_quant_pack``) of QuantMatrix ``a``, shared by the runners built
-    over the same object (a tied head is the embedding: packed once)."""
-    key = (id(a), "q")
-    hit = _packed_by_source.get(key)
-    if hit is not None and hit[0]() is a and hit[1]() is not None:
-        return hit[1]()
-    blocks = np.ascontiguousarray(a.to_blocks(), dtype=np.uint8)
-    cdef int n_in = a.in_features, n_out = a.out_features
-    cdef cnp.ndarray P = np.empty(fs_quant_packed_bytes(kind, n_in, n_out), np.uint8)
-    if fs_quant_pack(kind, <const uint8_t *>cnp.PyArray_DATA(blocks), n_in, n_out,
-                     <uint8_t *>cnp.PyArray_DATA(P)) != 0:
-        raise ValueError(f"a {a.kind} matrix holds a NaN or infinite scale")
-    _packed_by_source[key] = (weakref.ref(a, partial(_drop_entry, key)), weakref.ref(P))
+def _qpacked(a, int kind):
+    """The packed bytes (``fs_quant_pack``'s layout) of QuantMatrix ``a``: its own, read in
+    place (a tied head is the embedding: one copy), checked to be of the right length."""
+    P = getattr(a, "packed", None)
+    if (not isinstance(P, np.ndarray) or P.dtype != np.uint8 or P.ndim != 1
+            or not P.flags.c_contiguous
+            or P.shape[0] != fs_quant_packed_bytes(kind, a.in_features, a.out_features)):
+        raise ValueError(f"a {a.kind} matrix's packed bytes do not match its shape")
     return P
 
 
@@ -370,8 +361,8 @@ cdef class ModelWeights:
         self._keep = keep
 
     cdef int _init_quant(self, model) except -1:
-        """The f32q structs: every matrix a packed QuantMatrix (fs_quant_pack, once per
-        matrix and shared by the runners built over it), norms and biases float32."""
+        """The f32q structs: every matrix a QuantMatrix, its packed bytes read in place
+        (``QuantMatrix.packed``), norms and biases float32."""
         cfg = model.config
         d = &self.dims
         L = cfg.n_layers
@@ -414,7 +405,7 @@ cdef class ModelWeights:
                 if (a.in_features, a.out_features) != shape:
                     raise ValueError(f"{name} has (in, out) {(a.in_features, a.out_features)}"
                                      f", expected {shape}")
-                P = _shared_qpacked(a, kind)
+                P = _qpacked(a, kind)
                 keep.append(P)
                 kinds.add(kind)
                 self.qmats[q].p = <const uint8_t *>cnp.PyArray_DATA(P)

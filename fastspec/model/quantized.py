@@ -13,20 +13,15 @@ quantized copy of any model (:meth:`fastspec.Transformer.quantize`), and :class:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from fastspec.kernels.bf16 import RoundingMatrix, from_bits
 from fastspec.model.config import QUANT_WEIGHT_DTYPES
+from fastspec.model.schema import MATRICES, LayerWeights
 
-try:
-    from fastspec.kernels.quant import QuantMatrix, linear_q
-except ImportError:  # pragma: no cover - TEMPORARY until the kernels branch (qkern) is merged
-    from fastspec.model._quant_shim import QuantMatrix, linear_q
-
-if TYPE_CHECKING:  # annotations only
-    from fastspec.model.transformer import Transformer
+from fastspec.kernels.quant import QuantMatrix, linear_q
 
 __all__ = ["QuantMatrix", "QLinear", "QRows", "is_quant", "as_quant", "layout_shape",
            "quantize_model", "float_matrix", "QUANT_WEIGHT_DTYPES"]
@@ -119,9 +114,10 @@ class QRows:
             *ids.shape, self.shape[1])
 
 
-def quantize_model(model: "Transformer", kind: str, *, keep_native: bool = False,
-                   progress: Callable[[int, int], None] | None = None) -> "Transformer":
-    """Return a copy of ``model`` whose matrices are quantized to ``kind``.
+def quantize_model(model: Any, kind: str, *, keep_native: bool = False,
+                   progress: Callable[[int, int], None] | None = None) -> Any:
+    """Return a copy of ``model`` (a :class:`~fastspec.Transformer`) whose matrices are
+    quantized to ``kind``.
 
     Float matrices (float32/float64, float16, bfloat16) are quantized from their float32
     values; matrices of a quantized model are dequantized first unless already of ``kind``
@@ -144,7 +140,6 @@ def quantize_model(model: "Transformer", kind: str, *, keep_native: bool = False
             return as_quant(w, kind, rows_are_outputs=True)
         return as_quant(a, kind, rows_are_outputs)
 
-    from fastspec.model.schema import MATRICES, LayerWeights
     total = len(model.layers) + 2
     tick = progress or (lambda done, total: None)
     embed = conv(model.embed, rows_are_outputs=True)
