@@ -1,6 +1,7 @@
 /* fs_isa.c -- CPU feature detection, the one dispatch table and the path state (fs_isa.h). */
 #include "fs_isa.h"
 #include "fs_variants.h"
+#include "fs_quant_kern.h"
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #define FS_ISA_X86 1
@@ -37,6 +38,7 @@ void fs_isa_detect(fs_isa_features *f)
 {
     f->avx2 = f->fma = f->f16c = f->avx512f = f->avx512bf16 = 0;
     f->amx_cpu = f->amx_tile = f->amx_bf16 = 0;
+    f->avx512vnni = f->avx_vnni = f->amx_int8 = 0;
 #if FS_ISA_X86
     unsigned int a, b, c, d, max_leaf = __get_cpuid_max(0, 0);
     if (max_leaf < 1 || !__get_cpuid(1, &a, &b, &c, &d)) return;
@@ -53,15 +55,19 @@ void fs_isa_detect(fs_isa_features *f)
     unsigned int sub_max = a;
     f->avx2 = (b >> 5) & 1;
     f->avx512f = os_zmm && ((b >> 16) & 1);
-    int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+    int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
+    /* VNNI: ECX bit 11; VL: EBX bit 31; BW: EBX bit 30 */
+    f->avx512vnni = f->avx512f && ((c >> 11) & 1) && ((b >> 31) & 1) && ((b >> 30) & 1);
     if (sub_max >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         f->avx512bf16 = f->avx512f && ((a >> 5) & 1);
+        f->avx_vnni = f->avx2 && ((a >> 4) & 1);
     }
     f->amx_cpu = os_tiles && amx_tile && amx_bf16;
     if (f->amx_cpu && fs_isa_request_amx()) {
         f->amx_tile = 1;
         f->amx_bf16 = 1;
+        f->amx_int8 = amx_int8;
     }
 #endif
 }
@@ -89,6 +95,7 @@ static fs_dispatch fs_own = {
 #else
     0,
 #endif
+    fs_qpart_def, fs_qpart_def, 1 << 30, "portable", "portable",
 };
 fs_dispatch *fs_disp = &fs_own;
 
@@ -107,11 +114,70 @@ static int fs_isa_auto(const fs_dispatch *t)
     return FS_ISA_PORTABLE;
 }
 
+/* The quantized products of path p (fs_quant_kern.h): the avx2 path runs vpmaddubsw (what
+ * an AVX2-only CPU runs), or AVX-VNNI on a CPU that has it but no AVX-512 (where avx2 is the
+ * widest path); the avx512 paths run AVX512-VNNI when the CPU has it; the amx path runs
+ * AMX-INT8 tiles for blocks of FS_Q_AMX_MIN_ROWS rows or more. Every choice gives the same
+ * bits. */
+static fs_isa_features fs_q_feat;
+static int fs_q_feat_ready;
+typedef struct {
+    fs_qpart_fn fn, big;
+    const char *name, *name_big;
+    int rows;
+} fs_q_choice;
+static fs_q_choice fs_q_choose(int p)
+{
+    fs_q_choice c = {fs_qpart_def, fs_qpart_def, "portable", "portable", 1 << 30};
+#if FS_Q_SIMD
+    if (!fs_q_feat_ready) {
+        fs_isa_detect(&fs_q_feat);
+        fs_q_feat_ready = 1;
+    }
+    const fs_isa_features *f = &fs_q_feat;
+    if (p == FS_ISA_AVX2 || (p >= FS_ISA_AVX512 && !f->avx512vnni)) {
+        int vnni = f->avx_vnni && (p >= FS_ISA_AVX512 || !f->avx512f);
+        c.fn = c.big = vnni ? fs_qpart_avxvnni : fs_qpart_avx2;
+        c.name = c.name_big = vnni ? "avx_vnni" : "avx2";
+    } else if (p >= FS_ISA_AVX512) {
+        c.fn = c.big = fs_qpart_avx512vnni;
+        c.name = c.name_big = "avx512_vnni";
+    }
+#if FS_Q_AMX
+    if (p == FS_ISA_AMX && f->amx_int8) {
+        c.big = fs_qpart_amx;
+        c.name_big = "amx_int8";
+        c.rows = FS_Q_AMX_MIN_ROWS;
+    }
+#endif
+#else
+    (void)p;
+#endif
+    return c;
+}
+
+static void fs_isa_select_q(fs_dispatch *t, int p)
+{
+    fs_q_choice c = fs_q_choose(p);
+    t->qpart = c.fn;
+    t->qpart_big = c.big;
+    t->qname = c.name;
+    t->qname_big = c.name_big;
+    t->qbig_rows = c.rows;
+}
+
+const char *fs_isa_quant_kernel(int p, int n)
+{
+    fs_q_choice c = fs_q_choose(p);
+    return n >= c.rows ? c.name_big : c.name;
+}
+
 /* The product variants of path p (AVX-512 CPUs all have F16C, so the three weight types always
  * run the same arithmetic; the AMX path runs the non-bf16-tile products as AVX-512). */
 static void fs_isa_select(fs_dispatch *t, int p)
 {
     t->path = p;
+    fs_isa_select_q(t, p);
 #if FS_LINF_SIMD
     if (p >= FS_ISA_AVX512) {
         t->linf_f32 = fs_linf_part_f32_avx512;

@@ -3,7 +3,8 @@
  * Detection (fs_isa.c): the x86-64 features the matrix-product paths need.
  *
  * fs_isa_detect fills an fs_isa_features from CPUID (leaf 1: FMA, F16C, OSXSAVE; leaf 7
- * subleaf 0: AVX2, AVX512F, AMX_BF16, AMX_TILE; leaf 7 subleaf 1: AVX512_BF16) and XGETBV: a
+ * subleaf 0: AVX2, AVX512F, AVX512_VNNI, AMX_BF16, AMX_TILE, AMX_INT8; leaf 7 subleaf 1:
+ * AVX512_BF16, AVX_VNNI) and XGETBV: a
  * feature counts only when the OS saves its registers (XCR0: ymm for AVX2, opmask/zmm for
  * AVX-512, XTILECFG/XTILEDATA for AMX). On Linux, when the CPU has AMX, it also asks the kernel
  * for permission to use tile data (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)):
@@ -35,6 +36,9 @@ typedef struct {
     int amx_cpu;      /* AMX_TILE and AMX_BF16 in CPUID (and XCR0 tile state) */
     int amx_tile;     /* amx_cpu and the OS granted tile data to this process */
     int amx_bf16;     /* amx_tile and AMX_BF16 */
+    int avx512vnni;   /* avx512f, AVX512_VNNI, AVX512VL and AVX512BW (the quantized products) */
+    int avx_vnni;     /* AVX-VNNI (VEX-encoded vpdpbusd on ymm) and avx2 */
+    int amx_int8;     /* amx_tile and AMX_INT8 */
 } fs_isa_features;
 
 /* Matrix-product paths, in order of preference. */
@@ -56,6 +60,11 @@ typedef void (*fs_attn_block_fn)(const float *const *qrows, float *const *orows,
                                  const int *count, int rows, const float *kh, const float *vh,
                                  int head_dim, float scale, int base, const int32_t *anc);
 
+/* The quantized products' columns (fs_quant_kern.h: panels [g_lo, g_hi) of all rows). */
+struct fs_qact;
+typedef void (*fs_qpart_fn)(int kind, const struct fs_qact *a, const uint8_t *P, float *y,
+                            int out, int g_lo, int g_hi, int accumulate);
+
 typedef struct {
     int ready;       /* fs_isa_init ran on this table */
     int path;        /* FS_ISA_* of the packed float products (AMX: bf16 on tiles) */
@@ -66,6 +75,11 @@ typedef struct {
     /* The widest variant the CPU runs, whatever the path (its choice never depends on n, and
      * forcing a product path does not change attention's bits). */
     fs_attn_block_fn attn_f32;
+    /* The quantized products of the path (fs_quant.h): qpart, or qpart_big for blocks of at
+     * least qbig_rows rows (AMX tiles); their names for fs_quant_kernel_name. */
+    fs_qpart_fn qpart, qpart_big;
+    int qbig_rows;
+    const char *qname, *qname_big;
 } fs_dispatch;
 
 /* The table this copy of the core reads. */
@@ -93,5 +107,8 @@ int fs_linear_amx_built(void);
  * (the Python layer sets the CPUs the process may run on at import). */
 void fs_linear_set_threads(int n);
 int fs_linear_get_threads(void);
+/* The quantized products' kernel path p runs for blocks of n rows (fs_quant.h), whether or
+ * not p is the current path: "portable", "avx2", "avx_vnni", "avx512_vnni" or "amx_int8". */
+const char *fs_isa_quant_kernel(int p, int n);
 
 #endif /* FS_ISA_H */

@@ -4,6 +4,7 @@
 #include "fs_attention.h"
 #include "fs_common.h"
 #include "fs_linear.h"
+#include "fs_quant.h"
 
 /* Activations go through fs_exp_nonpos (fs_common.h): branch-free, so their loops
  * vectorise (glibc's exp does not, and SwiGLU needs n * ffn_dim of them per layer). */
@@ -53,7 +54,9 @@ size_t fs_scratch_row(const fs_dims *d)
  * activations, attention), defined by the FS_W == FS_T instantiation. FS_WHALF: FS_W is
  * 16-bit storage (uint16_t) widened by FS_WIDEN (embedding rows) and the fs_linear_<FS_SFX>
  * kernel; FS_WBF16: that storage is bfloat16 and every product rounds its input rows to bf16
- * first (fs_linear_f32b_round, into the scratch rows xb). */
+ * first (fs_linear_f32b_round, into the scratch rows xb). FS_WQUANT: FS_W is fs_qmat, every
+ * product is fs_linear_q (activations quantized per block, fs_quant.h) and the embedding
+ * lookup dequantizes rows (fs_quant_rows_f32). */
 #define FS_T float
 #define FS_W float
 #define FS_SFX f32
@@ -91,3 +94,61 @@ size_t fs_scratch_row(const fs_dims *d)
 #define FS_WIDEN fs_bf2f
 #include "fs_model.inc"
 
+
+/* float compute on quantized weights (Q8_0/Q4_0/Q4_1 blocks, each matrix its own kind):
+ * integer block products (fs_linear_q), so a row's bits do not depend on its block. */
+#define FS_T float
+#define FS_W fs_qmat
+#define FS_SFX f32q
+#define FS_TSFX f32
+#define FS_WHALF 0
+#define FS_WBF16 0
+#define FS_WQUANT 1
+#include "fs_model.inc"
+
+/* One switch per entry point over the float-compute variants (fs_model.h). */
+#define FS_MODEL_SWITCH(variant, call, ...)                                                    \
+    switch (variant) {                                                                         \
+    case FS_MV_F32H: call##_f32h((const fs_model_f32h *)m, __VA_ARGS__); break;               \
+    case FS_MV_F32B: call##_f32b((const fs_model_f32b *)m, __VA_ARGS__); break;               \
+    case FS_MV_F32Q: call##_f32q((const fs_model_f32q *)m, __VA_ARGS__); break;               \
+    default: call##_f32((const fs_model_f32 *)m, __VA_ARGS__); break;                         \
+    }
+
+void fs_model_embed(int variant, const void *m, const int64_t *ids, int n, int pos0,
+                    const int32_t *positions, float *x)
+{
+    FS_MODEL_SWITCH(variant, fs_embed, ids, n, pos0, positions, x)
+}
+
+void fs_model_layers(int variant, const void *m, fs_scratch_f32 *s, int n, int pos0,
+                     int causal, float *k_cache, float *v_cache, size_t layer_stride,
+                     int capacity, float *const *hidden, const int32_t *positions,
+                     const uint8_t *tree_mask)
+{
+    FS_MODEL_SWITCH(variant, fs_layers, s, n, pos0, causal, k_cache, v_cache, layer_stride,
+                    capacity, hidden, positions, tree_mask)
+}
+
+void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int n, float *logits)
+{
+    FS_MODEL_SWITCH(variant, fs_head, s, n, logits)
+}
+
+void fs_model_context_kv(int variant, const void *m, fs_scratch_f32 *s, const float *feat,
+                         int n, int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                         int capacity, int l0, int l1)
+{
+    FS_MODEL_SWITCH(variant, fs_context_kv, s, feat, n, pos0, k_cache, v_cache, layer_stride,
+                    capacity, l0, l1)
+}
+
+void fs_model_context_kv_taps(int variant, const void *m, fs_scratch_f32 *s, const float *taps,
+                              int n, int n_in, const float *fc, const float *hidden_norm,
+                              int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                              int capacity)
+{
+    FS_MODEL_SWITCH(variant, fs_context_kv_taps, s, taps, n, n_in, fc, hidden_norm, pos0,
+                    k_cache, v_cache, layer_stride, capacity)
+}
+#undef FS_MODEL_SWITCH

@@ -2,9 +2,10 @@
  *
  * Everything here runs without the GIL and cannot fail: the Cython runner checks shapes,
  * ranges and capacity first and hands over raw pointers to weights, cache and scratch.
- * The float, double, float-on-float16-weights and float-on-bfloat16-weights versions are
- * generated from fs_model.inc (fs_model.c); their structs and entry points are declared here
- * by FS_MODEL_DECLARE.
+ * The float, double, float-on-float16-weights, float-on-bfloat16-weights and
+ * float-on-quantized-weights (f32q: Q8_0/Q4_0/Q4_1, fs_quant.h) versions are generated from
+ * fs_model.inc (fs_model.c); their structs and entry points are declared here by
+ * FS_MODEL_DECLARE.
  *
  * Layouts (all C-contiguous):
  *   linear weights (in, out) so that a projection is x @ W   (fastspec's internal layout)
@@ -18,6 +19,14 @@
 #include <stdint.h>
 
 enum { FS_ACT_SWIGLU = 0, FS_ACT_TANH = 1, FS_ACT_GELU = 2 };
+
+/* One quantized matrix of the f32q model: W (out, in) packed by fs_quant_pack, its kind
+ * (FS_Q8_0, FS_Q4_0, FS_Q4_1; each matrix its own: a q4_1 file's embedding may be q8_0).
+ * The f32q structs point at these (the runner owns them). */
+typedef struct {
+    const uint8_t *p;
+    int kind;
+} fs_qmat;
 
 typedef struct {
     int vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, max_pos;
@@ -50,12 +59,15 @@ size_t fs_scratch_row(const fs_dims *d);
 
 /* Views into one preallocated buffer of rows * fs_scratch_row(d) elements (xb: (rows,
  * fs_scratch_in), a product's input rounded to bf16 for bf16 weights), plus a double buffer
- * of at least capacity doubles for attention scores. */
+ * of at least capacity doubles for attention scores. qs: the quantized products' scratch
+ * (f32q: at least fs_quant_scratch_bytes(kind, rows, widest input) bytes for every kind of
+ * the model; NULL after fs_scratch_init, set by the caller). */
 #define FS_SCRATCH_TYPE(TSFX, T)                                                               \
     typedef struct {                                                                           \
         T *x, *h, *q, *k, *v, *att, *f1, *f2;                                                  \
         T *xb;                                                                                 \
         double *scores;                                                                        \
+        void *qs;                                                                              \
     } fs_scratch_##TSFX;                                                                       \
     void fs_scratch_init_##TSFX(fs_scratch_##TSFX *s, const fs_dims *d, T *buf, size_t rows,   \
                                 double *dbuf, size_t capacity);
@@ -81,16 +93,37 @@ size_t fs_scratch_row(const fs_dims *d);
                                   size_t layer_stride, int capacity);
 
 /* float and double compute on weights of their own type; float compute on float16 (f32h) and
- * bfloat16 (f32b) weights, the matrices as uint16_t bits. */
+ * bfloat16 (f32b) weights, the matrices as uint16_t bits; float compute on quantized weights
+ * (f32q), the matrices as fs_qmat. */
 FS_SCRATCH_TYPE(f32, float)
 FS_SCRATCH_TYPE(f64, double)
 FS_MODEL_TYPES(f32, float, float)
 FS_MODEL_TYPES(f64, double, double)
 FS_MODEL_TYPES(f32h, float, uint16_t)
 FS_MODEL_TYPES(f32b, float, uint16_t)
+FS_MODEL_TYPES(f32q, float, fs_qmat)
 FS_MODEL_DECLARE(f32, float, f32)
 FS_MODEL_DECLARE(f64, double, f64)
 FS_MODEL_DECLARE(f32h, float, f32)
 FS_MODEL_DECLARE(f32b, float, f32)
+FS_MODEL_DECLARE(f32q, float, f32)
+
+/* The float-compute variants behind one set of entry points, chosen by FS_MV_* and a pointer
+ * to that variant's model struct (the runner's dispatch in one place). */
+enum { FS_MV_F32 = 0, FS_MV_F32H = 1, FS_MV_F32B = 2, FS_MV_F32Q = 3 };
+void fs_model_embed(int variant, const void *m, const int64_t *ids, int n, int pos0,
+                    const int32_t *positions, float *x);
+void fs_model_layers(int variant, const void *m, fs_scratch_f32 *s, int n, int pos0,
+                     int causal, float *k_cache, float *v_cache, size_t layer_stride,
+                     int capacity, float *const *hidden, const int32_t *positions,
+                     const uint8_t *tree_mask);
+void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int n, float *logits);
+void fs_model_context_kv(int variant, const void *m, fs_scratch_f32 *s, const float *feat,
+                         int n, int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                         int capacity, int l0, int l1);
+void fs_model_context_kv_taps(int variant, const void *m, fs_scratch_f32 *s, const float *taps,
+                              int n, int n_in, const float *fc, const float *hidden_norm,
+                              int pos0, float *k_cache, float *v_cache, size_t layer_stride,
+                              int capacity);
 
 #endif /* FS_MODEL_H */

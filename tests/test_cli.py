@@ -39,7 +39,7 @@ def test_strict_loads_refuses_what_python_writes_by_default():
 
 def test_every_command_is_a_module_with_add_parser_and_run():
     assert COMMAND_NAMES == ["info", "audit", "demo", "generate", "chat", "eval", "bench",
-                             "train", "seeds"]
+                             "quantize", "train", "seeds"]
     for module in COMMANDS:
         assert callable(module.add_parser) and callable(module.run), module.__name__
 

@@ -93,9 +93,10 @@ def test_float64_compute_and_mmap(written):
     assert np.abs(mapped.forward(PROMPT).logits - logits).max() <= 1e-5 * scale
 
 
-def test_native_quantized_storage_not_yet(written):
-    with pytest.raises(NotImplementedError, match="q8_0, q4_0, q4_1"):
-        fs.Transformer.load(written["qwen2"][0], weight_dtype="q4_1")
+def test_native_quantized_storage(written):
+    """Quantized storage keeps the file's Q8_0/Q4_0/Q4_1 blocks (tests/test_gguf_quant.py)."""
+    model = fs.Transformer.load(written["qwen2"][0], weight_dtype="q4_1")
+    assert model.config.weight_dtype == "q4_1" and model.config.quantized
 
 
 def test_metadata_contract(written):

@@ -1,7 +1,7 @@
 """The ``fastspec`` console script: :func:`build_parser` and :func:`main`.
 
 Each command is a module of this package (``info``, ``audit``, ``demo``, ``generate``,
-``eval``, ``bench``, ``train``, ``seeds``) with ``add_parser(sub)``, which registers its parser
+``eval``, ``bench``, ``quantize``, ``train``, ``seeds``) with ``add_parser(sub)``, which registers its parser
 with ``set_defaults(run=run)``, and ``run(args) -> int``, which returns the exit status.
 Shared argument types live in :mod:`fastspec.cli.args`; every command has ``--threads``
 (:func:`fastspec.cli.args.add_threads_option`), applied here before the command runs. A command module imports its engine
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fastspec.cli import audit, bench, chat, demo, generate, info, seeds, train
+from fastspec.cli import audit, bench, chat, demo, generate, info, quantize, seeds, train
 from fastspec.cli.args import apply_threads_option
 from fastspec.cli import eval as eval_command  # the module, not the builtin
 from fastspec.kernels import backend, using_backend
@@ -22,7 +22,7 @@ from fastspec.version import __version__
 __all__ = ["build_parser", "main"]
 
 #: The command modules, in the order ``fastspec --help`` lists them.
-COMMANDS = (info, audit, demo, generate, chat, eval_command, bench, train, seeds)
+COMMANDS = (info, audit, demo, generate, chat, eval_command, bench, quantize, train, seeds)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -88,7 +88,9 @@ class DFlashModel:
         self.dtype = dt
         # The layers' projections follow the target's weight_dtype (float16/bfloat16: half the
         # bytes per block forward); fc and the norms stay in the compute dtype.
-        wdt = target.config.matrix_dtype
+        # A quantized target's stack quantizes the float layers itself (self.layers keep
+        # the float values the files hold).
+        wdt = dt.name if target.config.quantized else target.config.matrix_dtype
         cast = lambda a, t=dt.name: None if a is None else as_storage(a, t)  # noqa: E731
         self.fc = cast(fc)
         self.hidden_norm = cast(hidden_norm)

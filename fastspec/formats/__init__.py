@@ -1,7 +1,8 @@
 """The file formats: Hugging Face safetensors folders, ``.npz``, GGUF, the z-lab DFlash folder, JSON.
 
 Lives here: ``hf_folder`` (safetensors and config.json), ``npz`` (a bounded .npz reader),
-``gguf`` (llama.cpp's GGUF files, read through the optional ``gguf`` package),
+``gguf`` (llama.cpp's GGUF files, read through the optional ``gguf`` package), ``gguf_write``
+(GGUF files written with its ``GGUFWriter``: float and quantized models),
 ``transformer_io`` (a Transformer's ``.npz`` files, folders and GGUF files; importing it
 registers them behind :meth:`fastspec.Transformer.load` and ``save``), ``dflash_folder`` (z-lab DFlash
 drafter folders), ``json_io`` (strict JSON reads and writes).

@@ -56,7 +56,9 @@ def target_fingerprint(target: Transformer) -> dict:
     c = target.config
     rows = np.linspace(0, c.vocab_size - 1, _FINGERPRINT_ROWS).round().astype(np.int64)
     signs = np.where(np.random.default_rng(0).random(c.dim) < 0.5, -1.0, 1.0)
-    proj = np.asarray(target.embed[rows], dtype=np.float64) @ signs / math.sqrt(c.dim)
+    embed = target.embed  # a quantized embedding (QuantMatrix) dequantizes the rows
+    picked = embed.rows(rows) if hasattr(embed, "in_features") else embed[rows]
+    proj = np.asarray(picked, dtype=np.float64) @ signs / math.sqrt(c.dim)
     return {"vocab_size": c.vocab_size, "hidden_size": c.dim, "num_hidden_layers": c.n_layers,
             "embed_projections": [float(f"{v:.6g}") for v in proj]}
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from fastspec.formats.gguf_header import check_header
+from fastspec.formats.gguf_quant import NEAREST_NATIVE, native_kind, quant_matrix
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import MATRICES, hf_layer_keys
@@ -30,12 +31,12 @@ if TYPE_CHECKING:  # annotations only
     from fastspec.model.transformer import Transformer
 
 __all__ = ["GGUFFile", "GGUFTensor", "read_metadata", "load_gguf", "ARCHITECTURES",
-           "NATIVE_QUANT_TYPES"]
+           "NATIVE_QUANT_TYPES", "NEAREST_NATIVE", "gguf_package", "gguf_tensor_name"]
 
 #: GGUF ``general.architecture`` -> the Hugging Face class it maps onto.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
-#: ``weight_dtype`` names of the native quantized storage the quantized-weights issue adds.
+#: ``weight_dtype`` names of the native quantized storage (GGUF's own Q8_0, Q4_0, Q4_1).
 NATIVE_QUANT_TYPES = ("q8_0", "q4_0", "q4_1")
 
 #: Architecture keys (after ``"{arch}."``) the config reads; any other ``{arch}.*`` key is
@@ -77,6 +78,17 @@ def _gguf():
         raise ImportError('reading GGUF files needs the gguf package: pip install '
                           '"fastspec[gguf]"') from exc
     return gguf
+
+
+def gguf_package():
+    """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
+    return _gguf()
+
+
+def gguf_tensor_name(hf: str) -> str:
+    """Return the GGUF name of a model's Hugging Face tensor name (``model.norm.weight`` ->
+    ``output_norm.weight``, ``model.layers.3.mlp.up_proj.weight`` -> ``blk.3.ffn_up.weight``)."""
+    return _gguf_name(hf)
 
 
 def _gguf_name(hf: str) -> str:
@@ -127,7 +139,7 @@ class GGUFTensor:
 
     def __init__(self, file: GGUFFile, tensor: Any, head_rows: int | None = None) -> None:
         self.file, self.name = file, tensor.name
-        self._t, self._head_rows = tensor, head_rows
+        self._t, self.head_rows = tensor, head_rows
         self.type_name = tensor.tensor_type.name
         self.shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
         self.ndim = len(self.shape)
@@ -151,7 +163,7 @@ class GGUFTensor:
         rows = self.shape[0]
         stop = rows if stop is None else min(stop, rows)
         start = min(max(start, 0), stop)
-        h = self._head_rows or 1  # the permutation acts inside a head: read whole heads
+        h = self.head_rows or 1  # the permutation acts inside a head: read whole heads
         a, b = start // h * h, -(-stop // h) * h
         if self.ndim == 1:  # quant blocks of a vector are not rows: convert it whole
             out = np.array(self._convert(self._t.data)[a:b])
@@ -160,15 +172,38 @@ class GGUFTensor:
             step = max(1, _CHUNK // max(1, math.prod(self.shape[1:])))
             for r in range(a, b, step):
                 out[r - a:r - a + step] = self._convert(self._t.data[r:min(r + step, b)])
-        if self._head_rows:
+        if self.head_rows:
             out = _unpermute(out, h)
         return out[start - a:stop - a]
+
+    def native_kind(self, requested: str) -> str:
+        """The quantized kind this tensor is stored in for a model of ``requested`` kind
+        (:func:`fastspec.formats.gguf_quant.native_kind`)."""
+        return native_kind(self.type_name, requested)
+
+    def blocks(self) -> np.ndarray:
+        """Return the raw Q8_0/Q4_0/Q4_1 blocks as uint8 ``(out, in/32 * block bytes)`` (rows
+        unpermuted for a llama file's ``attn_q``/``attn_k``), a new array."""
+        if self.type_name not in NEAREST_NATIVE or self.ndim != 2:
+            raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
+                             "holds no quantized blocks")
+        raw = np.array(self._t.data, dtype=np.uint8)
+        if raw.ndim != 2 or raw.shape[0] != self.shape[0]:
+            raise ValueError(f"{self.file.path}: tensor {self.name!r} has {raw.shape} bytes "
+                             f"of blocks, not {self.shape[0]} rows")
+        return _unpermute(raw, self.head_rows) if self.head_rows else raw
+
+    def quant(self, requested: str):
+        """Return the matrix as a :class:`~fastspec.kernels.quant.QuantMatrix` for a model
+        of kind ``requested`` (:func:`fastspec.formats.gguf_quant.quant_matrix`: a file's
+        own blocks kept when its type is the kind it is stored in, else converted)."""
+        return quant_matrix(self, requested)
 
     def mapped(self) -> np.ndarray:
         """Return the tensor as a copy-on-write view of the file when it is F32, F16 or BF16
         and not permuted (nothing read until touched; the file must not change while it
         lives); other tensors cannot be mapped and are read (:meth:`read`)."""
-        if self._head_rows or self.type_name not in ("F32", "F16", "BF16"):
+        if self.head_rows or self.type_name not in ("F32", "F16", "BF16"):
             return self.read()
         return self._convert(self._t.data).view(np.ndarray)
 
@@ -332,22 +367,18 @@ class GGUFFile:
         ----------
         dtype : {"float32", "float64"}, optional
             Compute dtype; default float32.
-        weight_dtype : {"float32", "float16", "bfloat16", "float64"}, optional
-            Storage dtype of the matrices; default ``dtype``.
+        weight_dtype : {"float32", "float16", "bfloat16", "float64", "q8_0", "q4_0", "q4_1"}, optional
+            Storage dtype of the matrices; default ``dtype`` (the file's quantization is not
+            kept unless a quantized kind is asked for: see :meth:`GGUFTensor.quant`).
 
         Raises
         ------
         ValueError
             See :meth:`hf_config`; a missing, unexpected or misshapen tensor, or one whose type
             the ``gguf`` package cannot dequantize (named with the file).
-        NotImplementedError
-            ``weight_dtype`` is a native quantized type (:data:`NATIVE_QUANT_TYPES`).
         """
         if isinstance(weight_dtype, str) and weight_dtype.lower() in NATIVE_QUANT_TYPES:
-            raise NotImplementedError(
-                f"weight_dtype={weight_dtype!r}: native quantized storage "
-                f"({', '.join(NATIVE_QUANT_TYPES)}) comes with the quantized-weights issue; "
-                "load with weight_dtype 'float32', 'float16' or 'bfloat16' for now")
+            weight_dtype = weight_dtype.lower()
         try:
             config = hf_config(self.hf_config(), dtype or "float32").replace(
                 weight_dtype=weight_dtype)

@@ -1,10 +1,10 @@
-"""A Transformer's files: ``.npz`` files and Hugging Face folders, read and written; GGUF read.
+"""A Transformer's files: ``.npz`` files, Hugging Face folders and GGUF files, read and written.
 
 :func:`load_transformer` and :func:`save_transformer` are what :meth:`fastspec.Transformer.load`
 and :meth:`~fastspec.Transformer.save` run: this module registers them with
 :func:`fastspec.model.state.register_files` when it is imported. The tensors' names and layout
 are :mod:`fastspec.model.state`'s; Hugging Face folders are :mod:`fastspec.formats.hf_folder`'s,
-GGUF files (read only) :mod:`fastspec.formats.gguf`'s.
+GGUF files :mod:`fastspec.formats.gguf`'s (read) and :mod:`fastspec.formats.gguf_write`'s.
 """
 from __future__ import annotations
 
@@ -25,7 +25,17 @@ __all__ = ["load_transformer", "save_transformer"]
 
 
 def save_transformer(model: Transformer, path: Path) -> None:
-    """Write ``model`` to ``path``: an ``.npz`` file, or a Hugging Face folder otherwise."""
+    """Write ``model`` to ``path``: a ``.gguf`` file (:func:`~fastspec.formats.gguf_write.save_gguf`),
+    an ``.npz`` file, or a Hugging Face folder otherwise. A quantized model is written as
+    GGUF only (its blocks have no npz or safetensors form here)."""
+    if path.suffix.lower() == ".gguf":
+        from fastspec.formats.gguf_write import save_gguf
+        save_gguf(model, path)
+        return
+    if model.config.quantized:
+        raise ValueError(f"{path}: a {model.config.weight_dtype} model is saved as GGUF (a "
+                         "path ending in .gguf), not as .npz or a Hugging Face folder; or "
+                         "dequantize it first: model.with_weight_dtype(None)")
     if path.suffix == ".npz":
         np.savez(path, config=np.array(json_io.dumps(model.config.to_dict())), **model.state_dict())
     else:

@@ -131,7 +131,8 @@ def isa_info() -> dict[str, Any]:
     compiled extensions: ``{"selected": None, "available": [], ...}``.
     """
     if _isa is None:
-        return {"features": {}, "available": [], "kernels": [], "selected": None, "forced": None}
+        return {"features": {}, "available": [], "kernels": [], "selected": None, "forced": None,
+                "quant_kernels": {}}
     return _isa.isa_info()
 
 

@@ -5,12 +5,13 @@ once into a static library that every extension links (setup.py, csrc/README.md)
 choice and the path state live in ONE dispatch table, owned by :mod:`fastspec.kernels._isa`;
 an extension that links the core shares it at import (``_isa.share_table``).
 """
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint16_t, uint64_t
 
 
 cdef extern from "fs_isa.h" nogil:
     ctypedef struct fs_isa_features:
         int avx2, fma, f16c, avx512f, avx512bf16, amx_cpu, amx_tile, amx_bf16
+        int avx512vnni, avx_vnni, amx_int8
     void fs_isa_detect(fs_isa_features *f)
     int fs_isa_supported(const fs_isa_features *f, int p)
     ctypedef struct fs_dispatch:
@@ -24,6 +25,7 @@ cdef extern from "fs_isa.h" nogil:
     int fs_linear_get_threads()
     int fs_linear_set_path(int p)
     int fs_linear_get_path()
+    const char *fs_isa_quant_kernel(int p, int n)
 
 
 cdef extern from "fs_pool.h" nogil:
@@ -78,6 +80,7 @@ cdef extern from "fs_model.h" nogil:
     ctypedef struct fs_scratch_f32:
         float *x
         float *h
+        void *qs
     ctypedef struct fs_scratch_f64:
         double *x
         double *h
@@ -108,6 +111,37 @@ cdef extern from "fs_model.h" nogil:
                                  int n, int n_in, const float *fc, const float *hidden_norm,
                                  int pos0, float *k_cache, float *v_cache, size_t layer_stride,
                                  int capacity)
+    # quantized storage (f32q): every matrix an fs_qmat (packed blocks and their kind)
+    ctypedef struct fs_qmat:
+        const uint8_t *p
+        int kind
+    ctypedef struct fs_layer_f32q:
+        pass
+    ctypedef struct fs_model_f32q:
+        pass
+    void fs_layer_set_f32q(fs_layer_f32q *L, void **p)
+    void fs_model_set_f32q(fs_model_f32q *m, const fs_dims *d, void **p,
+                           const fs_layer_f32q *layers)
+    # the float-compute variants behind one entry point each (FS_MV_*, the model struct)
+    enum:
+        FS_MV_F32
+        FS_MV_F32H
+        FS_MV_F32B
+        FS_MV_F32Q
+    void fs_model_embed(int variant, const void *m, const int64_t *ids, int n, int pos0,
+                        const int32_t *positions, float *x)
+    void fs_model_layers(int variant, const void *m, fs_scratch_f32 *s, int n, int pos0,
+                         int causal, float *k_cache, float *v_cache, size_t layer_stride,
+                         int capacity, float **hidden, const int32_t *positions,
+                         const uint8_t *tree_mask)
+    void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int n, float *logits)
+    void fs_model_context_kv(int variant, const void *m, fs_scratch_f32 *s, const float *feat,
+                             int n, int pos0, float *k_cache, float *v_cache,
+                             size_t layer_stride, int capacity, int l0, int l1)
+    void fs_model_context_kv_taps(int variant, const void *m, fs_scratch_f32 *s,
+                                  const float *taps, int n, int n_in, const float *fc,
+                                  const float *hidden_norm, int pos0, float *k_cache,
+                                  float *v_cache, size_t layer_stride, int capacity)
     void fs_layers_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, int pos0, int causal,
                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
                        float **hidden, const int32_t *positions, const uint8_t *tree_mask)
@@ -183,3 +217,26 @@ cdef extern from "fs_kernels.h" nogil:
     void fs_top_p(double *p, long n, double top_p, uint64_t *key, int32_t *idx,
                   uint64_t *tmp_key, int32_t *tmp_idx)
     long FS_CDF_CHECKPOINTS(long n)
+
+
+cdef extern from "fs_quant.h" nogil:
+    # Quantized products (GGUF's Q8_0 / Q4_0 / Q4_1 weights, int8 activations); the numerics
+    # are docs/FORMATS.md's "Quantized products". Kinds in QUANT_KINDS order.
+    enum:
+        FS_Q8_0
+        FS_Q4_0
+        FS_Q4_1
+        FS_Q_EBADSCALE
+        FS_Q_EARG
+    int fs_quant_block_bytes(int kind)
+    size_t fs_quant_packed_bytes(int kind, int inp, int out)
+    int fs_quant_pack(int kind, const uint8_t *blocks, int inp, int out, uint8_t *P)
+    void fs_quant_unpack(int kind, const uint8_t *P, int inp, int out, uint8_t *blocks)
+    void fs_quant_rows_f32(int kind, const uint8_t *P, int inp, int out, const int32_t *cols,
+                           int count, float *dst)
+    size_t fs_quant_scratch_bytes(int kind, int n, int inp)
+    # y (n, out) [+]= x (n, inp) @ W^T [+ bias]; W packed by fs_quant_pack; checks nothing
+    void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, float *y,
+                     int n, int inp, int out, int accumulate, void *scratch)
+    void fs_quant_rows(const float *x, int n, int inp, int8_t *q, float *d, int32_t *s)
+    const char *fs_quant_kernel_name(int n)

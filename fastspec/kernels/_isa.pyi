@@ -1,14 +1,15 @@
 """Type stub of :mod:`fastspec.kernels._isa` (CPU features, the matrix-product path, the pool)."""
 from typing import Any
 
-__all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "available", "resolve", "describe",
-           "from_env", "set_isa", "isa_info", "bf16_tiles", "set_threads", "get_threads"]
+__all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "quant_kernels", "available", "resolve",
+           "describe", "from_env", "set_isa", "isa_info", "bf16_tiles", "set_threads", "get_threads"]
 
 NAMES: tuple[str, ...]
 KERNELS: tuple[str, ...]
 MAX_THREADS: int
 
 def features() -> dict[str, bool]: ...
+def quant_kernels() -> dict[str, str]: ...
 def available() -> list[str]: ...
 def resolve(name: str | None) -> int: ...
 def describe(selected: int, forced: str | None) -> dict[str, Any]: ...

@@ -14,6 +14,7 @@ from fastspec.kernels._csrc cimport (
     fs_isa_detect,
     fs_isa_features,
     fs_isa_init,
+    fs_isa_quant_kernel,
     fs_isa_supported,
     fs_isa_table,
     fs_linear_amx_built,
@@ -27,8 +28,8 @@ from fastspec.kernels._csrc cimport (
 
 from fastspec.kernels.checks import check_index
 
-__all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "available", "resolve", "describe",
-           "from_env", "set_isa", "isa_info", "bf16_tiles", "set_threads", "get_threads"]
+__all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "quant_kernels", "available", "resolve",
+           "describe", "from_env", "set_isa", "isa_info", "bf16_tiles", "set_threads", "get_threads"]
 
 #: Path names in fs_isa.h's order (FS_ISA_PORTABLE .. FS_ISA_AMX).
 NAMES = ("portable", "avx2", "avx512", "avx512bf16", "amx")
@@ -40,14 +41,35 @@ MAX_THREADS = FS_POOL_MAX
 
 
 def features():
-    """Return {name: bool} for avx2, fma, f16c, avx512f, avx512bf16, amx_tile, amx_bf16 and
-    amx_cpu (AMX in CPUID, whether or not Linux granted the tile data)."""
+    """Return {name: bool} for avx2, fma, f16c, avx512f, avx512bf16, avx512vnni, avx_vnni,
+    amx_tile, amx_bf16, amx_int8 and amx_cpu (AMX in CPUID, whether or not Linux granted the
+    tile data)."""
     cdef fs_isa_features f
     fs_isa_detect(&f)
     return {"avx2": bool(f.avx2), "fma": bool(f.fma), "f16c": bool(f.f16c),
             "avx512f": bool(f.avx512f), "avx512bf16": bool(f.avx512bf16),
+            "avx512vnni": bool(f.avx512vnni), "avx_vnni": bool(f.avx_vnni),
             "amx_tile": bool(f.amx_tile), "amx_bf16": bool(f.amx_bf16),
-            "amx_cpu": bool(f.amx_cpu)}
+            "amx_int8": bool(f.amx_int8), "amx_cpu": bool(f.amx_cpu)}
+
+
+def quant_kernels():
+    """Return {path: description} of the quantized products' kernel on each path this build
+    has and this CPU runs (e.g. ``"avx512_vnni (< 8 rows), amx_int8 (>= 8 rows)"``)."""
+    out = {}
+    have = available()
+    for name in KERNELS:
+        if name not in have:
+            continue
+        i = NAMES.index(name)
+        one = fs_isa_quant_kernel(i, 1).decode()
+        many = fs_isa_quant_kernel(i, 1 << 20).decode()
+        if one == many:
+            out[name] = one
+        else:
+            rows = next(n for n in range(1, 65) if fs_isa_quant_kernel(i, n).decode() == many)
+            out[name] = f"{one} (< {rows} rows), {many} (>= {rows} rows)"
+    return out
 
 
 def available():
@@ -79,7 +101,7 @@ def resolve(name):
 def describe(int selected, forced):
     """Return the :func:`isa_info` dict for path index ``selected``."""
     return {"features": features(), "available": available()[::-1], "kernels": list(KERNELS),
-            "selected": NAMES[selected], "forced": forced}
+            "selected": NAMES[selected], "forced": forced, "quant_kernels": quant_kernels()}
 
 
 def from_env():
@@ -110,7 +132,8 @@ def isa_info():
         for only when the CPU has AMX) and ``amx_cpu`` (AMX in CPUID, granted or not);
         ``available``: the paths this CPU could run, best first; ``kernels``: the paths this
         build has kernels for; ``selected``: the path every product runs now; ``forced``: the
-        name given to :func:`set_isa` or ``FASTSPEC_ISA``, or None.
+        name given to :func:`set_isa` or ``FASTSPEC_ISA``, or None; ``quant_kernels``:
+        {path: the quantized products' kernel on it} (:func:`quant_kernels`).
     """
     return describe(fs_linear_get_path(), _forced)
 

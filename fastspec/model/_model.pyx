@@ -16,29 +16,18 @@ from libc.stdlib cimport calloc, free
 from libc.string cimport memcpy
 
 from fastspec.kernels._csrc cimport (
-    fs_context_kv_f32,
-    fs_context_kv_f32b,
-    fs_context_kv_f32h,
     fs_context_kv_f64,
-    fs_context_kv_taps_f32,
-    fs_context_kv_taps_f32b,
-    fs_context_kv_taps_f32h,
     fs_context_kv_taps_f64,
     fs_dims,
-    fs_embed_f32,
-    fs_embed_f32b,
-    fs_embed_f32h,
     fs_embed_f64,
-    fs_head_f32,
-    fs_head_f32b,
-    fs_head_f32h,
     fs_head_f64,
-    fs_layers_f32,
-    fs_layers_f32b,
-    fs_layers_f32h,
     fs_layers_f64,
     fs_linear_bf16_amx,
-    fs_model_f32b,
+    fs_model_context_kv,
+    fs_model_context_kv_taps,
+    fs_model_embed,
+    fs_model_head,
+    fs_model_layers,
     fs_packed_len,
     fs_scratch_f32,
     fs_scratch_f64,
@@ -187,6 +176,8 @@ cdef class TransformerRunner:
         else:
             fs_scratch_init_f32(&c.s32, &self.dims, <float *>cnp.PyArray_DATA(self._scratch),
                                 self._rows, dbuf, c.capacity)
+            if self.w.quant:
+                c.s32.qs = self.w.quant_scratch(self._rows)
         return 0
 
     cdef cnp.ndarray _out(self, object out, int n, int width, str name):
@@ -241,33 +232,15 @@ cdef class TransformerRunner:
         else:
             with nogil:
                 if mode == MODE_IDS:
-                    if self.bf16:
-                        fs_embed_f32b(<const fs_model_f32b *>&self.w.m16, <const int64_t *>sp, n,
-                                      start, pp, c.s32.x)
-                    elif self.half:
-                        fs_embed_f32h(&self.w.m16, <const int64_t *>sp, n, start, pp, c.s32.x)
-                    else:
-                        fs_embed_f32(&self.w.m32, <const int64_t *>sp, n, start, pp, c.s32.x)
+                    fs_model_embed(self.w.variant, self.w.mptr, <const int64_t *>sp, n, start,
+                                   pp, c.s32.x)
                 else:
                     memcpy(c.s32.x, sp, <size_t>n * self.dims.dim * sizeof(float))
-                if self.bf16:
-                    fs_layers_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32, n, start, causal,
-                                   <float *>c.k, <float *>c.v, c.stride, c.capacity,
-                                   <float **>self.hidden_ptrs, pp, mp)
-                    if logits:
-                        fs_head_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32, n, <float *>rp)
-                elif self.half:
-                    fs_layers_f32h(&self.w.m16, &c.s32, n, start, causal, <float *>c.k,
-                                   <float *>c.v, c.stride, c.capacity, <float **>self.hidden_ptrs,
-                                   pp, mp)
-                    if logits:
-                        fs_head_f32h(&self.w.m16, &c.s32, n, <float *>rp)
-                else:
-                    fs_layers_f32(&self.w.m32, &c.s32, n, start, causal, <float *>c.k,
-                                  <float *>c.v, c.stride, c.capacity, <float **>self.hidden_ptrs,
-                                  pp, mp)
-                    if logits:
-                        fs_head_f32(&self.w.m32, &c.s32, n, <float *>rp)
+                fs_model_layers(self.w.variant, self.w.mptr, &c.s32, n, start, causal,
+                                <float *>c.k, <float *>c.v, c.stride, c.capacity,
+                                <float **>self.hidden_ptrs, pp, mp)
+                if logits:
+                    fs_model_head(self.w.variant, self.w.mptr, &c.s32, n, <float *>rp)
         return res, hidden
 
     cdef tuple _hidden(self, object hidden_layers):
@@ -407,19 +380,9 @@ cdef class TransformerRunner:
                                        <double *>c.k, <double *>c.v, c.stride, c.capacity)
         else:
             with nogil:
-                if self.bf16:
-                    fs_context_kv_taps_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32,
-                                            <const float *>tp, n, n_in, <const float *>fp,
-                                            <const float *>wp, start, <float *>c.k,
-                                            <float *>c.v, c.stride, c.capacity)
-                elif self.half:
-                    fs_context_kv_taps_f32h(&self.w.m16, &c.s32, <const float *>tp, n, n_in,
-                                            <const float *>fp, <const float *>wp, start,
-                                            <float *>c.k, <float *>c.v, c.stride, c.capacity)
-                else:
-                    fs_context_kv_taps_f32(&self.w.m32, &c.s32, <const float *>tp, n, n_in,
-                                           <const float *>fp, <const float *>wp, start,
-                                           <float *>c.k, <float *>c.v, c.stride, c.capacity)
+                fs_model_context_kv_taps(self.w.variant, self.w.mptr, &c.s32, <const float *>tp,
+                                         n, n_in, <const float *>fp, <const float *>wp, start,
+                                         <float *>c.k, <float *>c.v, c.stride, c.capacity)
 
     cdef cnp.ndarray _rows_arg(self, object a, str name, int width, int ndim=2):
         """``a`` as a C-contiguous array of the model dtype: (n >= 1, width) rows (width -1:
@@ -458,15 +421,6 @@ cdef class TransformerRunner:
                                   <double *>c.v, c.stride, c.capacity, layer_lo, layer_hi)
         else:
             with nogil:
-                if self.bf16:
-                    fs_context_kv_f32b(<const fs_model_f32b *>&self.w.m16, &c.s32,
-                                       <const float *>fp, n, start, <float *>c.k, <float *>c.v,
-                                       c.stride, c.capacity, layer_lo, layer_hi)
-                elif self.half:
-                    fs_context_kv_f32h(&self.w.m16, &c.s32, <const float *>fp, n, start,
-                                       <float *>c.k, <float *>c.v, c.stride, c.capacity, layer_lo,
-                                       layer_hi)
-                else:
-                    fs_context_kv_f32(&self.w.m32, &c.s32, <const float *>fp, n, start,
-                                      <float *>c.k, <float *>c.v, c.stride, c.capacity, layer_lo,
-                                      layer_hi)
+                fs_model_context_kv(self.w.variant, self.w.mptr, &c.s32, <const float *>fp, n,
+                                    start, <float *>c.k, <float *>c.v, c.stride, c.capacity,
+                                    layer_lo, layer_hi)

@@ -7,6 +7,9 @@ from fastspec.kernels._csrc cimport (
     fs_model_f32,
     fs_model_f32h,
     fs_model_f64,
+    fs_layer_f32q,
+    fs_model_f32q,
+    fs_qmat,
 )
 
 
@@ -22,6 +25,17 @@ cdef class ModelWeights:
     cdef fs_layer_f32 *layers32
     cdef fs_layer_f64 *layers64
     cdef fs_layer_f32h *layers16
+    cdef readonly bint quant  # quantized matrices (q8_0/q4_0/q4_1), in mq / layersq / qmats
+    cdef fs_model_f32q mq
+    cdef fs_layer_f32q *layersq
+    cdef fs_qmat *qmats  # one per quantized matrix, in the order the structs point at them
+    cdef int variant  # FS_MV_* of the float-compute model (mptr)
+    cdef const void *mptr
+    cdef object _qkinds  # the kinds present (their scratch sizes)
+    cdef object _qscratch  # the quantized products' scratch (bytes), grown by quant_scratch
+    cdef int _qin  # widest input of a product
+    cdef int _init_quant(self, model) except -1
+    cdef void *quant_scratch(self, size_t rows) except NULL
     cdef object _keep
     cdef readonly object dtype
 

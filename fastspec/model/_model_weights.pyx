@@ -12,10 +12,18 @@ from functools import partial
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport uint16_t
+from libc.stdint cimport uint8_t, uint16_t
 from libc.stdlib cimport calloc, free
 
 from fastspec.kernels._csrc cimport (
+    FS_MV_F32,
+    FS_MV_F32B,
+    FS_MV_F32H,
+    FS_MV_F32Q,
+    fs_layer_set_f32q,
+    fs_model_set_f32q,
+    fs_quant_packed_bytes,
+    fs_quant_scratch_bytes,
     fs_layer_f32,
     fs_layer_f32h,
     fs_layer_f64,
@@ -146,6 +154,31 @@ def _drop_entry(key, source_ref):
         del _packed_by_source[key]
 
 
+#: The C kind of each quantized weight_dtype (fs_quant.h's FS_Q8_0, FS_Q4_0, FS_Q4_1).
+_QKIND = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+
+
+def _f32(a, keep):
+    """``a`` checked to be None or a C-contiguous float32 array (kept alive in ``keep``)."""
+    if a is None:
+        return None
+    if not isinstance(a, np.ndarray) or a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise TypeError("runner weights must be C-contiguous float32 arrays")
+    keep.append(a)
+    return a
+
+
+def _qpacked(a, int kind):
+    """The packed bytes (``fs_quant_pack``'s layout) of QuantMatrix ``a``: its own, read in
+    place (a tied head is the embedding: one copy), checked to be of the right length."""
+    P = getattr(a, "packed", None)
+    if (not isinstance(P, np.ndarray) or P.dtype != np.uint8 or P.ndim != 1
+            or not P.flags.c_contiguous
+            or P.shape[0] != fs_quant_packed_bytes(kind, a.in_features, a.out_features)):
+        raise ValueError(f"a {a.kind} matrix's packed bytes do not match its shape")
+    return P
+
+
 _HUGE_PAGE = 2 << 20
 _ALIGN = 64
 
@@ -212,6 +245,9 @@ cdef class ModelWeights:
         self.layers32 = NULL
         self.layers64 = NULL
         self.layers16 = NULL
+        self.layersq = NULL
+        self.qmats = NULL
+        self.mptr = NULL
 
     def __init__(self, model):
         cfg = model.config
@@ -219,6 +255,8 @@ cdef class ModelWeights:
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise TypeError(f"model dtype must be float32 or float64, got {dt}")
         wname = getattr(cfg, "weight_dtype", None) or str(dt)
+        if wname in _QKIND:
+            wname = str(dt)  # quantized: the float32 arrays (norms, biases) checked below
         self.bf16 = wname == "bfloat16"
         self.tiles = self.bf16 and bf16_tiles()
         wdt = np.dtype(np.uint16) if self.bf16 else np.dtype(wname)  # bf16: raw bit patterns
@@ -238,6 +276,10 @@ cdef class ModelWeights:
         d.act = _ACTS[cfg.activation]
         d.qk_norm = bool(cfg.qk_norm)
         d.eps = cfg.norm_eps
+        self.quant = bool(getattr(cfg, "quantized", False))
+        if self.quant:
+            self._init_quant(model)
+            return
         keep = []
         arena = None if self.is64 else _Arena(_packed_bytes(model, wdt.itemsize, self.tiles))
 
@@ -312,11 +354,92 @@ cdef class ModelWeights:
             fs_model_set_f64(&self.m64, &self.dims, p, self.layers64)
         elif self.half:
             fs_model_set_f32h(&self.m16, &self.dims, p, self.layers16)
+            self.variant, self.mptr = (FS_MV_F32B if self.bf16 else FS_MV_F32H), &self.m16
         else:
             fs_model_set_f32(&self.m32, &self.dims, p, self.layers32)
+            self.variant, self.mptr = FS_MV_F32, &self.m32
         self._keep = keep
+
+    cdef int _init_quant(self, model) except -1:
+        """The f32q structs: every matrix a QuantMatrix, its packed bytes read in place
+        (``QuantMatrix.packed``), norms and biases float32."""
+        cfg = model.config
+        d = &self.dims
+        L = cfg.n_layers
+        if len(model.layers) != L:
+            raise ValueError(f"expected {L} layers, got {len(model.layers)}")
+        if d.rope and (model.rope_cos is None or model.rope_cos.shape[0] < cfg.max_seq_len):
+            raise ValueError("model.rope_cos must cover max_seq_len positions")
+        if d.rmsnorm and model.final_norm is None:
+            raise ValueError("RMSNorm models need model.final_norm")
+        if not d.rope and model.pos_embed is None:
+            raise ValueError("learned positions need model.pos_embed")
+        self.layersq = <fs_layer_f32q *>calloc(L, sizeof(fs_layer_f32q))
+        self.qmats = <fs_qmat *>calloc(L * _N_MATRICES + 2, sizeof(fs_qmat))
+        if self.layersq == NULL or self.qmats == NULL:
+            raise MemoryError()
+        keep, kinds = [], set()
+        HD, KD = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+        F = cfg.ffn_dim
+        shapes = {"wq": (d.dim, HD), "wk": (d.dim, KD), "wv": (d.dim, KD), "wo": (HD, d.dim),
+                  "w_gate": (d.dim, F), "w_up": (d.dim, F), "w_down": (F, d.dim)}
+        self._qin = max(d.dim, HD, F)
+        cdef void *p[14]
+        cdef int i, j, q = 0
+        for i in range(L + 1):
+            lw = model.layers[i] if i < L else None
+            for j, name in enumerate(_LAYER_FIELDS):
+                if lw is None:  # the model's embedding and head: (vocab, dim) rows
+                    if j >= 2:
+                        break
+                    a, shape = (model.embed, model.head)[j], (d.dim, d.vocab)
+                else:
+                    a, shape = getattr(lw, name, None), shapes.get(name)
+                if a is None or j >= _N_MATRICES and lw is not None:
+                    p[j] = _ptr(_f32(a, keep))
+                    continue
+                kind = _QKIND.get(getattr(a, "kind", None))
+                if kind is None:
+                    raise TypeError(f"a quantized model's {name} must be a QuantMatrix, got "
+                                    f"{type(a).__name__}")
+                if (a.in_features, a.out_features) != shape:
+                    raise ValueError(f"{name} has (in, out) {(a.in_features, a.out_features)}"
+                                     f", expected {shape}")
+                P = _qpacked(a, kind)
+                keep.append(P)
+                kinds.add(kind)
+                self.qmats[q].p = <const uint8_t *>cnp.PyArray_DATA(P)
+                self.qmats[q].kind = kind
+                p[j] = &self.qmats[q]
+                q += 1
+            if lw is not None:
+                for j in [0, 1, 2, 3, 5, 6] + ([4] if d.act == 0 else []) + (
+                        [7, 8] if d.rmsnorm else []) + ([9, 10] if d.qk_norm else []):
+                    if p[j] == NULL:
+                        raise ValueError(f"layer {i}: missing weight {_LAYER_FIELDS[j]}")
+                fs_layer_set_f32q(&self.layersq[i], p)
+        p[2] = p[1]  # embed, pos_embed, head, final_norm, rope_cos, rope_sin
+        p[1] = _ptr(_f32(model.pos_embed, keep))
+        p[3] = _ptr(_f32(model.final_norm, keep))
+        p[4] = _ptr(_f32(model.rope_cos, keep))
+        p[5] = _ptr(_f32(model.rope_sin, keep))
+        fs_model_set_f32q(&self.mq, &self.dims, p, self.layersq)
+        self.variant, self.mptr = FS_MV_F32Q, &self.mq
+        self._keep, self._qkinds, self._qscratch = keep, sorted(kinds), None
+        return 0
+
+    cdef void *quant_scratch(self, size_t rows) except NULL:
+        """The quantized products' scratch for ``rows`` rows (grown, never shrunk)."""
+        cdef size_t need = 64
+        for kind in self._qkinds:
+            need = max(need, fs_quant_scratch_bytes(kind, <int>rows, self._qin))
+        if self._qscratch is None or self._qscratch.shape[0] < need:
+            self._qscratch = np.empty(need + 64, np.uint8)
+        return cnp.PyArray_DATA(<cnp.ndarray>self._qscratch)
 
     def __dealloc__(self):
         free(self.layers32)
         free(self.layers64)
         free(self.layers16)
+        free(self.layersq)
+        free(self.qmats)

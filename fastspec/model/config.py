@@ -10,11 +10,15 @@ import numpy as np
 from fastspec.kernels.bf16 import BF16
 from fastspec.kernels.checks import check_index, check_known_fields
 
-__all__ = ["ModelConfig"]
+__all__ = ["ModelConfig", "QUANT_WEIGHT_DTYPES"]
 
 _NORMS = ("rmsnorm", "layernorm")
 _POSITIONALS = ("rope", "learned")
 _ACTIVATIONS = ("swiglu", "tanh", "gelu")
+#: ``weight_dtype`` names of the quantized storage (GGUF's blocks of 32; docs/FORMATS.md).
+QUANT_WEIGHT_DTYPES = ("q8_0", "q4_0", "q4_1")
+#: Bytes per weight of each quantized storage (block bytes / 32).
+_QUANT_ITEMSIZE = {"q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32}
 
 
 @dataclass(frozen=True)
@@ -36,8 +40,14 @@ class ModelConfig:
     them as bf16 bit patterns in uint16 arrays (NumPy has no bf16; a uint16 weight array
     passed to :class:`Transformer` is always read as bf16 bits) and changes the arithmetic:
     every matrix product rounds its input rows to bf16 (nearest even) and accumulates in
-    float32 (docs/FORMATS.md). Norms, biases, rope tables and ``pos_embed`` stay in
-    ``dtype``. A ``weight_dtype`` equal to ``dtype`` is stored as None.
+    float32 (docs/FORMATS.md). ``"q8_0"``, ``"q4_0"`` and ``"q4_1"`` (only with
+    ``dtype="float32"``) store them as GGUF's quantized blocks of 32 along the input axis
+    (:class:`fastspec.kernels.quant.QuantMatrix`; every in-width a multiple of 32): every
+    product quantizes its input rows per block to int8 and sums integer block products
+    (docs/FORMATS.md); the embedding lookup dequantizes rows. A matrix loaded from a file in
+    another native kind keeps its blocks (a q4_1 model with a q8_0 embedding, as llama.cpp
+    writes them). Norms, biases, rope tables and ``pos_embed`` stay in ``dtype``. A
+    ``weight_dtype`` equal to ``dtype`` is stored as None.
     """
 
     vocab_size: int
@@ -86,11 +96,15 @@ class ModelConfig:
             raise ValueError(f"rotary positions need an even head_dim, got {self.head_dim}")
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        if self.weight_dtype not in (None, "float16", BF16, "float32", "float64"):
-            raise ValueError("weight_dtype must be None, 'float16', 'bfloat16', 'float32' or "
-                             f"'float64', got {self.weight_dtype!r}")
+        if self.weight_dtype not in (None, "float16", BF16, "float32", "float64",
+                                     *QUANT_WEIGHT_DTYPES):
+            raise ValueError("weight_dtype must be None, 'float16', 'bfloat16', 'float32', "
+                             "'float64', 'q8_0', 'q4_0' or 'q4_1', got "
+                             f"{self.weight_dtype!r}")
         if self.weight_dtype == self.dtype:
             object.__setattr__(self, "weight_dtype", None)
+        elif self.weight_dtype in QUANT_WEIGHT_DTYPES:
+            self._check_quantized()
         elif self.weight_dtype in ("float16", BF16) and self.dtype != "float32":
             raise ValueError(f"weight_dtype {self.weight_dtype!r} needs dtype 'float32', got "
                              f"{self.dtype!r}")
@@ -102,6 +116,22 @@ class ModelConfig:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
         if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+
+    def _check_quantized(self) -> None:
+        if self.dtype != "float32":
+            raise ValueError(f"weight_dtype {self.weight_dtype!r} needs dtype 'float32', got "
+                             f"{self.dtype!r}")
+        widths = {"dim": self.dim, "n_heads * head_dim": self.n_heads * self.head_dim,
+                  "ffn_dim": self.ffn_dim}
+        for name, width in widths.items():
+            if width % 32:
+                raise ValueError(f"weight_dtype {self.weight_dtype!r} stores blocks of 32 "
+                                 f"inputs: {name} must be a multiple of 32, got {width}")
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the matrices are stored quantized (``weight_dtype`` q8_0, q4_0 or q4_1)."""
+        return self.weight_dtype in QUANT_WEIGHT_DTYPES
 
     @classmethod
     def toy(cls, vocab_size: int = 8, dim: int = 16, n_heads: int = 2, n_layers: int = 2,
@@ -126,8 +156,11 @@ class ModelConfig:
         return self.weight_dtype or self.dtype
 
     @property
-    def matrix_itemsize(self) -> int:
-        """Bytes per stored matrix element (2 for float16 and bfloat16)."""
+    def matrix_itemsize(self) -> float:
+        """Bytes per stored matrix element (2 for float16 and bfloat16; 34/32, 18/32 and
+        20/32 for q8_0, q4_0 and q4_1: a float, not an int, for those)."""
+        if self.quantized:
+            return _QUANT_ITEMSIZE[self.weight_dtype]
         return 2 if self.matrix_dtype == BF16 else np.dtype(self.matrix_dtype).itemsize
 
     def to_dict(self) -> dict:

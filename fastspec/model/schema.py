@@ -130,8 +130,10 @@ def random_layer(rng: np.random.Generator, shapes: Mapping[str, tuple[int, ...]]
 
 
 def layer_state(lw: LayerWeights, prefix: str) -> dict[str, np.ndarray]:
-    """Return the layer's weights under ``prefix + key`` in file layout (matrices transposed)."""
-    return {prefix + _SPECS[attr].key: (a.T if a.ndim == 2 else a)
+    """Return the layer's weights under ``prefix + key`` in file layout (matrices transposed;
+    a quantized matrix as it is: its rows are outputs)."""
+    # a QuantMatrix (no ndim) already is (out, in)
+    return {prefix + _SPECS[attr].key: (a.T if getattr(a, "ndim", 0) == 2 else a)
             for attr, a in lw.arrays().items()}
 
 
@@ -159,8 +161,10 @@ def check_layer(lw: LayerWeights, where: str, shapes: Mapping[str, tuple[int, ..
         a = getattr(lw, attr)
         if a is None:
             raise ValueError(f"{where}: missing weight {attr}")
-        if a.shape != shapes[attr]:
-            raise ValueError(f"{where}: {attr} must have shape {shapes[attr]}, got {a.shape}")
+        shape = ((a.in_features, a.out_features) if hasattr(a, "in_features")  # QuantMatrix
+                 else a.shape)
+        if shape != shapes[attr]:
+            raise ValueError(f"{where}: {attr} must have shape {shapes[attr]}, got {shape}")
 
 
 def hf_layer_keys(prefix: str, attrs: Iterable[str]) -> list[str]:

@@ -126,11 +126,26 @@ def _final(raw: "np.ndarray | TensorFile", name: str, transpose: bool,
     return out
 
 
+def _quant_final(raw: Any, kind: str) -> Any:
+    """Return file-layout matrix ``raw`` (``(out, in)``) as a QuantMatrix of a model of
+    ``kind``: a QuantMatrix as it is, a GGUF tensor through its own :meth:`quant` (native
+    blocks kept), anything else quantized from its float32 values."""
+    if hasattr(raw, "in_features"):
+        return raw
+    if hasattr(raw, "quant"):
+        return raw.quant(kind)
+    from fastspec.model.quantized import as_quant
+    return as_quant(raw.read() if _is_file_tensor(raw) else raw, kind, rows_are_outputs=True)
+
+
 class StateDict:
     """Persistence of a :class:`~fastspec.Transformer` (``config`` plus its weight arrays)."""
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Return the weights under Hugging Face names and layout (see docs/FORMATS.md)."""
+        """Return the weights under Hugging Face names and layout (see docs/FORMATS.md).
+
+        A quantized model's matrices come as their
+        :class:`~fastspec.kernels.quant.QuantMatrix` (already ``(out, in)``), not arrays."""
         c = self.config
         sd = {"model.embed_tokens.weight": self.embed}
         if self.pos_embed is not None:
@@ -140,8 +155,9 @@ class StateDict:
         if self.final_norm is not None:
             sd["model.norm.weight"] = self.final_norm
         if not c.tie_embeddings:
-            sd["lm_head.weight"] = self.head.T
-        return {k: np.ascontiguousarray(v) for k, v in sd.items()}
+            sd["lm_head.weight"] = self.head if c.quantized else self.head.T
+        return {k: v if hasattr(v, "in_features") else np.ascontiguousarray(v)
+                for k, v in sd.items()}
 
     @classmethod
     def from_state_dict(cls: type[Model], config: ModelConfig,
@@ -169,7 +185,9 @@ class StateDict:
         got: dict[str, np.ndarray] = {}
         for name, raw in tensors:
             slot = slots.get(name)
-            if slot is not None:
+            if slot is not None and slot[1] and c.quantized:
+                got[name] = _quant_final(raw, c.weight_dtype)
+            elif slot is not None:
                 raw = raw if _is_file_tensor(raw) else np.asarray(raw)
                 got[name] = _final(raw, c.matrix_dtype if slot[1] else c.dtype,
                                    transpose=slot[1] and raw.ndim == 2 and slot[0] != "embed",
@@ -181,7 +199,8 @@ class StateDict:
         layers = [LayerWeights(**{attr: got[key] for key, (where, _, attr) in slots.items()
                                   if where == i}) for i in range(c.n_layers)]
         embed = got.pop("model.embed_tokens.weight")
-        head = embed.T if c.tie_embeddings else got.pop("lm_head.weight")
+        tied = embed if c.quantized else embed.T  # a QuantMatrix's rows already are outputs
+        head = tied if c.tie_embeddings else got.pop("lm_head.weight")
         final = got.get("model.norm.weight")
         pos = got.get("model.embed_positions.weight")
         return cls(c, embed, layers, head, final, pos)
@@ -202,10 +221,12 @@ class StateDict:
         path : path-like
         dtype : {"float32", "float64"}, optional
             Compute dtype; default: the file's (float32 for a Hugging Face folder or GGUF).
-        weight_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
+        weight_dtype : {"float16", "bfloat16", "float32", "float64", "q8_0", "q4_0", "q4_1"}, optional
             Storage dtype of the matrices (see :class:`ModelConfig`); default: the file's
             ``weight_dtype`` when it fits ``dtype`` (float16 and bfloat16 need float32), else
-            ``dtype``. A bf16 Hugging Face checkpoint loaded with ``"bfloat16"`` keeps its bit
+            ``dtype`` (a quantized GGUF file too: float32 unless a quantized kind is asked
+            for). A quantized kind keeps a GGUF file's Q8_0/Q4_0/Q4_1 blocks as they are and
+            converts other types to the nearest native kind (docs/FORMATS.md). A bf16 Hugging Face checkpoint loaded with ``"bfloat16"`` keeps its bit
             patterns (no widening, no rounding).
         mmap : bool, default False
             Hugging Face folders and GGUF files (their F32/F16/BF16 tensors): map every tensor whose file dtype is its storage dtype

@@ -16,6 +16,7 @@ from fastspec.model.context import ContextForward
 from fastspec.model.output import ForwardOutput
 from fastspec.model.numpy_forward import NumpyForward
 from fastspec.model.functional import rope_tables
+from fastspec.model import quantized as _q
 from fastspec.model.schema import MATRICES, LayerWeights, check_layer, random_layer
 from fastspec.model.state import StateDict, layer_schema
 from fastspec.kernels.tree_shape import MAX_TREE_NODES, ancestor_mask, check_parents
@@ -78,13 +79,20 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         self.config = config
         dt, wdt = config.dtype, config.matrix_dtype
         cast = lambda a, t=dt: None if a is None else as_storage(a, t)  # noqa: E731
-        self.embed = cast(embed, wdt)
-        self.layers = [LayerWeights(**{k: _as_matrix(v, wdt) if k in _MATRICES else cast(v)
+        if config.quantized:  # QuantMatrix (out, in); a tied head is the embedding itself
+            mat = lambda a: _q.as_quant(a, wdt)  # noqa: E731
+            self.embed = _q.as_quant(embed, wdt, rows_are_outputs=True)
+            tied = head is embed or _is_transpose_of(head, embed)
+            self.head = self.embed if tied else mat(head)
+        else:
+            mat = lambda a: _as_matrix(a, wdt)  # noqa: E731
+            self.embed = cast(embed, wdt)
+            # a tied head stays a view; the very object when the embedding needed no cast (as
+            # a DFlash stack's over its target's: runners share packed copies by identity)
+            recast = _is_transpose_of(head, embed) and self.embed is not embed
+            self.head = self.embed.T if recast else _as_matrix(head, wdt)
+        self.layers = [LayerWeights(**{k: mat(v) if k in _MATRICES else cast(v)
                                        for k, v in lw.arrays().items()}) for lw in layers]
-        # a tied head stays a view; the very object when the embedding needed no cast (as a
-        # DFlash stack's over its target's: runners share packed copies by identity)
-        recast = _is_transpose_of(head, embed) and self.embed is not embed
-        self.head = self.embed.T if recast else _as_matrix(head, wdt)
         self.final_norm = cast(final_norm)
         self.pos_embed = cast(pos_embed)
         self._check_shapes()
@@ -123,8 +131,11 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         d = c.dim
         expect = {"embed": (c.vocab_size, d), "head": (d, c.vocab_size)}
         for name, shape in expect.items():
-            if getattr(self, name).shape != shape:
-                raise ValueError(f"{name} must have shape {shape}, got {getattr(self, name).shape}")
+            got = _q.layout_shape(getattr(self, name))
+            if name == "embed" and c.quantized:  # rows = outputs: (vocab, dim) as stored
+                got = got[::-1]
+            if got != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {got}")
         if len(self.layers) != c.n_layers:
             raise ValueError(f"expected {c.n_layers} layers, got {len(self.layers)}")
         shapes, attrs = layer_schema(c)
@@ -315,6 +326,11 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         if self.config.weight_dtype is None:
             return self.embed, self.head, self.layers
         wide = self._wide
+        if wide is None and self.config.quantized:  # products through linear_q
+            q = lambda a: _q.QLinear(a) if _q.is_quant(a) else a  # noqa: E731
+            layers = [LayerWeights(**{k: q(v) for k, v in lw.arrays().items()})
+                      for lw in self.layers]
+            wide = self._wide = (_q.QRows(self.embed), _q.QLinear(self.head), layers)
         if wide is None:
             dt = np.dtype(self.config.dtype)
             if self.config.weight_dtype == BF16:
@@ -337,8 +353,10 @@ class Transformer(ContextForward, NumpyForward, StateDict):
 
         Parameters
         ----------
-        weight_dtype : {None, "float16", "bfloat16", "float32", "float64"}
+        weight_dtype : {None, "float16", "bfloat16", "float32", "float64", "q8_0", "q4_0", "q4_1"}
             See :class:`ModelConfig`; None or the compute dtype stores the matrices in it.
+            A quantized kind is :meth:`quantize`; a quantized model asked for a float dtype
+            dequantizes its matrices.
             float16/bfloat16 -> float32 is exact; float32 -> float16 or bfloat16 rounds to
             nearest even (values beyond the range become infinite; bfloat16 from float16 or
             float64 goes through float32).
@@ -349,9 +367,39 @@ class Transformer(ContextForward, NumpyForward, StateDict):
             A new model; arrays that need no conversion (norms, biases, ``pos_embed``, and
             matrices already in ``weight_dtype``) are shared with this one.
         """
+        if weight_dtype in _q.QUANT_WEIGHT_DTYPES:
+            return self.quantize(weight_dtype)
+        if self.config.quantized:  # dequantized: float32 values, then stored as asked
+            config = self.config.replace(weight_dtype=None)
+            deq = lambda a, out=False: (  # noqa: E731
+                a.dequantize() if out else a.dequantize().T) if _q.is_quant(a) else a
+            embed = deq(self.embed, True)
+            head = embed.T if self.head is self.embed else deq(self.head)
+            layers = [LayerWeights(**{k: deq(v) for k, v in lw.arrays().items()})
+                      for lw in self.layers]
+            model = Transformer(config, embed, layers, head, self.final_norm, self.pos_embed)
+            return model if weight_dtype is None else model.with_weight_dtype(weight_dtype)
         config = self.config.replace(weight_dtype=weight_dtype)
         return Transformer(config, self.embed, self.layers, self.head, self.final_norm,
                            self.pos_embed)
+
+    def quantize(self, kind: str) -> "Transformer":
+        """Return a copy of this model with its matrices quantized to ``kind``.
+
+        Parameters
+        ----------
+        kind : {"q8_0", "q4_0", "q4_1"}
+            GGUF's blocks of 32 inputs (docs/FORMATS.md); every in-width of the model
+            (``dim``, ``n_heads * head_dim``, ``ffn_dim``) must be a multiple of 32.
+
+        Returns
+        -------
+        Transformer
+            float32 compute; the embedding, head and projections quantized from their float32
+            values (a quantized model's matrices of another kind are dequantized first, those
+            of ``kind`` kept); norms, biases and positions as float32.
+        """
+        return _q.quantize_model(self, kind)
 
     def _temp_cache(self, ids) -> KVCache:
         n = len(ids) if hasattr(ids, "__len__") else np.asarray(ids).size
@@ -385,7 +433,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
     @property
     def n_params(self) -> int:
         """Number of parameters (a tied head counted once)."""
-        total = sum(a.size for a in self.state_dict().values())
+        total = sum(a.in_features * a.out_features if _q.is_quant(a) else a.size
+                    for a in self.state_dict().values())
         return int(total)
 
     def __repr__(self) -> str:

@@ -62,10 +62,13 @@ def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
     ----------
     dtype : {"float32", "float64"}, default "float32"
         Compute dtype (activations, KV caches, logits).
-    weight_dtype : {"float16", "float32", "float64"}, optional
+    weight_dtype : {"float16", "float32", "float64", "bfloat16", "q8_0", "q4_0", "q4_1"}, optional
         Storage dtype of the matrices (see :class:`~fastspec.ModelConfig`). Default: float16
         with float32 compute (the files' own values, half the memory traffic of a decode step,
-        results bit-identical to ``weight_dtype="float32"``), else ``dtype``.
+        results bit-identical to ``weight_dtype="float32"``), else ``dtype``. A quantized
+        kind derives the quantized target and draft model from the files' float16 values at
+        load (every in-width of both is a multiple of 32); the DFlash drafter's layers
+        are quantized to the same kind (its embedding and head are the target's).
 
     Raises
     ------

@@ -200,7 +200,8 @@ def _model_bundle(args):
     from fastspec.models.pretrained import load_pretrained
     from fastspec.tools.eval_suites import suite
 
-    model, tok = load_pretrained(resolve(args.model))
+    model, tok = load_pretrained(resolve(args.model),
+                                 weight_dtype=getattr(args, "weight_dtype", None))
     prompt = args.prompt if args.prompt is not None else suite("grounded")[0].message
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
                                   add_generation_prompt=True, tokenize=True)
@@ -228,7 +229,7 @@ def demo_main(args) -> int:
         print("fastspec demo: the embedded model files are not installed "
               f"(looked in {pretrained.data_dir()})", file=sys.stderr)
         return 1
-    bundle = pretrained.load()
+    bundle = pretrained.load(weight_dtype=getattr(args, "weight_dtype", None))
     tok = bundle.tokenizer
     prompt = args.prompt if args.prompt is not None else _default_prompt()
     ids = tok.encode(prompt, add_bos=True)

@@ -1,0 +1,276 @@
+/* fs_quant.c -- the quantized products' entry points (fs_quant.h): packing, the activation
+ * rule, the split between threads and the dequantized rows; the products themselves are ISA
+ * variants (fs_quant_kern.h) reached through fs_disp. */
+#include "fs_quant.h"
+
+#include <float.h>
+
+#include "fs_isa.h"
+#include "fs_pool.h"
+#include "fs_quant_kern.h"
+#include "fs_variants.h"
+
+int fs_quant_block_bytes(int kind)
+{
+    switch (kind) {
+    case FS_Q8_0: return 34;
+    case FS_Q4_0: return 18;
+    case FS_Q4_1: return 20;
+    default: return 0;
+    }
+}
+
+static size_t fs_q_up64(size_t x) { return (x + 63) / 64 * 64; }
+
+size_t fs_quant_panel_m(int nb) { return fs_q_up64((size_t)nb * 16); }
+
+size_t fs_quant_panel_qs(int kind, int nb)
+{
+    return fs_q_up64((size_t)nb * 16) * (kind == FS_Q4_1 ? 2 : 1);
+}
+
+size_t fs_quant_panel_bytes(int kind, int in)
+{
+    int nb = in / FS_Q_BLOCK;
+    return fs_quant_panel_qs(kind, nb) + (size_t)nb * (kind == FS_Q8_0 ? 256 : 128);
+}
+
+size_t fs_quant_packed_bytes(int kind, int in, int out)
+{
+    return fs_quant_panel_bytes(kind, in) * (size_t)((out + FS_Q_COLS - 1) / FS_Q_COLS);
+}
+
+/* A value the compiler must not fuse into a following addition (q4_1's d * nib + m is two
+ * roundings, as GGUF's dequantization does it). */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define FS_Q_NOFUSE(v) __asm__("" : "+x"(v))
+#else
+#define FS_Q_NOFUSE(v) ((void)0)
+#endif
+
+static uint16_t fs_q_rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static void fs_q_wr16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v & 0xff);
+    p[1] = (uint8_t)(v >> 8);
+}
+/* An f16 with the largest exponent is an infinity or a NaN. */
+static int fs_q_bad16(uint16_t h) { return (h & 0x7c00u) == 0x7c00u; }
+
+int fs_quant_pack(int kind, const uint8_t *blocks, int in, int out, uint8_t *P)
+{
+    int bb = fs_quant_block_bytes(kind);
+    if (bb == 0 || in <= 0 || in % FS_Q_BLOCK != 0 || out < 1) return FS_Q_EARG;
+    int nb = in / FS_Q_BLOCK, ng = (out + FS_Q_COLS - 1) / FS_Q_COLS, bad = 0;
+    size_t psz = fs_quant_panel_bytes(kind, in), qoff = fs_quant_panel_qs(kind, nb);
+    size_t moff = fs_quant_panel_m(nb), qb = kind == FS_Q8_0 ? 256 : 128;
+    for (int g = 0; g < ng; g++) {
+        uint8_t *pan = P + (size_t)g * psz;
+        memset(pan, 0, psz);
+        for (int c = 0; c < FS_Q_COLS && g * FS_Q_COLS + c < out; c++) {
+            const uint8_t *row = blocks + (size_t)(g * FS_Q_COLS + c) * nb * bb;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = row + (size_t)b * bb;
+                uint16_t d = fs_q_rd16(blk);
+                bad |= fs_q_bad16(d);
+                fs_q_wr16(pan + (size_t)(b * FS_Q_COLS + c) * 2, d);
+                uint8_t *qs = pan + qoff + (size_t)b * qb;
+                if (kind == FS_Q8_0) {
+                    for (int i = 0; i < FS_Q_BLOCK; i++)
+                        qs[((i / 4) * FS_Q_COLS + c) * 4 + i % 4] = blk[2 + i];
+                    continue;
+                }
+                const uint8_t *nib = blk + 2;
+                if (kind == FS_Q4_1) {
+                    uint16_t m = fs_q_rd16(blk + 2);
+                    bad |= fs_q_bad16(m);
+                    fs_q_wr16(pan + moff + (size_t)(b * FS_Q_COLS + c) * 2, m);
+                    nib = blk + 4;
+                }
+                /* GGUF: byte i holds element i (low) and element i + 16 (high): the same pair
+                 * as the panel's byte, so the byte moves whole. */
+                for (int i = 0; i < 16; i++) qs[((i / 4) * FS_Q_COLS + c) * 4 + i % 4] = nib[i];
+            }
+        }
+    }
+    return bad ? FS_Q_EBADSCALE : 0;
+}
+
+void fs_quant_unpack(int kind, const uint8_t *P, int in, int out, uint8_t *blocks)
+{
+    int bb = fs_quant_block_bytes(kind), nb = in / FS_Q_BLOCK;
+    size_t psz = fs_quant_panel_bytes(kind, in), qoff = fs_quant_panel_qs(kind, nb);
+    size_t moff = fs_quant_panel_m(nb), qb = kind == FS_Q8_0 ? 256 : 128;
+    for (int col = 0; col < out; col++) {
+        const uint8_t *pan = P + (size_t)(col / FS_Q_COLS) * psz;
+        int c = col % FS_Q_COLS;
+        for (int b = 0; b < nb; b++) {
+            uint8_t *blk = blocks + ((size_t)col * nb + b) * bb;
+            const uint8_t *qs = pan + qoff + (size_t)b * qb;
+            memcpy(blk, pan + (size_t)(b * FS_Q_COLS + c) * 2, 2);
+            uint8_t *dst = blk + 2;
+            if (kind == FS_Q4_1) {
+                memcpy(blk + 2, pan + moff + (size_t)(b * FS_Q_COLS + c) * 2, 2);
+                dst = blk + 4;
+            }
+            int nq = kind == FS_Q8_0 ? 32 : 16;
+            for (int i = 0; i < nq; i++) dst[i] = qs[((i / 4) * FS_Q_COLS + c) * 4 + i % 4];
+        }
+    }
+}
+
+void fs_quant_rows_f32(int kind, const uint8_t *P, int in, int out, const int32_t *cols,
+                       int count, float *dst)
+{
+    int nb = in / FS_Q_BLOCK;
+    size_t psz = fs_quant_panel_bytes(kind, in), qoff = fs_quant_panel_qs(kind, nb);
+    size_t moff = fs_quant_panel_m(nb), qb = kind == FS_Q8_0 ? 256 : 128;
+    (void)out;
+    for (int k = 0; k < count; k++) {
+        const uint8_t *pan = P + (size_t)(cols[k] / FS_Q_COLS) * psz;
+        int c = cols[k] % FS_Q_COLS;
+        float *o = dst + (size_t)k * in;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *qs = pan + qoff + (size_t)b * qb;
+            float d = fs_h2f(fs_q_rd16(pan + (size_t)(b * FS_Q_COLS + c) * 2));
+            float m = kind == FS_Q4_1
+                      ? fs_h2f(fs_q_rd16(pan + moff + (size_t)(b * FS_Q_COLS + c) * 2)) : 0.0f;
+            for (int i = 0; i < FS_Q_BLOCK; i++) {
+                float v;
+                if (kind == FS_Q8_0) {
+                    v = d * (float)(int8_t)qs[((i / 4) * FS_Q_COLS + c) * 4 + i % 4];
+                } else {
+                    int j = i % 16;
+                    uint8_t byte = qs[((j / 4) * FS_Q_COLS + c) * 4 + j % 4];
+                    int nib = i < 16 ? byte & 15 : byte >> 4;
+                    v = d * (float)(kind == FS_Q4_0 ? nib - 8 : nib);
+                    if (kind == FS_Q4_1) {
+                        FS_Q_NOFUSE(v);
+                        v += m;
+                    }
+                }
+                o[b * FS_Q_BLOCK + i] = v;
+            }
+        }
+    }
+}
+
+/* ---- activations ----------------------------------------------------------------------- */
+
+/* One block of 32: returns d, writes q and *s. Compiled for several targets (FS_CLONES): the
+ * steps are a max, a division, products and nearest-even rounding, the same in every clone. */
+FS_CLONES static void fs_quant_rows_impl(const float *x, int n, int in, int8_t *q, float *d,
+                                         int32_t *s)
+{
+    int nb = in / FS_Q_BLOCK;
+    for (int r = 0; r < n; r++)
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (size_t)r * in + (size_t)b * FS_Q_BLOCK;
+            int8_t *qb = q + (size_t)r * in + (size_t)b * FS_Q_BLOCK;
+            float amax = 0.0f;
+            int bad = 0;
+            for (int i = 0; i < FS_Q_BLOCK; i++) {
+                float a = fabsf(xb[i]);
+                bad |= !(a <= FLT_MAX);
+                amax = a > amax ? a : amax;
+            }
+            int32_t sum = 0;
+            float db;
+            if (bad || amax < 0x1p-96f) {
+                memset(qb, 0, FS_Q_BLOCK);
+                db = bad ? NAN : 0.0f;
+            } else {
+                float id = 127.0f / amax;
+                for (int i = 0; i < FS_Q_BLOCK; i++) {
+                    float v = nearbyintf(xb[i] * id);
+                    v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+                    int iv = (int)v;
+                    qb[i] = (int8_t)iv;
+                    sum += iv;
+                }
+                db = amax / 127.0f;
+            }
+            d[(size_t)r * nb + b] = db;
+            s[(size_t)r * nb + b] = sum;
+        }
+}
+
+void fs_quant_rows(const float *x, int n, int in, int8_t *q, float *d, int32_t *s)
+{
+    fs_quant_rows_impl(x, n, in, q, d, s);
+}
+
+/* ---- the product ------------------------------------------------------------------------ */
+
+size_t fs_quant_scratch_bytes(int kind, int n, int in)
+{
+    (void)kind;
+    size_t nb = (size_t)(in / FS_Q_BLOCK);
+    return 64 + 2 * fs_q_up64((size_t)n * in) + 3 * fs_q_up64((size_t)n * nb * 4);
+}
+
+typedef struct {
+    int kind, out, accumulate, ng, chunk;
+    const fs_qact *a;
+    const uint8_t *P;
+    const float *bias;
+    float *y;
+    fs_qpart_fn fn;
+} fs_q_job;
+
+static void fs_q_chunk(void *ctx, int c)
+{
+    const fs_q_job *j = (const fs_q_job *)ctx;
+    int g_lo = c * j->chunk, g_hi = g_lo + j->chunk < j->ng ? g_lo + j->chunk : j->ng;
+    if (g_lo >= g_hi) return;
+    j->fn(j->kind, j->a, j->P, j->y, j->out, g_lo, g_hi, j->accumulate);
+    if (j->bias != NULL) {
+        int lo = g_lo * FS_Q_COLS, hi = g_hi * FS_Q_COLS < j->out ? g_hi * FS_Q_COLS : j->out;
+        for (int r = 0; r < j->a->n; r++) {
+            float *yr = j->y + (size_t)r * j->out;
+            for (int col = lo; col < hi; col++) yr[col] += j->bias[col];
+        }
+    }
+}
+
+void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, float *y, int n,
+                 int in, int out, int accumulate, void *scratch)
+{
+    if (n <= 0 || out <= 0) return;
+    int nb = in / FS_Q_BLOCK;
+    uint8_t *base = (uint8_t *)scratch;
+    base += (64 - (uintptr_t)base % 64) % 64;
+    int8_t *q = (int8_t *)base;
+    uint8_t *qu = base + fs_q_up64((size_t)n * in);
+    float *d = (float *)(qu + fs_q_up64((size_t)n * in));
+    float *ds = (float *)((uint8_t *)d + fs_q_up64((size_t)n * nb * 4));
+    int32_t *s = (int32_t *)((uint8_t *)ds + fs_q_up64((size_t)n * nb * 4));
+    fs_quant_rows(x, n, in, q, d, s);
+    for (size_t i = 0; i < (size_t)n * in; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+    for (size_t i = 0; i < (size_t)n * nb; i++) ds[i] = d[i] * (float)s[i];
+    fs_qact a = {q, qu, d, ds, s, n, in, nb};
+    fs_q_job job;
+    job.kind = kind;
+    job.out = out;
+    job.accumulate = accumulate;
+    job.ng = (out + FS_Q_COLS - 1) / FS_Q_COLS;
+    job.a = &a;
+    job.P = P;
+    job.bias = bias;
+    job.y = y;
+    job.fn = n >= fs_disp->qbig_rows ? fs_disp->qpart_big : fs_disp->qpart;
+    int parts = fs_pool_threads();
+    if ((size_t)in * out < FS_LIN_PARALLEL_MIN || parts < 1) parts = 1;
+    /* chunks of whole groups of FS_LIN_CHUNK_ALIGN columns */
+    int align = FS_LIN_CHUNK_ALIGN / FS_Q_COLS > 0 ? FS_LIN_CHUNK_ALIGN / FS_Q_COLS : 1;
+    int units = (job.ng + align - 1) / align;
+    if (parts > units) parts = units;
+    job.chunk = (units + parts - 1) / parts * align;
+    fs_pool_run(fs_q_chunk, &job, (job.ng + job.chunk - 1) / job.chunk);
+}
+
+const char *fs_quant_kernel_name(int n)
+{
+    fs_dispatch *t = fs_isa_table();
+    return n >= t->qbig_rows ? t->qname_big : t->qname;
+}

@@ -1,0 +1,70 @@
+/* fs_quant_kern.h -- the quantized products' ISA variants (fs_quant.h): which ones this build
+ * has, what they read and their declarations. Internal to the core (and tests/c, which runs
+ * the variants side by side); the extensions call fs_linear_q, which goes through fs_disp.
+ *
+ *   fs_quant_def.c    portable C, one output at a time (the reference of the others' bits)
+ *   fs_quant_avx2.c   AVX2: vpmaddubsw with the sign trick (q8_0), nibbles as the unsigned
+ *                     operand (q4_*)                                   (fs_quant_x86.inc)
+ *   fs_quant_vnni.c   vpdpbusd on 8-column ymm vectors: AVX-VNNI (VEX, 16 registers) and
+ *                     AVX512-VNNI (EVEX, 32 registers)                 (fs_quant_x86.inc)
+ *   fs_quant_amx.c    AMX-INT8 tiles (tdpbssd) for blocks of rows, AVX-512 for the scaling
+ */
+#ifndef FS_QUANT_KERN_H
+#define FS_QUANT_KERN_H
+
+#include "fs_common.h"
+
+/* The x86 variants (explicit targets, like fs_variants.h's FS_LINF_SIMD). */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && defined(__linux__) \
+    && !defined(FS_NO_CLONES)
+#define FS_Q_SIMD 1
+#else
+#define FS_Q_SIMD 0
+#endif
+/* AMX-INT8 intrinsics (GCC >= 11). */
+#if FS_Q_SIMD && __GNUC__ >= 11
+#define FS_Q_AMX 1
+#else
+#define FS_Q_AMX 0
+#endif
+
+/* Software prefetch this many weight blocks ahead in a panel (bytes: 256 per block for
+ * q8_0, 128 for q4_*). */
+#ifndef FS_Q_PF_BLOCKS
+#define FS_Q_PF_BLOCKS 4
+#endif
+/* Fewest rows for which the amx path runs its tiles (fewer: AVX512-VNNI). */
+#ifndef FS_Q_AMX_MIN_ROWS
+#define FS_Q_AMX_MIN_ROWS 8
+#endif
+
+/* The quantized activations of n rows (fs_quant_rows, done once per product). */
+typedef struct fs_qact {
+    const int8_t *q;    /* (n, in) */
+    const uint8_t *qu;  /* (n, in) q + 128 (the unsigned operand of vpdpbusd for q8_0) */
+    const float *d;     /* (n, nb) scales */
+    const float *ds;    /* (n, nb) d * (float)s, q4_1's min factor */
+    const int32_t *s;   /* (n, nb) exact block sums */
+    int n, in, nb;
+} fs_qact;
+
+/* Panel layout (fs_quant.h): byte offsets inside a panel. */
+size_t fs_quant_panel_qs(int kind, int nb);  /* offset of qs */
+size_t fs_quant_panel_m(int nb);             /* offset of q4_1's mins */
+
+/* Every variant: the output columns of panels [g_lo, g_hi) of y (n, out) for all n rows, with
+ * the same per-output arithmetic (fs_quant.h); no bias. */
+#define FS_QPART_DECLARE(SFX)                                                                  \
+    void fs_qpart_##SFX(int kind, const fs_qact *a, const uint8_t *P, float *y, int out,       \
+                        int g_lo, int g_hi, int accumulate);
+FS_QPART_DECLARE(def)
+#if FS_Q_SIMD
+FS_QPART_DECLARE(avx2)
+FS_QPART_DECLARE(avxvnni)
+FS_QPART_DECLARE(avx512vnni)
+#endif
+#if FS_Q_AMX
+FS_QPART_DECLARE(amx)
+#endif
+
+#endif /* FS_QUANT_KERN_H */

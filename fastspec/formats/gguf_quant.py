@@ -1,0 +1,82 @@
+"""GGUF matrices as quantized weights: which native kind each GGUF type is stored in, and the
+conversion of the others (docs/FORMATS.md, "Quantized storage").
+
+A model loaded with ``weight_dtype="q8_0" | "q4_0" | "q4_1"`` keeps a file's Q8_0, Q4_0 and
+Q4_1 blocks byte for byte when the tensor's kind (:func:`native_kind`) is its own type, and
+converts every other tensor: dequantized by ``gguf.quants.dequantize`` (through
+:meth:`GGUFTensor.read <fastspec.formats.gguf.GGUFTensor.read>`) and quantized again, a block
+of rows at a time (:func:`quant_matrix`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["NEAREST_NATIVE", "native_kind", "quant_matrix"]
+
+#: Precision order of the native kinds (the two 4-bit grids are not nested: one is never
+#: converted into the other, which costs ~6% relative RMS).
+_PRECISION = {"q4_0": 0, "q4_1": 0, "q8_0": 1}
+#: The nearest native kind of each quantized GGUF type: itself for Q8_0/Q4_0/Q4_1; otherwise
+#: the native kind with at least its precision (4-bit-or-less types -> q4_1; 5- to 8-bit
+#: types, the non-uniform 4-bit types and the ternary ones -> q8_0). Float types (absent
+#: here) take the requested kind.
+NEAREST_NATIVE = {
+    "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1",
+    "Q5_0": "q8_0", "Q5_1": "q8_0", "Q5_K": "q8_0", "Q6_K": "q8_0", "Q8_1": "q8_0",
+    "Q8_K": "q8_0", "MXFP4": "q8_0", "NVFP4": "q8_0", "IQ4_NL": "q8_0", "IQ4_XS": "q8_0",
+    "TQ1_0": "q8_0", "TQ2_0": "q8_0",  # ternary: no 4-bit grid of 32 holds -d, 0, d exactly
+    "Q2_K": "q4_1", "Q3_K": "q4_1", "Q4_K": "q4_1", "IQ1_S": "q4_1", "IQ1_M": "q4_1",
+    "IQ2_XXS": "q4_1", "IQ2_XS": "q4_1", "IQ2_S": "q4_1", "IQ3_XXS": "q4_1", "IQ3_S": "q4_1",
+}
+#: Elements converted at a time by :func:`quant_matrix` (1 MB of float32).
+_CHUNK = 1 << 18
+
+
+def native_kind(type_name: str, requested: str) -> str:
+    """The quantized kind a tensor of GGUF type ``type_name`` is stored in, in a model of
+    ``requested`` kind: its :data:`NEAREST_NATIVE` kind unless ``requested`` is more precise
+    (q8_0 over the 4-bit kinds, which rank equal); a float type: ``requested``.
+
+    So a Q4_1 file loaded as q4_1 (or q4_0) keeps its blocks and its Q8_0 embedding, and
+    loaded as q8_0 has every matrix in q8_0.
+    """
+    own = NEAREST_NATIVE.get(type_name)
+    if own is None or _PRECISION[own] < _PRECISION[requested]:
+        return requested
+    return own
+
+
+def quant_matrix(tensor: Any, requested: str):
+    """Return GGUF matrix ``tensor`` (a :class:`~fastspec.formats.gguf.GGUFTensor`) as a
+    :class:`~fastspec.kernels.quant.QuantMatrix` of :func:`native_kind`.
+
+    A tensor whose type is that kind keeps its blocks (``tensor.blocks()``), byte for byte:
+    nothing is dequantized. Any other is read (dequantized) :data:`_CHUNK` elements at a time,
+    whole heads for a permuted llama ``attn_q``/``attn_k``, and each block of rows quantized
+    into the result.
+
+    Raises
+    ------
+    ValueError
+        Blocks of a NaN or infinite scale, wrong block counts, or values that dequantize to
+        NaN or infinity (named with the file and the tensor).
+    """
+    from fastspec.model.quantized import QuantMatrix, as_quant
+
+    kind = native_kind(tensor.type_name, requested)
+    rows, cols = tensor.shape
+    try:
+        if tensor.type_name.lower() == kind:
+            return QuantMatrix.from_blocks(kind, tensor.blocks(), cols)
+        h = tensor.head_rows or 1
+        step = max(h, _CHUNK // max(1, cols) // h * h)
+        parts = [as_quant(tensor.read(r, min(r + step, rows)), kind, rows_are_outputs=True)
+                 .to_blocks() for r in range(0, rows, step)]
+        return QuantMatrix.from_blocks(kind, np.concatenate(parts), cols)
+    except ValueError as exc:
+        where = f"{tensor.file.path}: tensor {tensor.name!r} ({tensor.type_name})"
+        if str(exc).startswith(str(tensor.file.path)):
+            raise
+        raise ValueError(f"{where}: {exc}") from None

@@ -1,0 +1,175 @@
+"""GGUF files written: a :class:`~fastspec.Transformer` as llama.cpp's format (``gguf`` package).
+
+:func:`save_gguf` is what ``model.save("x.gguf")`` and ``fastspec quantize`` run. It writes the
+architecture metadata of the model's family (``llama`` without QK-norm and biases, ``qwen2``
+with q/k/v biases, ``qwen3`` with QK-norm; or the source file's architecture), copies every
+other key of a source GGUF file (the tokenizer's ``tokenizer.*`` keys, ``general.*``), and the
+tensors under their GGUF names: quantized matrices as their blocks (Q8_0, Q4_0, Q4_1), float
+ones as F32 (F16 for float16 storage, BF16 for bfloat16), norms and biases as F32. The rows of
+a ``llama`` file's ``attn_q``/``attn_k`` are permuted as llama.cpp's converter does, so that
+llama.cpp, transformers' GGUF loader and fastspec read the same model back.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from fastspec.formats.gguf import ARCHITECTURES, gguf_package, gguf_tensor_name
+
+if TYPE_CHECKING:  # annotations only
+    from fastspec.model.transformer import Transformer
+
+__all__ = ["save_gguf", "architecture_of"]
+
+#: Keys the writer sets itself; never copied from a source file.
+_OWN_KEYS = ("general.architecture", "general.file_type", "general.quantization_version",
+             "general.alignment")
+
+
+def architecture_of(model: "Transformer", source_arch: str | None = None) -> str:
+    """Return the GGUF architecture ``model`` is written as.
+
+    ``source_arch`` (the file it came from) wins when it is one fastspec reads; otherwise
+    ``qwen2`` for q/k/v biases, ``qwen3`` for QK-norm, else ``llama``.
+
+    Raises
+    ------
+    ValueError
+        A model that no supported architecture describes (the toy family: LayerNorm,
+        learned positions, tanh/gelu).
+    """
+    c = model.config
+    if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
+        raise ValueError("only Llama-family models (RMSNorm, RoPE, SwiGLU) can be written as "
+                         f"GGUF; this one is {c.norm}/{c.positional}/{c.activation}")
+    if source_arch in ARCHITECTURES:
+        return source_arch
+    if c.qkv_bias and c.qk_norm:
+        raise ValueError("a model with both q/k/v biases and QK-norm has no GGUF architecture "
+                         "fastspec reads")
+    return "qwen2" if c.qkv_bias else "qwen3" if c.qk_norm else "llama"
+
+
+def _permute(rows: np.ndarray, head_rows: int) -> np.ndarray:
+    """llama.cpp's q/k row order within each head (the inverse of ``gguf._unpermute``)."""
+    n = rows.shape[0] // head_rows
+    return (rows.reshape(n, 2, head_rows // 2, *rows.shape[1:]).swapaxes(1, 2)
+            .reshape(rows.shape))
+
+
+def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
+    """Write the architecture keys of ``model``; return the keys written."""
+    gguf = gguf_package()
+    c = model.config
+    U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+    keys = {"context_length": (c.max_seq_len, U32), "embedding_length": (c.dim, U32),
+            "block_count": (c.n_layers, U32), "feed_forward_length": (c.ffn_dim, U32),
+            "attention.head_count": (c.n_heads, U32),
+            "attention.head_count_kv": (c.n_kv_heads, U32),
+            "attention.layer_norm_rms_epsilon": (c.norm_eps, F32),
+            "rope.freq_base": (c.rope_theta, F32), "vocab_size": (c.vocab_size, U32)}
+    if arch == "llama":
+        keys["rope.dimension_count"] = (c.head_dim, U32)
+    if arch == "qwen3" or c.head_dim * c.n_heads != c.dim:
+        keys["attention.key_length"] = (c.head_dim, U32)
+        keys["attention.value_length"] = (c.head_dim, U32)
+    for leaf, (value, vtype) in keys.items():
+        w.add_key_value(f"{arch}.{leaf}", value, vtype)
+    return {f"{arch}.{leaf}" for leaf in keys}
+
+
+def _copy_metadata(w: Any, source: Path, skip: set[str]) -> None:
+    """Copy every key of GGUF file ``source`` that is not in ``skip`` nor the writer's own."""
+    gguf = gguf_package()
+    reader = gguf.GGUFReader(source, mode="r")
+    ARRAY = gguf.GGUFValueType.ARRAY
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in skip or key in _OWN_KEYS:
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == ARRAY and len(field.types) > 1 else None
+        w.add_key_value(key, field.contents(), vtype, sub_type=sub)
+
+
+def _file_type(model: "Transformer") -> int:
+    gguf = gguf_package()
+    names = {"q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0", "q4_1": "MOSTLY_Q4_1",
+             "float16": "MOSTLY_F16", "bfloat16": "MOSTLY_BF16"}
+    return int(getattr(gguf.LlamaFileType, names.get(model.config.weight_dtype, "ALL_F32")))
+
+
+def _tensor(gguf: Any, a: Any) -> tuple[np.ndarray, Any]:
+    """``(array, raw_dtype)`` for ``GGUFWriter.add_tensor`` of file-layout tensor ``a``."""
+    if hasattr(a, "in_features"):  # QuantMatrix: its GGUF blocks
+        qt = getattr(gguf.GGMLQuantizationType, a.kind.upper())
+        return np.ascontiguousarray(a.to_blocks()), qt
+    a = np.ascontiguousarray(a)
+    if a.dtype == np.uint16:  # bf16 bit patterns
+        return a, gguf.GGMLQuantizationType.BF16
+    if a.dtype == np.float16:
+        return a, None
+    return np.ascontiguousarray(a, dtype=np.float32), None
+
+
+def save_gguf(model: "Transformer", path: str | os.PathLike, *,
+              source: str | os.PathLike | None = None, name: str | None = None) -> None:
+    """Write ``model`` to GGUF file ``path``.
+
+    Parameters
+    ----------
+    model : Transformer
+        A Llama-family model (see :func:`architecture_of`); float (F32/F16/BF16 tensors) or
+        quantized (its blocks, byte for byte).
+    path : path-like
+        Written through a temporary file beside it, then renamed: a failed write leaves no
+        partial file.
+    source : path-like, optional
+        The GGUF file the model came from: its architecture and every key the writer does
+        not set itself (tokenizer, chat template, ``general.*``) are copied.
+    name : str, optional
+        ``general.name`` when the source has none.
+
+    Raises
+    ------
+    ValueError
+        A model no GGUF architecture describes.
+    ImportError
+        Without the ``gguf`` package.
+    """
+    gguf = gguf_package()
+    path = Path(path)
+    src_arch = None
+    if source is not None:
+        from fastspec.formats.gguf import GGUFFile
+        src_arch = GGUFFile(source).architecture
+    arch = architecture_of(model, src_arch)
+    c = model.config
+    tmp = path.with_name(path.name + ".part")
+    w = gguf.GGUFWriter(str(tmp), arch)
+    try:
+        written = _hparams(w, arch, model)
+        w.add_file_type(_file_type(model))
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        if source is not None:
+            _copy_metadata(w, Path(source), written)
+        elif name:
+            w.add_name(name)
+        for hf, a in model.state_dict().items():
+            g = gguf_tensor_name(hf)
+            arr, qt = _tensor(gguf, a)
+            if arch == "llama" and g.split(".")[-2] in ("attn_q", "attn_k"):
+                arr = _permute(arr, c.head_dim)
+            w.add_tensor(g, arr, raw_dtype=qt)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file(progress=False)
+        w.close()
+        os.replace(tmp, path)
+    except BaseException:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        raise
+

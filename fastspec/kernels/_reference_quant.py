@@ -1,0 +1,172 @@
+"""NumPy twin of the quantized products (:mod:`fastspec.kernels._kernels_quant`).
+
+Same names, signatures and results as the compiled module: the packed layout byte for byte
+(``csrc/fs_quant.h``), the activation rule, and the products' bits. The float steps of
+docs/FORMATS.md ("Quantized products") are float32 operations; the fused multiply-adds are
+emulated exactly: the product of two float32 values is exact in float64, the float64 sum is
+rounded to odd (its error from a TwoSum decides the last bit) and then to float32 once, which
+is the correctly rounded fused result. So the twin equals the C kernels bit for bit (the
+tolerance the tests allow is zero). Arguments are checked by :mod:`fastspec.kernels.quant`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "packed_bytes", "pack", "unpack", "rows",
+           "quantize_activations", "linear"]
+
+#: Kinds in csrc/fs_quant.h's order (FS_Q8_0, FS_Q4_0, FS_Q4_1).
+KINDS = ("q8_0", "q4_0", "q4_1")
+#: Inputs per block.
+BLOCK = 32
+#: Bytes of one GGUF block of each kind.
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+_COLS = 8  # output columns per packed panel
+_FMAX = np.float32(np.finfo(np.float32).max)
+_TINY = np.float32(2.0 ** -96)
+
+
+def _up64(n: int) -> int:
+    return (n + 63) // 64 * 64
+
+
+def _panel(kind: str, nb: int) -> tuple[int, int, int]:
+    """(offset of the mins, offset of qs, bytes of qs per block) inside a panel."""
+    qoff = _up64(nb * 16) * (2 if kind == "q4_1" else 1)
+    return _up64(nb * 16), qoff, 256 if kind == "q8_0" else 128
+
+
+def packed_bytes(kind: str, in_features: int, out_features: int) -> int:
+    """Return the bytes of W (out_features, in_features) in the packed layout."""
+    nb = in_features // BLOCK
+    _, qoff, qb = _panel(kind, nb)
+    return (qoff + nb * qb) * ((out_features + _COLS - 1) // _COLS)
+
+
+def pack(kind: str, blocks: np.ndarray, in_features: int) -> np.ndarray:
+    """Return the packed layout (uint8, packed_bytes) of GGUF rows ``blocks`` (out, nb * bytes).
+
+    Raises ValueError when a scale (or a q4_1 min) is NaN or infinite."""
+    out_f, nb, bb = blocks.shape[0], in_features // BLOCK, BLOCK_BYTES[kind]
+    ng = (out_f + _COLS - 1) // _COLS
+    b3 = np.zeros((ng * _COLS, nb, bb), np.uint8)
+    b3[:out_f] = blocks.reshape(out_f, nb, bb)
+    moff, qoff, qb = _panel(kind, nb)
+    panels = np.zeros((ng, qoff + nb * qb), np.uint8)
+    halves = [b3[:, :, 0:2]] + ([b3[:, :, 2:4]] if kind == "q4_1" else [])
+    for h, (start, half) in enumerate(zip((0, moff), halves)):
+        if not np.isfinite(half.copy().view(np.float16)).all():
+            raise ValueError(f"{kind} blocks hold a NaN or infinite "
+                             f"{'scale' if h == 0 else 'min'}")
+        # (ng, 8, nb, 2) -> (ng, nb, 8, 2)
+        panels[:, start:start + nb * 16] = (half.reshape(ng, _COLS, nb, 2)
+                                            .transpose(0, 2, 1, 3).reshape(ng, nb * 16))
+    q = b3[:, :, (4 if kind == "q4_1" else 2):]
+    groups = q.shape[2] // 4  # 8 groups of 4 inputs (q8_0), 4 groups of 4 bytes (q4)
+    panels[:, qoff:] = (q.reshape(ng, _COLS, nb, groups, 4).transpose(0, 2, 3, 1, 4)
+                        .reshape(ng, nb * qb))
+    return panels.reshape(-1)
+
+
+def unpack(kind: str, packed: np.ndarray, in_features: int, out_features: int) -> np.ndarray:
+    """Return the GGUF rows (out_features, nb * bytes) of a packed W (the inverse of pack)."""
+    nb, bb = in_features // BLOCK, BLOCK_BYTES[kind]
+    ng = (out_features + _COLS - 1) // _COLS
+    moff, qoff, qb = _panel(kind, nb)
+    panels = np.asarray(packed, np.uint8).reshape(ng, -1)
+    parts = [panels[:, :nb * 16].reshape(ng, nb, _COLS, 2).transpose(0, 2, 1, 3)]
+    if kind == "q4_1":
+        parts.append(panels[:, moff:moff + nb * 16].reshape(ng, nb, _COLS, 2)
+                     .transpose(0, 2, 1, 3))
+    groups = qb // (4 * _COLS)
+    parts.append(panels[:, qoff:].reshape(ng, nb, groups, _COLS, 4).transpose(0, 3, 1, 2, 4)
+                 .reshape(ng, _COLS, nb, groups * 4))
+    b3 = np.concatenate(parts, axis=3).reshape(ng * _COLS, nb * bb)
+    return np.ascontiguousarray(b3[:out_features])
+
+
+def _split(kind: str, blocks: np.ndarray, in_features: int):
+    """(scales float32 (out, nb), mins float32 or None, integer weights int8 (out, nb, 32))
+    of GGUF rows; q4_0's weights are the nibbles minus 8."""
+    out_f, nb = blocks.shape[0], in_features // BLOCK
+    b3 = blocks.reshape(out_f, nb, BLOCK_BYTES[kind])
+    d = b3[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    if kind == "q8_0":
+        return d, None, b3[:, :, 2:].copy().view(np.int8)
+    m = b3[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if kind == "q4_1" \
+        else None
+    nib = b3[:, :, (4 if kind == "q4_1" else 2):]
+    w = np.concatenate([nib & 15, nib >> 4], axis=2).astype(np.int8)
+    return d, m, (w - 8 if kind == "q4_0" else w)
+
+
+def rows(kind: str, packed: np.ndarray, in_features: int, out_features: int,
+         ids: np.ndarray) -> np.ndarray:
+    """Return the dequantized rows ``ids`` of W: float32 (len(ids), in_features)."""
+    blocks = unpack(kind, packed, in_features, out_features)[np.asarray(ids, np.int64)]
+    d, m, w = _split(kind, blocks, in_features)
+    v = d[:, :, None] * w.astype(np.float32)
+    if m is not None:
+        v = v + m[:, :, None]
+    return v.reshape(len(blocks), in_features)
+
+
+def quantize_activations(x: np.ndarray, kind: str = "q8_0"):
+    """Return (q int8 (n, in), d float32 (n, nb), s int32 (n, nb)): each row of x quantized per
+    block of 32 (docs/FORMATS.md); ``kind`` does not change the rule."""
+    x = np.asarray(x, np.float32)
+    n, in_f = x.shape
+    xb = x.reshape(n, in_f // BLOCK, BLOCK)
+    with np.errstate(invalid="ignore", over="ignore"):
+        a = np.abs(xb)
+        ok = a <= _FMAX
+        bad = ~ok.all(axis=2)
+        amax = np.where(ok, a, np.float32(0)).max(axis=2)
+        zero = bad | (amax < _TINY)
+        ident = np.float32(127) / np.where(zero, np.float32(1), amax)
+        v = np.rint(xb * ident[:, :, None])
+    v = np.clip(np.where(zero[:, :, None], np.float32(0), v), -127, 127)
+    q = v.astype(np.int8)
+    d = np.where(bad, np.float32(np.nan), np.where(zero, np.float32(0), amax / np.float32(127)))
+    return (q.reshape(n, in_f), d.astype(np.float32),
+            q.sum(axis=2, dtype=np.int32))
+
+
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fmaf(a, b, c) elementwise on float32 arrays, correctly rounded (see the module doc)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = a.astype(np.float64) * b.astype(np.float64)  # exact
+        c64 = c.astype(np.float64)
+        s = p + c64
+        bv = s - p
+        err = (p - (s - bv)) + (c64 - bv)  # TwoSum: s + err == p + c exactly
+        even = (s.view(np.uint64) & np.uint64(1)) == 0
+        fix = (err != 0) & even & np.isfinite(s)
+        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def linear(kind: str, x: np.ndarray, packed: np.ndarray, in_features: int, out_features: int,
+           bias: np.ndarray | None, out: np.ndarray, accumulate: bool) -> np.ndarray:
+    """y = out (n, out_features) [+]= x (n, in) @ W^T [+ bias] in the numerics of
+    docs/FORMATS.md; returns ``out``."""
+    nb = in_features // BLOCK
+    q, da, sa = quantize_activations(x, kind)
+    dw, mw, w = _split(kind, unpack(kind, packed, in_features, out_features), in_features)
+    qb = q.reshape(len(q), nb, BLOCK).astype(np.float64)
+    wf = w.astype(np.float64)
+    acc = out.astype(np.float32) if accumulate else np.zeros(out.shape, np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ds = da * sa.astype(np.float32)
+        for b in range(nb):
+            # exact integers (q4_0: the weights carry the -8, i.e. isum - 8 * s)
+            isum = (qb[:, b, :] @ wf[:, b, :].T).astype(np.float32)
+            sc = dw[None, :, b] * da[:, b, None]
+            acc = _fma32(sc, isum, acc)
+            if mw is not None:
+                acc = _fma32(np.broadcast_to(mw[None, :, b], acc.shape),
+                             np.broadcast_to(ds[:, b, None], acc.shape), acc)
+        if bias is not None:
+            acc = acc + np.asarray(bias, np.float32)
+    out[...] = acc
+    return out

@@ -1,0 +1,366 @@
+"""Quantized weights in GGUF's Q8_0, Q4_0 and Q4_1 blocks, and their products with float rows.
+
+A :class:`QuantMatrix` holds W (out_features, in_features) repacked once into the kernels'
+layout (csrc/fs_quant.h: panels of 8 output columns); :func:`linear_q` computes
+``y = x @ W.T (+ bias)`` with the numerics of docs/FORMATS.md ("Quantized products"): each row
+of x quantized per block of 32 to int8 (:func:`quantize_activations`), exact integer block
+sums, a float sum over blocks in a fixed order. Every ISA path of the compiled backend and the
+NumPy twin give the same bits, and a row gives the same bits alone or inside a block of rows.
+
+The backend follows :func:`fastspec.kernels.set_backend` (``FASTSPEC_BACKEND``): the compiled
+:mod:`fastspec.kernels._kernels_quant` or the twin :mod:`fastspec.kernels._reference_quant`.
+Compiled callers (the model runner) call ``fs_linear_q`` of ``_csrc.pxd`` on
+:attr:`QuantMatrix.packed` directly.
+"""
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from fastspec.kernels import _reference_quant, backend
+
+__all__ = ["QUANT_KINDS", "BLOCK", "block_bytes", "QuantMatrix", "linear_q",
+           "quantize_activations"]
+
+#: The quantized weight kinds, in csrc/fs_quant.h's order.
+QUANT_KINDS = ("q8_0", "q4_0", "q4_1")
+#: Inputs per block (GGUF's QK8_0 / QK4_0 / QK4_1).
+BLOCK = 32
+_INT_LIMIT = 2**31 - 1
+_compiled: list[ModuleType] = []
+
+
+def _impl() -> ModuleType:
+    """The active backend's module (the compiled one imported on first use)."""
+    if backend() != "cython":
+        return _reference_quant
+    if not _compiled:
+        try:
+            _compiled.append(importlib.import_module("fastspec.kernels._kernels_quant"))
+        except ImportError as exc:
+            raise RuntimeError("the compiled quantized kernels (fastspec.kernels._kernels_quant) "
+                               f"are not built ({exc}); rebuild fastspec or use the numpy "
+                               "backend") from None
+    return _compiled[0]
+
+
+def _check_kind(kind: Any) -> str:
+    if kind not in QUANT_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(QUANT_KINDS)}, got {kind!r}")
+    return kind
+
+
+def block_bytes(kind: str) -> int:
+    """Return the bytes of one GGUF block of ``kind``: 34 (q8_0), 18 (q4_0), 20 (q4_1)."""
+    return _reference_quant.BLOCK_BYTES[_check_kind(kind)]
+
+
+def _check_in_features(in_features: Any) -> int:
+    if isinstance(in_features, bool) or not isinstance(in_features, (int, np.integer)):
+        raise TypeError(f"in_features must be an int, got {type(in_features).__name__}")
+    if not 0 < in_features <= _INT_LIMIT or in_features % BLOCK:
+        raise ValueError(f"in_features must be a positive multiple of {BLOCK}, "
+                         f"got {in_features}")
+    return int(in_features)
+
+
+def _check_scales(kind: str, blocks: np.ndarray, in_features: int) -> None:
+    """ValueError naming the first (row, block) whose f16 scale or min is NaN or infinite."""
+    nb, bb = in_features // BLOCK, block_bytes(kind)
+    b3 = blocks.reshape(blocks.shape[0], nb, bb)
+    for start, what in ((0, "scale"), (2, "min"))[:2 if kind == "q4_1" else 1]:
+        h = b3[:, :, start:start + 2].copy().view(np.uint16)[..., 0]
+        bad = (h & 0x7C00) == 0x7C00
+        if bad.any():
+            row, blk = (int(i[0]) for i in np.nonzero(bad))
+            value = h[row, blk:blk + 1].view(np.float16)[0]
+            raise ValueError(f"{kind} blocks: the {what} of row {row}, block {blk} is {value} "
+                             "(NaN and infinite scales are refused)")
+
+
+class QuantMatrix:
+    """A quantized weight W (out_features, in_features), packed for the kernels.
+
+    Attributes
+    ----------
+    kind : {"q8_0", "q4_0", "q4_1"}
+    in_features, out_features : int
+    packed : ndarray of uint8, shape (nbytes,)
+        The kernels' layout (csrc/fs_quant.h), read-only, 64-byte aligned when packed here.
+
+    Build one with :meth:`from_blocks` (GGUF bytes) or :meth:`from_float`. Pickles and copies
+    (the packed bytes are re-aligned on unpickling).
+    """
+
+    __slots__ = ("kind", "in_features", "out_features", "packed")
+
+    def __init__(self, kind: str, in_features: int, out_features: int, packed: np.ndarray):
+        self.kind = _check_kind(kind)
+        self.in_features = _check_in_features(in_features)
+        self.out_features = int(out_features)
+        need = _reference_quant.packed_bytes(kind, self.in_features, self.out_features)
+        if not (isinstance(packed, np.ndarray) and packed.dtype == np.uint8 and packed.ndim == 1
+                and packed.flags.c_contiguous and packed.shape[0] == need):
+            raise ValueError(f"packed must be a contiguous uint8 array of {need} bytes")
+        packed.flags.writeable = False
+        self.packed = packed
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the packed weights."""
+        return int(self.packed.nbytes)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(out_features, in_features)."""
+        return (self.out_features, self.in_features)
+
+    def __repr__(self) -> str:
+        return (f"QuantMatrix({self.kind!r}, out_features={self.out_features}, "
+                f"in_features={self.in_features}, nbytes={self.nbytes})")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"kind": self.kind, "in_features": self.in_features,
+                "out_features": self.out_features, "packed": np.array(self.packed)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        packed = _aligned_copy(np.asarray(state["packed"], np.uint8))
+        QuantMatrix.__init__(self, state["kind"], state["in_features"], state["out_features"],
+                             packed)
+
+    @classmethod
+    def from_blocks(cls, kind: str, blocks: np.ndarray, in_features: int) -> QuantMatrix:
+        """Pack GGUF rows: ``blocks`` uint8 (out, in_features / 32 * block_bytes(kind)).
+
+        Parameters
+        ----------
+        kind : {"q8_0", "q4_0", "q4_1"}
+        blocks : ndarray of uint8, shape (out_features, in_features // 32 * block_bytes(kind))
+            The tensor's bytes as a GGUF file stores them (row r = output column r).
+        in_features : int
+            A positive multiple of 32.
+
+        Raises
+        ------
+        TypeError
+            ``blocks`` is not a uint8 ndarray.
+        ValueError
+            Wrong shape or byte count, or a NaN / infinite scale (the message names its row
+            and block).
+        """
+        kind = _check_kind(kind)
+        in_features = _check_in_features(in_features)
+        if not isinstance(blocks, np.ndarray) or blocks.dtype != np.uint8:
+            raise TypeError("blocks must be a uint8 ndarray, got "
+                            + (f"dtype {blocks.dtype}" if isinstance(blocks, np.ndarray)
+                               else type(blocks).__name__))
+        row = in_features // BLOCK * block_bytes(kind)
+        if blocks.ndim != 2 or blocks.shape[0] < 1 or blocks.shape[1] != row:
+            raise ValueError(f"blocks of a {kind} W with in_features={in_features} must have "
+                             f"shape (out_features >= 1, {row}) ({in_features // BLOCK} blocks "
+                             f"of {block_bytes(kind)} bytes a row), got {blocks.shape}")
+        if blocks.shape[0] > _INT_LIMIT:
+            raise ValueError(f"out_features is too large, got {blocks.shape[0]}")
+        blocks = np.ascontiguousarray(blocks)
+        _check_scales(kind, blocks, in_features)
+        return cls(kind, in_features, blocks.shape[0], _impl().pack(kind, blocks, in_features))
+
+    @classmethod
+    def from_float(cls, kind: str, W: np.ndarray) -> QuantMatrix:
+        """Quantize a float W (out_features, in_features) into GGUF blocks, then pack them.
+
+        Uses ``gguf.quants.quantize`` when the ``gguf`` package is importable, else
+        :func:`quantize_blocks` (ggml's reference rules, the same bytes); no dependency is
+        needed.
+
+        Raises
+        ------
+        TypeError
+            W is not a float ndarray.
+        ValueError
+            W is not 2-D, in_features is not a positive multiple of 32, W holds NaN or
+            infinite values, or a block's scale does not fit a float16.
+        """
+        kind = _check_kind(kind)
+        if not isinstance(W, np.ndarray) or W.dtype.kind != "f":
+            raise TypeError("W must be a float ndarray, got "
+                            + (f"dtype {W.dtype}" if isinstance(W, np.ndarray)
+                               else type(W).__name__))
+        if W.ndim != 2 or W.shape[0] < 1:
+            raise ValueError(f"W must have shape (out_features >= 1, in_features), got {W.shape}")
+        _check_in_features(W.shape[1])
+        if not np.isfinite(W).all():
+            raise ValueError("W holds NaN or infinite values")
+        return cls.from_blocks(kind, quantize_blocks(kind, W), W.shape[1])
+
+    def to_blocks(self) -> np.ndarray:
+        """Return the GGUF rows: uint8 (out_features, in_features // 32 * block_bytes)."""
+        return _impl().unpack(self.kind, self.packed, self.in_features, self.out_features)
+
+    def rows(self, ids: Any) -> np.ndarray:
+        """Return rows ``ids`` of W dequantized: float32 (len(ids), in_features) (an
+        embedding lookup; w = d * q, d * (q - 8), d * q + m as GGUF's dequantize)."""
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and ids.dtype.kind not in "iu"):
+            raise ValueError(f"ids must be a 1-D integer array, got shape {ids.shape}, "
+                             f"dtype {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.out_features):
+            raise IndexError(f"ids must lie in [0, {self.out_features}), got "
+                             f"{int(ids.min())}..{int(ids.max())}")
+        return _impl().rows(self.kind, self.packed, self.in_features, self.out_features,
+                            ids.astype(np.int32))
+
+    def dequantize(self) -> np.ndarray:
+        """Return W as float32 (out_features, in_features)."""
+        return self.rows(np.arange(self.out_features))
+
+
+def _aligned_copy(a: np.ndarray) -> np.ndarray:
+    buf = np.empty(a.nbytes + 64, np.uint8)
+    off = (-buf.ctypes.data) % 64
+    out = buf[off:off + a.nbytes]
+    out[:] = a.reshape(-1)
+    return out
+
+
+def quantize_blocks(kind: str, W: np.ndarray) -> np.ndarray:
+    """GGUF blocks (out, in // 32 * block_bytes) of a finite float W (out, in).
+
+    ``gguf.quants.quantize`` when importable; else ggml's reference rules in float32: q8_0
+    d = amax / 127, q = round-half-away(x / d); q4_0 d = (the signed value of largest
+    magnitude) / -8, q = min(15, trunc(x / d + 8.5)); q4_1 d = (max - min) / 15, m = min,
+    q = min(15, trunc((x - min) / d + 0.5)); d and m stored as float16.
+    """
+    W = np.asarray(W, np.float32)
+    try:
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import quantize
+    except ImportError:
+        blocks = _quantize_ggml(kind, W)
+    else:
+        with np.errstate(over="ignore"):
+            blocks = quantize(W, GGMLQuantizationType[kind.upper()])
+    blocks = np.ascontiguousarray(blocks, np.uint8).reshape(W.shape[0], -1)
+    try:
+        _check_scales(kind, blocks, W.shape[1])
+    except ValueError:
+        raise ValueError(f"W has values too large for {kind}'s float16 scales") from None
+    return blocks
+
+
+def _quantize_ggml(kind: str, W: np.ndarray) -> np.ndarray:
+    out_f, in_f = W.shape
+    x = W.reshape(-1, BLOCK)
+    one = np.float32(1)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if kind == "q8_0":
+            d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
+            inv = np.where(d == 0, np.float32(0), one / d)
+            v = np.abs(x * inv)
+            whole = np.floor(v)  # half away from zero, as ggml's roundf
+            q = (np.sign(x) * (whole + np.floor(2 * (v - whole)))).astype(np.int8)
+            parts = [d.astype(np.float16).view(np.uint8), q.view(np.uint8)]
+        else:
+            if kind == "q4_0":
+                big = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
+                d, m, off = big / np.float32(-8), None, np.float32(8.5)
+                base = x
+            else:
+                lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+                d, m, off = (hi - lo) / np.float32(15), lo, np.float32(0.5)
+                base = x - lo
+            inv = np.where(d == 0, np.float32(0), one / d)
+            nib = np.clip(np.trunc(base * inv + off), 0, 15).astype(np.uint8)
+            packed = nib[:, :16] | (nib[:, 16:] << np.uint8(4))
+            parts = [d.astype(np.float16).view(np.uint8)]
+            if m is not None:
+                parts.append(m.astype(np.float16).view(np.uint8))
+            parts.append(packed)
+    return np.concatenate(parts, axis=1).reshape(out_f, -1)
+
+
+def _check_rows(x: Any, name: str, in_features: int | None = None) -> np.ndarray:
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        raise TypeError(f"{name} must be a float32 ndarray, got "
+                        + (f"dtype {x.dtype}" if isinstance(x, np.ndarray) else type(x).__name__))
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n, in_features), got shape {x.shape}")
+    if in_features is not None and x.shape[1] != in_features:
+        raise ValueError(f"{name} has {x.shape[1]} features, W has in_features={in_features}")
+    if in_features is None and (x.shape[1] == 0 or x.shape[1] % BLOCK):
+        raise ValueError(f"{name} must have a positive multiple of {BLOCK} features, "
+                         f"got {x.shape[1]}")
+    if x.shape[0] > _INT_LIMIT:
+        raise ValueError(f"{name} has too many rows, got {x.shape[0]}")
+    return np.ascontiguousarray(x)
+
+
+def quantize_activations(x: np.ndarray, kind: str = "q8_0"):
+    """Quantize each row of x per block of 32 as the products do (docs/FORMATS.md).
+
+    Parameters
+    ----------
+    x : ndarray of float32, shape (n, in)
+        in a positive multiple of 32.
+    kind : {"q8_0", "q4_0", "q4_1"}
+        Checked only: every kind uses the same rule.
+
+    Returns
+    -------
+    q : ndarray of int8, shape (n, in)
+    d : ndarray of float32, shape (n, in // 32)
+        amax / 127 per block (0 for a block below 2^-96, NaN for one holding NaN or inf).
+    s : ndarray of int32, shape (n, in // 32)
+        The exact sum of each block's q.
+    """
+    _check_kind(kind)
+    return _impl().quantize_activations(_check_rows(x, "x"), kind)
+
+
+def linear_q(x: np.ndarray, W: QuantMatrix, bias: np.ndarray | None = None,
+             out: np.ndarray | None = None, *, accumulate: bool = False) -> np.ndarray:
+    """Return y (n, out_features) = x @ W.T (+ bias), or add it to ``out`` (accumulate).
+
+    Parameters
+    ----------
+    x : ndarray of float32, shape (n, in_features)
+    W : QuantMatrix
+    bias : ndarray of float32, shape (out_features,), optional
+        Added after the product (y = acc + bias).
+    out : ndarray of float32, shape (n, out_features), optional
+        C-contiguous and writable; receives the result (and is returned).
+    accumulate : bool
+        Start each output's sum from ``out`` (which is then required).
+
+    Raises
+    ------
+    TypeError
+        W is not a QuantMatrix, or an array has the wrong dtype.
+    ValueError
+        Mismatched shapes, or ``accumulate`` without ``out``.
+    """
+    if not isinstance(W, QuantMatrix):
+        raise TypeError(f"W must be a QuantMatrix, got {type(W).__name__}")
+    x = _check_rows(x, "x", W.in_features)
+    n = x.shape[0]
+    if bias is not None:
+        if not isinstance(bias, np.ndarray) or bias.dtype != np.float32:
+            raise TypeError("bias must be a float32 ndarray or None")
+        if bias.shape != (W.out_features,):
+            raise ValueError(f"bias must have shape ({W.out_features},), got {bias.shape}")
+        bias = np.ascontiguousarray(bias)
+    if out is None:
+        if accumulate:
+            raise ValueError("accumulate=True needs out (the values to add to)")
+        out = np.empty((n, W.out_features), np.float32)
+    elif not isinstance(out, np.ndarray) or out.dtype != np.float32:
+        raise TypeError("out must be a float32 ndarray or None")
+    elif out.shape != (n, W.out_features) or not out.flags.c_contiguous \
+            or not out.flags.writeable:
+        raise ValueError(f"out must be a writable C-contiguous array of shape "
+                         f"({n}, {W.out_features}), got {out.shape}")
+    return _impl().linear(W.kind, x, W.packed, W.in_features, W.out_features, bias, out,
+                          bool(accumulate))
