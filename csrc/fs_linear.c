@@ -3,6 +3,8 @@
  * reached through fs_disp. */
 #include "fs_linear.h"
 
+#include <time.h>
+
 #include "fs_isa.h"
 #include "fs_pool.h"
 #include "fs_variants.h"
@@ -38,16 +40,41 @@ void fs_round_bf16(const float *x, float *xr, size_t count)
     }
 }
 
-size_t fs_packed_len(int in, int out) { return (size_t)in * ((out + 15) / 16 * 16); }
+double fs_clock_hz(int bursts)
+{
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__)
+    double best = 0.0;
+    for (int b = 0; b < bursts; b++) {
+        struct timespec t0, t1;
+        long n = 1L << 20, acc = 0, one = 1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        /* 4 dependent adds per iteration (the loop counter is a second, parallel chain) */
+        __asm__ volatile("1:\n\taddq %2, %0\n\taddq %2, %0\n\taddq %2, %0\n\taddq %2, %0\n"
+                         "\tsubq $4, %1\n\tjnz 1b"
+                         : "+r"(acc), "+r"(n) : "r"(one) : "cc");
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double dt = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (dt > 0 && (double)(1L << 20) / dt > best) best = (double)(1L << 20) / dt;
+    }
+    return best;
+#else
+    (void)bursts;
+    return 0.0;
+#endif
+}
+
+size_t fs_packed_len(int in, int out)
+{
+    return (size_t)in * ((out + FS_LIN_PW - 1) / FS_LIN_PW * FS_LIN_PW);
+}
 
 void fs_pack_strided(const void *W, size_t esz, int in, int out, size_t rs, size_t cs,
                             void *P)
 {
     const char *w = (const char *)W;
     char *p = (char *)P;
-    int outp = (out + 15) / 16 * 16;
-    for (int c0 = 0; c0 < outp; c0 += 32) {
-        int width = outp - c0 >= 32 ? 32 : 16, real = out - c0 < width ? out - c0 : width;
+    for (int c0 = 0; c0 < out; c0 += FS_LIN_PW) {
+        int real = out - c0 < FS_LIN_PW ? out - c0 : FS_LIN_PW;
         for (int k = 0; k < in; k++) {
             const char *row = w + ((size_t)k * rs + (size_t)c0 * cs) * esz;
             if (cs == 1)
@@ -58,8 +85,8 @@ void fs_pack_strided(const void *W, size_t esz, int in, int out, size_t rs, size
             else
                 for (int c = 0; c < real; c++)
                     ((float *)p)[c] = ((const float *)row)[(size_t)c * cs];
-            memset(p + (size_t)real * esz, 0, (size_t)(width - real) * esz);
-            p += (size_t)width * esz;
+            memset(p + (size_t)real * esz, 0, (size_t)(FS_LIN_PW - real) * esz);
+            p += (size_t)FS_LIN_PW * esz;
         }
     }
 }

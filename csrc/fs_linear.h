@@ -1,7 +1,7 @@
 /* fs_linear.h -- dense row-major products for the fused transformer runner (fs_model.c).
  *
  * fs_linear_f64:   y (n, out) [+]= x (n, in) @ W (in, out) [+ bias (out,)], W C-contiguous
- * fs_linear_f32:   the same in float, with W packed by fs_pack_f32 (panels of 32 columns)
+ * fs_linear_f32:   the same in float, with W packed by fs_pack_f32 (panels of 48 columns)
  * fs_linear_f32h:  the same as fs_linear_f32 with W stored as IEEE binary16 bits (uint16_t,
  *                  packed by fs_pack_f32h): weights are widened to float in registers (exact,
  *                  vcvtph2ps) and every product and sum is fs_linear_f32's, so the result is
@@ -14,15 +14,17 @@
  *                  exact in float, so the result is bit-identical to fs_linear_f32 on the
  *                  widened W and the rounded x.
  *
- * Float kernels (the hot path): W is packed once, when a runner is built, into panels of 32
- * columns stored k after k, so that a register tile of up to FS_LIN_MAXR rows x 32 columns
- * (AVX-512; AVX2: up to 6 rows x 16 columns, FS_LIN_MAXR_AVX2, to fit its 16 registers)
- * reads its weights as one sequential stream and keeps its sums in registers over the whole
- * `in` axis. One row (a decode step) streams several panels at once and is bandwidth bound; a
- * verification block of up to one tile of rows reads W once and is bound by the multiply-adds,
- * which overlap the stream instead of following it. Every output takes its products in
- * k order, one multiply-add at a time, for any row count: decode and verification agree bit
- * for bit.
+ * Float kernels (the hot path): W is packed once, when a runner is built, into panels of
+ * FS_LIN_PW = 48 columns stored k after k (6 ymm or 3 zmm per k step). One row (a decode
+ * step) streams several panels at once and is bandwidth bound. A block of rows (verification)
+ * runs register tiles sized to the register file (AVX2: 4 rows x 24 columns; AVX-512: 8 rows
+ * x 48 columns), each weight loaded and widened once per k step for every row of the tile,
+ * with the k axis cut into blocks that every row group sweeps while they are in L1, so W
+ * streams from memory once per block of rows: bound by the multiply-adds (fs_linear_f32.inc).
+ * Every output is ONE multiply-add chain in k order, from +0 (or y when accumulating), for any
+ * row count, tile, k block or column range: decode and verification agree bit for bit, and
+ * the AVX2 and AVX-512 variants (fused multiply-adds) agree with each other and with a scalar
+ * fmaf chain.
  *
  * Double kernel: unpacked W; inner loops over `out` (contiguous in W and y) vectorise without
  * reassociating sums; one row streams W row after row, several rows use register tiles swept
@@ -41,14 +43,11 @@
  * fs_linear_set_path (fs_isa.h's FS_ISA_* values) forces the packed float kernels onto one
  * variant (the FASTSPEC_ISA switch); the caller checks that the CPU runs it.
  *
- * Bit-identical float16 weights: the float kernels (f32, f32h, f32b) come from ONE macro body
- * that differs only in how 16 weights are loaded, and all their arithmetic is on the variant's
- * float vectors (16 lanes; two 8-lane ymm vectors in the AVX2 variant, whose 64-byte generic
- * vectors spilled every accumulator; the last, partial vector of a row too: packing pads it
- * with zero weights). GCC
- * contracts a*b+c into FMA where the target has it; with identical statements on identical
- * vector types the two instantiations are contracted identically, so f32h == f32 on widened
- * weights in every variant (the AVX2 variant is AVX2+FMA+F16C).
+ * Bit-identical 16-bit weights: the float kernels (f32, f32h, f32b) come from ONE template
+ * body that differs only in how a vector of weights is loaded (widening is exact), so f32h and
+ * f32b equal f32 on the widened weights in every variant (the AVX2 variant is
+ * AVX2+FMA+F16C). The baseline variant (no FMA in its target) rounds each product then each
+ * sum: bit-identical alone vs in a block, not to the SIMD variants.
  *
  * AMX (fs_linear_amx.c): on the FS_ISA_AMX path the bf16 products run on tiles, with the
  * weights in the tile layout of fs_pack_bf16_amx; see that file for the numerics.
@@ -81,15 +80,15 @@ void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, 
 /* xr[i] = x[i] rounded to bf16 (fs_f2bf_bits), i < count (xr may be x). */
 void fs_round_bf16(const float *x, float *xr, size_t count);
 
-/* Packed layout of the float kernels' W (in, out): columns zero-padded to a multiple of 16
- * and cut into panels of 32 (the last one 16 wide when the padded width is an odd multiple of
- * 16); panel c0 / 32 holds W[k, c0:c0 + width] for every k, contiguously, from P + c0 * in.
- * A tile of rows then reads its weights as one sequential stream per panel. */
+/* Packed layout of the float kernels' W (in, out), the same for 32- and 16-bit elements:
+ * columns zero-padded to a multiple of FS_LIN_PW (48) and cut into panels of 48; panel c0 / 48
+ * holds W[k, c0:c0 + 48] for every k, contiguously, from P + c0 * in. A tile of rows then reads
+ * its weights as one sequential stream per panel. */
 size_t fs_packed_len(int in, int out);
 /* Pack W (in, out) of elements of esz bytes (2 or 4), element (k, col) at element offset
  * k * rs + col * cs, into P (fs_packed_len elements). cs == 1 (C-contiguous W) copies rows of
  * a panel; otherwise (the transpose of a C-contiguous matrix: a tied head read straight from
- * the embedding) elements one by one, a panel's 32 source rows staying in cache meanwhile. */
+ * the embedding) elements one by one, a panel's 48 source rows staying in cache meanwhile. */
 void fs_pack_strided(const void *W, size_t esz, int in, int out, size_t rs, size_t cs, void *P);
 void fs_pack_f32(const float *W, int in, int out, float *P);
 /* any 16-bit weights (float16 or bfloat16 bits) */
@@ -105,5 +104,10 @@ void fs_pack_bf16_amx_strided(const uint16_t *W, int in, int out, size_t rs, siz
                               uint16_t *P);
 /* W (in, out) C-contiguous */
 void fs_pack_bf16_amx(const uint16_t *W, int in, int out, uint16_t *P);
+
+/* The core's clock in Hz, measured: the best of `bursts` runs of 2^20 dependent integer adds
+ * (one cycle each on every x86-64; register operands, which no core folds away), timed with
+ * CLOCK_MONOTONIC. 0 where the loop is not built (not GCC on x86-64). About 0.3 ms a burst. */
+double fs_clock_hz(int bursts);
 
 #endif /* FS_LINEAR_H */

@@ -48,41 +48,55 @@
 
 /* ---- packed float products (fs_linear_f32.inc) ------------------------------------------- */
 
-/* Most rows of x handled in one pass over W (accumulators: rows x 2 vectors <= 20 zmm). */
+/* Most rows of x in one register tile of the double kernel (fs_linear.c). */
 #define FS_LIN_MAXR 10
-/* ... in the AVX2 variants (16 registers; see fs_linear_f32.inc). */
-#ifndef FS_LIN_MAXR_AVX2
-#define FS_LIN_MAXR_AVX2 6
+#ifndef FS_LIN_KB
+#define FS_LIN_KB 32
 #endif
+/* Software prefetch this many tiles ahead along the rows of W (double kernel; measured: ~15%
+ * off a 9-row product whose weights come from L3/DRAM). */
+#ifndef FS_LIN_PF_TILES
+#define FS_LIN_PF_TILES 2
+#endif
+
+/* Packed float kernels (fs_linear_f32.inc): the panel width in columns, 6 ymm or 3 zmm of
+ * float lanes (fs_pack_strided's layout). */
+#define FS_LIN_PW 48
 /* Threads split a product's columns into chunks whose bounds are multiples of this (a whole
  * number of the packed float kernels' panels, so every chunk runs whole tiles). */
 #ifndef FS_LIN_CHUNK_ALIGN
-#define FS_LIN_CHUNK_ALIGN 32
+#define FS_LIN_CHUNK_ALIGN 48
 #endif
 /* Products with at least this many weights are split between the pool's threads (fs_pool.h;
  * fs_linear.c sizes the chunks); smaller ones run on the caller. */
 #ifndef FS_LIN_PARALLEL_MIN
 #define FS_LIN_PARALLEL_MIN 65536
 #endif
-/* Software prefetch this many tiles ahead along the rows of W being swept (measured: ~15%
- * off a 9-row product whose weights come from L3/DRAM). */
-#ifndef FS_LIN_PF_TILES
-#define FS_LIN_PF_TILES 2
+/* Rows of one register tile of a block (AVX2: 4 rows x 3 ymm + 3 weights + 1 broadcast fill
+ * the 16 ymm; AVX-512: 8 rows x 3 zmm, 24 of the 32). */
+#ifndef FS_LINF_MR_AVX2
+#define FS_LINF_MR_AVX2 4
 #endif
-#ifndef FS_LIN_KB
-#define FS_LIN_KB 32
+#ifndef FS_LINF_MR_AVX512
+#define FS_LINF_MR_AVX512 8
 #endif
-/* Packed float kernels: software prefetch this many k steps ahead in each panel stream
- * (measured on a 9-row product from L3: ~20% off without it). */
-#ifndef FS_LIN_PF_K
-#define FS_LIN_PF_K 8
+/* k blocks of a block of several row groups: this many bytes of weights per panel (a block
+ * of one panel stays in L1 while every group sweeps it: 128 k steps of float32, 256 of
+ * 16-bit weights). */
+#ifndef FS_LIN_KB_BYTES
+#define FS_LIN_KB_BYTES 24576
 #endif
-/* The AVX2 float-weight kernel's distance for one row (decode): 3 k steps, 384 bytes per
- * panel stream (measured on Zen 3, the SmolLM-shape float32 decode products: 0.71-0.78 of a
- * two-stream dot's rate at 8 steps, 0.90-0.96 at 3; blocks of 4-16 rows lost ~10% at 3, and
- * 16-bit weights were best at 16 steps, 1 KiB, among 2-32). */
-#ifndef FS_LIN_PF_K_F32_AVX2
-#define FS_LIN_PF_K_F32_AVX2 3
+/* Software prefetch this many bytes ahead in each panel stream (rounded up to whole k
+ * steps; measured with 32-column panels on a 9-row product from L3: ~20% off without it). */
+#ifndef FS_LIN_PF_BYTES
+#define FS_LIN_PF_BYTES 1024
+#endif
+/* The AVX2 float32 kernel's distance for one row (decode): 384 bytes per panel stream
+ * (measured on Zen 3 with 32-column panels, the SmolLM-shape float32 decode products: 0.71-0.78
+ * of a two-stream dot's rate at 1 KiB, 0.90-0.96 at 384 B; 16-bit weights were best at 1 KiB
+ * among 64 B - 2 KiB). */
+#ifndef FS_LIN_PF_BYTES_F32_AVX2
+#define FS_LIN_PF_BYTES_F32_AVX2 384
 #endif
 /* Full unrolling keeps every accumulator in a register. */
 #define FS_LIN_UNROLL _Pragma("GCC unroll 16")

@@ -35,6 +35,13 @@ cdef extern from "fs_pool.h" nogil:
 
 
 cdef extern from "fs_linear.h" nogil:
+    void fs_linear_f32(const float *x, const float *W, const float *bias, float *y, int n,
+                       int rows, int cols, int accumulate)
+    void fs_linear_f32h(const float *x, const uint16_t *W, const float *bias, float *y, int n,
+                        int rows, int cols, int accumulate)
+    void fs_linear_f32b(const float *x, const uint16_t *W, const float *bias, float *y, int n,
+                        int rows, int cols, int accumulate)
+    double fs_clock_hz(int bursts)
     size_t fs_packed_len(int rows, int cols)
     void fs_pack_f32(const float *W, int rows, int cols, float *P)
     void fs_pack_f32h(const uint16_t *W, int rows, int cols, uint16_t *P)

@@ -10,6 +10,7 @@ the one pool of this module's copy (csrc/fs_pool.h). The public names are
 :func:`fastspec.kernels.set_threads` (which also sets the default thread count at import).
 """
 from fastspec.kernels._csrc cimport (
+    fs_clock_hz,
     fs_dispatch,
     fs_isa_detect,
     fs_isa_features,
@@ -29,7 +30,8 @@ from fastspec.kernels._csrc cimport (
 from fastspec.kernels.checks import check_index
 
 __all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "quant_kernels", "available", "resolve",
-           "describe", "from_env", "set_isa", "isa_info", "bf16_tiles", "set_threads", "get_threads"]
+           "describe", "from_env", "set_isa", "isa_info", "fma_peak", "bf16_tiles", "set_threads",
+           "get_threads"]
 
 #: Path names in fs_isa.h's order (FS_ISA_PORTABLE .. FS_ISA_AMX).
 NAMES = ("portable", "avx2", "avx512", "avx512bf16", "amx")
@@ -104,6 +106,44 @@ def describe(int selected, forced):
             "selected": NAMES[selected], "forced": forced, "quant_kernels": quant_kernels()}
 
 
+_peak = None
+
+
+def fma_peak():
+    """Return the float FMA peak of this core: lanes x 2 FMA units x clock, per vector path.
+
+    The clock is measured (``fs_clock_hz``: a loop of dependent integer adds, one per cycle;
+    best of 8 bursts, cached) and read from ``/proc/cpuinfo`` (``cpu MHz``, the highest) only
+    where the loop is not built. Two FMA units is an assumption (Zen 3: two 256-bit FMA pipes;
+    Intel server cores: two FMA ports, the 512-bit ones fused on some parts).
+
+    Returns
+    -------
+    dict
+        ``clock_ghz`` (float), ``clock_source`` ("calibration" or "cpuinfo"), ``fma_units``
+        (2), and for each vector path the CPU runs (avx2, avx512): ``macs_per_cycle`` {path:
+        lanes x 2} and ``gmacs`` {path: multiply-adds per second / 1e9}.
+    """
+    global _peak
+    if _peak is None:
+        hz = fs_clock_hz(8)
+        source = "calibration"
+        if hz <= 0:
+            source = "cpuinfo"
+            try:
+                with open("/proc/cpuinfo") as f:
+                    mhz = [float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")]
+                hz = max(mhz) * 1e6 if mhz else 0.0
+            except (OSError, ValueError):
+                hz = 0.0
+        have = available()
+        lanes = {p: n for p, n in (("avx2", 8), ("avx512", 16)) if p in have}
+        _peak = {"clock_ghz": hz / 1e9, "clock_source": source, "fma_units": 2,
+                 "macs_per_cycle": {p: 2 * n for p, n in lanes.items()},
+                 "gmacs": {p: 2 * n * hz / 1e9 for p, n in lanes.items()}}
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in _peak.items()}
+
+
 def from_env():
     """Return ``FASTSPEC_ISA`` (lower case, stripped), or None when it is unset or empty."""
     import os
@@ -132,10 +172,15 @@ def isa_info():
         for only when the CPU has AMX) and ``amx_cpu`` (AMX in CPUID, granted or not);
         ``available``: the paths this CPU could run, best first; ``kernels``: the paths this
         build has kernels for; ``selected``: the path every product runs now; ``forced``: the
-        name given to :func:`set_isa` or ``FASTSPEC_ISA``, or None; ``quant_kernels``:
-        {path: the quantized products' kernel on it} (:func:`quant_kernels`).
+from fastspec.kernels.checks import check_index
+
+__all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "quant_kernels", "available", "resolve",
+           "describe", "from_env", "set_isa", "isa_info", "fma_peak", "bf16_tiles", "set_threads",
+           "get_threads"]
     """
-    return describe(fs_linear_get_path(), _forced)
+    info = describe(fs_linear_get_path(), _forced)
+    info["peak"] = fma_peak()
+    return info
 
 
 def set_isa(name):
