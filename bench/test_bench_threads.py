@@ -13,6 +13,12 @@ Goals (issue 30, on an AVX2 CPU): beside a busy loop, 2 threads no more than 5% 
 VM whose vCPUs share one core's memory path cannot show the idle speedup; the busy ratio is
 what the pool's spin-then-sleep waits and dynamic chunks are for. ``isa`` runs the products on
 the automatic path and on AVX2 (the target machine's).
+
+Measured on the shared 2-vCPU Xeon VM (load average 5-20 from other users; 2026-12-02): idle
+``idle_2_over_1`` 1.10-1.18, ``busy_2_over_1`` 0.84-0.90 when the load was moderate and
+0.22-0.29 when it was heavy (2 threads beside the busy loop then ran at the quiet machine's
+1-thread speed, ~20 ms, with OpenMP's passive wait as well: the VM's scheduling, not the
+pool). The OpenMP build this pool replaced, with its default wait: 8-29x slower at 2 threads.
 """
 from __future__ import annotations
 

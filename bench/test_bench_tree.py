@@ -9,7 +9,7 @@ context 300, times interleaved in one run (medians of 5 rounds of 10 calls):
 On the Cython backend trees run in the fused runner with positions and a tree mask, so
 ``tree_N_steps / chain_N_steps`` is the price of the tree attention (each node reads its own
 keys, no sharing of key loads between nodes); the NumPy backend runs the layer-by-layer
-path. Run it with ``OPENBLAS_NUM_THREADS=1``: in one process with the OpenMP
+path. Run it with ``OPENBLAS_NUM_THREADS=1``: in one process with the (then OpenMP)
 model runner, a multi-threaded OpenBLAS made the layer path's matrix products 10-30x slower
 on the 2-core development machine (tree_8 518 decode steps instead of 13).
 

@@ -110,7 +110,7 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
                 "node; each node sees its ancestors only) and over a causal chain of the same "
                 "N + 1 positions, in decode steps of the same backend. On the Cython backend "
                 "trees run in the fused runner with positions and a tree mask; the NumPy "
-                "backend's layer path wants `OPENBLAS_NUM_THREADS=1` next to the OpenMP "
+                "backend's layer path wants `OPENBLAS_NUM_THREADS=1` next to the threaded "
                 "runner (README, tree proposals).", "",
                 "| backend | nodes | depth | tree (decode steps) | chain (decode steps) | "
                 "tree / chain |", "|---|---|---|---|---|---|"]
