@@ -55,14 +55,13 @@ def _isa_names():
 
 @pytest.fixture(params=_isa_names())
 def isa(request):
-    from fastspec.kernels import _isa
     prev = fs.kernels.isa_info()["forced"]
     with fs.using_backend("cython"):
-        _isa.set_isa(None if request.param == "native" else request.param)
+        fs.kernels.set_isa(None if request.param == "native" else request.param)
         try:
             yield fs.kernels.isa_info()["selected"]
         finally:
-            _isa.set_isa(prev)
+            fs.kernels.set_isa(prev)
 
 
 @pytest.mark.parametrize("threads", THREADS)

@@ -61,14 +61,13 @@ def _isa_params():
 @pytest.fixture(params=_isa_params())
 def isa(request):
     """Force the compiled products onto one path and the Cython backend, then restore both."""
-    from fastspec.kernels import _isa
     prev = fs.kernels.isa_info()["forced"]
     with fs.using_backend("cython"):
-        _isa.set_isa(request.param)
+        fs.kernels.set_isa(request.param)
         try:
             yield request.param
         finally:
-            _isa.set_isa(prev)
+            fs.kernels.set_isa(prev)
 
 
 # --- the model and its config ---------------------------------------------------------------
