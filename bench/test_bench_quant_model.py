@@ -11,7 +11,7 @@ at one thread), and the time of verifying k = 1, 2, 4, 8, 16 positions in decode
 the Zen 3 machines' path) is measured.
 
 All figures are ratios measured in one run; the machine is shared, so read medians and
-repeat. Run: ``taskset -c 1 pytest bench/test_bench_quant.py --benchmark-only -s``
+repeat. Run: ``taskset -c 1 pytest bench/test_bench_quant_model.py --benchmark-only -s``
 (FASTSPEC_BENCH_THREADS=1,2 for thread counts; about 3 minutes at one thread).
 """
 import os
