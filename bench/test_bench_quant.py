@@ -68,8 +68,10 @@ def _use_path(path):
 def test_linear_q(benchmark, path, kind, shape, rows):
     if path == "portable" and (shape == "576x49152" or rows > 4):
         pytest.skip("the portable kernel is the reference, timed on small cases only")
-    kernel = _use_path(path)
+    _use_path(path)
     try:
+        with fs.using_backend("cython"):
+            kernel = Q.kernel_name(kind, rows)
         W = _matrix(kind, shape)
         x = np.random.default_rng(1).standard_normal((rows, W.in_features)).astype(np.float32)
         out = np.empty((rows, W.out_features), np.float32)
@@ -102,8 +104,10 @@ def test_linear_q_twin(benchmark, kind, rows):
 @pytest.mark.parametrize("kind", Q.QUANT_KINDS)
 @pytest.mark.parametrize("path", ("avx2", "avx512"))
 def test_decode_vs_stream(benchmark, path, kind):
-    kernel = _use_path(path)
+    _use_path(path)
     try:
+        with fs.using_backend("cython"):
+            kernel = Q.kernel_name(kind, 1)
         W = _matrix(kind, "576x49152")
         copies = max(2, (256 << 20) // W.nbytes + 1)
         ring = [pickle.loads(pickle.dumps(W)) for _ in range(copies)]

@@ -205,6 +205,18 @@ def test_isa_info_names_the_quantized_kernels():
     assert kernels["portable"] == "portable"
     if "avx2" in kernels:
         assert kernels["avx2"] in ("avx2", "avx_vnni")
+    with fs.using_backend("numpy"):
+        assert Q.kernel_name("q8_0", 1) == "numpy"
+    with fs.using_backend("cython"):
+        for name in _paths():
+            fs.kernels.set_isa(name)
+            try:
+                names = {Q.kernel_name(k, n) for k in Q.QUANT_KINDS for n in (1, 16)}
+            finally:
+                fs.kernels.set_isa(None)
+            assert names <= {"portable", "avx2", "avx_vnni", "avx512_vnni", "amx_int8"}
+            assert name != "portable" or names == {"portable"}
+            assert "amx_int8" not in names or name == "amx"
 
 
 def test_bad_input_errors(backend):
