@@ -95,7 +95,7 @@ static fs_dispatch fs_own = {
 #else
     0,
 #endif
-    fs_qpart_def, fs_qpart_def, 1 << 30, "portable", "portable",
+    fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, "portable", "portable",
 };
 fs_dispatch *fs_disp = &fs_own;
 
@@ -124,11 +124,11 @@ static int fs_q_feat_ready;
 typedef struct {
     fs_qpart_fn fn, big;
     const char *name, *name_big;
-    int rows;
+    int rows, rows4;  /* q8_0's and q4's fewest rows for big */
 } fs_q_choice;
 static fs_q_choice fs_q_choose(int p)
 {
-    fs_q_choice c = {fs_qpart_def, fs_qpart_def, "portable", "portable", 1 << 30};
+    fs_q_choice c = {fs_qpart_def, fs_qpart_def, "portable", "portable", 1 << 30, 1 << 30};
 #if FS_Q_SIMD
     if (!fs_q_feat_ready) {
         fs_isa_detect(&fs_q_feat);
@@ -148,6 +148,7 @@ static fs_q_choice fs_q_choose(int p)
         c.big = fs_qpart_amx;
         c.name_big = "amx_int8";
         c.rows = FS_Q_AMX_MIN_ROWS;
+        c.rows4 = FS_Q_AMX_MIN_ROWS_Q4;
     }
 #endif
 #else
@@ -163,13 +164,14 @@ static void fs_isa_select_q(fs_dispatch *t, int p)
     t->qpart_big = c.big;
     t->qname = c.name;
     t->qname_big = c.name_big;
-    t->qbig_rows = c.rows;
+    t->qbig_rows[0] = c.rows;
+    t->qbig_rows[1] = t->qbig_rows[2] = c.rows4;
 }
 
-const char *fs_isa_quant_kernel(int p, int n)
+const char *fs_isa_quant_kernel(int p, int kind, int n)
 {
     fs_q_choice c = fs_q_choose(p);
-    return n >= c.rows ? c.name_big : c.name;
+    return n >= (kind == 0 ? c.rows : c.rows4) ? c.name_big : c.name;
 }
 
 /* The product variants of path p (AVX-512 CPUs all have F16C, so the three weight types always

@@ -78,7 +78,7 @@ typedef struct {
     /* The quantized products of the path (fs_quant.h): qpart, or qpart_big for blocks of at
      * least qbig_rows rows (AMX tiles); their names for fs_quant_kernel_name. */
     fs_qpart_fn qpart, qpart_big;
-    int qbig_rows;
+    int qbig_rows[3];  /* per kind (FS_Q8_0, FS_Q4_0, FS_Q4_1) */
     const char *qname, *qname_big;
 } fs_dispatch;
 
@@ -107,8 +107,9 @@ int fs_linear_amx_built(void);
  * (the Python layer sets the CPUs the process may run on at import). */
 void fs_linear_set_threads(int n);
 int fs_linear_get_threads(void);
-/* The quantized products' kernel path p runs for blocks of n rows (fs_quant.h), whether or
- * not p is the current path: "portable", "avx2", "avx_vnni", "avx512_vnni" or "amx_int8". */
-const char *fs_isa_quant_kernel(int p, int n);
+/* The quantized products' kernel path p runs for blocks of n rows of weights of kind `kind`
+ * (fs_quant.h), whether or not p is the current path: "portable", "avx2", "avx_vnni",
+ * "avx512_vnni" or "amx_int8". */
+const char *fs_isa_quant_kernel(int p, int kind, int n);
 
 #endif /* FS_ISA_H */

@@ -258,7 +258,7 @@ void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, 
     job.P = P;
     job.bias = bias;
     job.y = y;
-    job.fn = n >= fs_disp->qbig_rows ? fs_disp->qpart_big : fs_disp->qpart;
+    job.fn = n >= fs_disp->qbig_rows[kind] ? fs_disp->qpart_big : fs_disp->qpart;
     int parts = fs_pool_threads();
     if ((size_t)in * out < FS_LIN_PARALLEL_MIN || parts < 1) parts = 1;
     /* chunks of whole groups of FS_LIN_CHUNK_ALIGN columns */
@@ -269,8 +269,8 @@ void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, 
     fs_pool_run(fs_q_chunk, &job, (job.ng + job.chunk - 1) / job.chunk);
 }
 
-const char *fs_quant_kernel_name(int n)
+const char *fs_quant_kernel_name(int kind, int n)
 {
     fs_dispatch *t = fs_isa_table();
-    return n >= t->qbig_rows ? t->qname_big : t->qname;
+    return n >= t->qbig_rows[kind] ? t->qname_big : t->qname;
 }

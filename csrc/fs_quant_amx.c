@@ -20,6 +20,8 @@
 #define FS_QA_ATTR \
     __attribute__((target("amx-tile,amx-int8,avx512f,avx512vl,avx512bw,avx2,fma,f16c")))
 #define FS_QA_UNROLL _Pragma("GCC unroll 16")
+/* Stack bytes for two q4 panels widened to bytes (in <= 4096; wider: block by block). */
+#define FS_QA_UNPACKED 65536
 
 typedef struct {
     uint8_t palette, start_row, reserved[14];
@@ -70,7 +72,7 @@ FS_QA_ATTR static inline __attribute__((always_inline)) __m512 fs_qa_h16(const u
 /* Rows [r0, r0 + m) (m <= 16) x panels g, g + 1 (two: whether g + 1 exists). */
 FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     const int KIND, const fs_qact *a, const uint8_t *P, size_t psz, float *y, int out, int g,
-    int two, int r0, int m, int accumulate, int32_t *cbuf, uint8_t *ub0, uint8_t *ub1)
+    int two, int r0, int m, int accumulate, int32_t *cbuf, uint8_t *ub, size_t ubsz)
 {
     const int nb = a->nb, in = a->in;
     const size_t qoff = fs_quant_panel_qs(KIND, nb), moff = fs_quant_panel_m(nb);
@@ -86,12 +88,25 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     const int8_t *qa = a->q + (size_t)r0 * in;
     const float *da = a->d + (size_t)r0 * nb, *ds = a->ds + (size_t)r0 * nb;
     const int32_t *sa = a->s + (size_t)r0 * nb;
+    /* q4: the panels' nibbles widened to bytes before the block loop (a tile load right
+     * after the vector stores that wrote its bytes stalls: measured 5x slower per block) */
+    int pre = KIND != FS_Q8_0 && (size_t)nb * 512 <= ubsz;
+    uint8_t *ub0 = ub, *ub1 = ub + (pre ? (size_t)nb * 256 : 256);
+    if (pre)
+        for (int b = 0; b < nb; b++) {
+            fs_qa_unpack4(pan0 + qoff + (size_t)b * qb, ub0 + (size_t)b * 256);
+            if (two) fs_qa_unpack4(pan1 + qoff + (size_t)b * qb, ub1 + (size_t)b * 256);
+        }
     for (int b = 0; b < nb; b++) {
         const uint8_t *q0 = pan0 + qoff + (size_t)b * qb;
-        _mm_prefetch((const char *)(q0 + FS_Q_PF_BLOCKS * qb), _MM_HINT_T0);
+        /* ahead in this panel, or (q4 widened already) the next pair's same block */
+        const uint8_t *pf0 = pre ? q0 + 2 * psz : q0 + FS_Q_PF_BLOCKS * qb;
+        for (size_t l = 0; l < qb; l += 64) _mm_prefetch((const char *)(pf0 + l), _MM_HINT_T0);
         _tile_loadd(0, qa + (size_t)b * FS_Q_BLOCK, in);
         if (KIND == FS_Q8_0) {
             _tile_loadd(1, q0, 32);
+        } else if (pre) {
+            _tile_loadd(1, ub0 + (size_t)b * 256, 32);
         } else {
             fs_qa_unpack4(q0, ub0);
             _tile_loadd(1, ub0, 32);
@@ -101,9 +116,13 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
         _tile_stored(4, cbuf, 64);
         if (two) {
             const uint8_t *q1 = pan1 + qoff + (size_t)b * qb;
-            _mm_prefetch((const char *)(q1 + FS_Q_PF_BLOCKS * qb), _MM_HINT_T0);
+            const uint8_t *pf1 = pre ? q1 + 2 * psz : q1 + FS_Q_PF_BLOCKS * qb;
+            for (size_t l = 0; l < qb; l += 64)
+                _mm_prefetch((const char *)(pf1 + l), _MM_HINT_T0);
             if (KIND == FS_Q8_0) {
                 _tile_loadd(2, q1, 32);
+            } else if (pre) {
+                _tile_loadd(2, ub1 + (size_t)b * 256, 32);
             } else {
                 fs_qa_unpack4(q1, ub1);
                 _tile_loadd(2, ub1, 32);
@@ -136,7 +155,7 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
     int accumulate)
 {
     _Alignas(64) int32_t cbuf[16 * 16];
-    _Alignas(64) uint8_t ub0[256], ub1[256];
+    _Alignas(64) uint8_t ub[FS_QA_UNPACKED];
     memset(cbuf, 0, sizeof cbuf);
     size_t psz = fs_quant_panel_bytes(KIND, a->in);
     int configured = 0;
@@ -147,8 +166,8 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
             configured = m;
         }
         for (int g = g_lo; g < g_hi; g += 2)
-            fs_qa_pair(KIND, a, P, psz, y, out, g, g + 1 < g_hi, r0, m, accumulate, cbuf, ub0,
-                       ub1);
+            fs_qa_pair(KIND, a, P, psz, y, out, g, g + 1 < g_hi, r0, m, accumulate, cbuf, ub,
+                       sizeof ub);
     }
     _tile_release();
 }

@@ -61,14 +61,13 @@ def _isa_params():
 @pytest.fixture(params=_isa_params())
 def isa(request):
     """Force the compiled products onto one path and the Cython backend, then restore both."""
-    from fastspec.kernels import _isa
     prev = fs.kernels.isa_info()["forced"]
     with fs.using_backend("cython"):
-        _isa.set_isa(request.param)
+        fs.kernels.set_isa(request.param)
         try:
             yield request.param
         finally:
-            _isa.set_isa(prev)
+            fs.kernels.set_isa(prev)
 
 
 # --- the model and its config ---------------------------------------------------------------
@@ -249,3 +248,20 @@ def test_embedded_models_derive_q8_0():
     want = fs.generate(bundle.target, ids, 16).tokens
     for drafter in (fs.NgramDrafter(), fs.DFlashDrafter(bundle.dflash)):
         assert fs.speculative_generate(bundle.target, drafter, ids, 16).tokens == want
+
+
+@needs_cython
+@pytest.mark.parametrize("kind", KINDS)
+def test_thread_count_does_not_change_the_bits(kind):
+    model = qmodel(kind, "qwen2-bias", seed=10)
+    ids = np.arange(3, 20)
+    out = {}
+    prev = fs.kernels.get_threads()
+    try:
+        with fs.using_backend("cython"):
+            for threads in (1, 2):
+                fs.kernels.set_threads(threads)
+                out[threads] = model.forward(ids).logits
+    finally:
+        fs.kernels.set_threads(prev)
+    np.testing.assert_array_equal(out[1], out[2])

@@ -51,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
           "multiply-adds; bit-identical to float32 on the widened weights")
     print("  bfloat16  bf16 bit patterns widened by a 16-bit shift in registers; every product's "
           "input rounded to bf16 (nearest even), float32 multiply-adds")
+    quant = isa.get("quant_kernels", {})
+    if path in quant:
+        print(f"  q8_0/q4_0/q4_1  GGUF blocks x rows quantized to int8, exact integer block "
+              f"sums, float32 over blocks; kernel: {quant[path]}")
     missing = [n for n in ("avx512bf16", "amx") if n not in isa["kernels"]]
     if missing:
         have = [n for n in missing if n in isa["available"]]

@@ -57,20 +57,23 @@ def features():
 
 def quant_kernels():
     """Return {path: description} of the quantized products' kernel on each path this build
-    has and this CPU runs (e.g. ``"avx512_vnni (< 8 rows), amx_int8 (>= 8 rows)"``)."""
+    has and this CPU runs (e.g. ``"avx512_vnni; amx_int8 from 8 rows (q8_0), 12 rows
+    (q4_0, q4_1)"``)."""
     out = {}
     have = available()
     for name in KERNELS:
         if name not in have:
             continue
         i = NAMES.index(name)
-        one = fs_isa_quant_kernel(i, 1).decode()
-        many = fs_isa_quant_kernel(i, 1 << 20).decode()
+        one = fs_isa_quant_kernel(i, 0, 1).decode()
+        many = fs_isa_quant_kernel(i, 0, 1 << 20).decode()
         if one == many:
             out[name] = one
-        else:
-            rows = next(n for n in range(1, 65) if fs_isa_quant_kernel(i, n).decode() == many)
-            out[name] = f"{one} (< {rows} rows), {many} (>= {rows} rows)"
+            continue
+        rows = [next(n for n in range(1, 65) if fs_isa_quant_kernel(i, k, n).decode() == many)
+                for k in range(3)]
+        out[name] = (f"{one}; {many} from {rows[0]} rows (q8_0), {rows[1]} rows (q4_0, q4_1)"
+                     if rows[1] == rows[2] else f"{one}; {many} from {rows} rows")
     return out
 
 

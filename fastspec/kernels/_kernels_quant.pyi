@@ -2,7 +2,7 @@
 import numpy as np
 
 __all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "packed_bytes", "pack", "unpack", "rows",
-           "quantize_activations", "linear"]
+           "quantize_activations", "linear", "kernel_name"]
 
 KINDS: tuple[str, ...]
 BLOCK: int
@@ -17,3 +17,4 @@ def quantize_activations(
     x: np.ndarray, kind: str = ...) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def linear(kind: str, x: np.ndarray, packed: np.ndarray, in_features: int, out_features: int,
            bias: np.ndarray | None, out: np.ndarray, accumulate: bool) -> np.ndarray: ...
+def kernel_name(kind: str, n: int) -> str: ...

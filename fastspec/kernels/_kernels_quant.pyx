@@ -17,6 +17,7 @@ from fastspec.kernels._csrc cimport (
     fs_quant_rows,
     fs_quant_rows_f32,
     fs_quant_scratch_bytes,
+    fs_quant_kernel_name,
     fs_quant_unpack,
 )
 from fastspec.kernels._isa cimport share_table
@@ -25,7 +26,7 @@ from fastspec.kernels._kernels_base cimport thread_scratch
 share_table()  # the quantized kernel of the path lives in the one dispatch table
 
 __all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "packed_bytes", "pack", "unpack", "rows",
-           "quantize_activations", "linear"]
+           "quantize_activations", "linear", "kernel_name"]
 
 KINDS = ("q8_0", "q4_0", "q4_1")
 BLOCK = 32
@@ -135,3 +136,9 @@ def linear(str kind, x, packed, int in_features, int out_features, bias, out,
         fs_linear_q(k, &xv[0, 0], &p[0], bp, &yv[0, 0], n, in_features, out_features,
                     accumulate, scratch)
     return out
+
+
+def kernel_name(str kind, int n):
+    """Return the name of the kernel a product of n rows of ``kind`` runs on the current path
+    ("portable", "avx2", "avx_vnni", "avx512_vnni", "amx_int8")."""
+    return fs_quant_kernel_name(_kind(kind), n).decode()

@@ -23,7 +23,7 @@ import numpy as np
 from fastspec.kernels import _reference_quant, backend
 
 __all__ = ["QUANT_KINDS", "BLOCK", "block_bytes", "QuantMatrix", "linear_q",
-           "quantize_activations"]
+           "quantize_activations", "kernel_name"]
 
 #: The quantized weight kinds, in csrc/fs_quant.h's order.
 QUANT_KINDS = ("q8_0", "q4_0", "q4_1")
@@ -364,3 +364,12 @@ def linear_q(x: np.ndarray, W: QuantMatrix, bias: np.ndarray | None = None,
                          f"({n}, {W.out_features}), got {out.shape}")
     return _impl().linear(W.kind, x, W.packed, W.in_features, W.out_features, bias, out,
                           bool(accumulate))
+
+
+def kernel_name(kind: str, n: int) -> str:
+    """Return the kernel :func:`linear_q` runs for n rows of ``kind`` now: "numpy" (the twin),
+    or the compiled path's "portable", "avx2", "avx_vnni", "avx512_vnni" or "amx_int8"."""
+    _check_kind(kind)
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    return _impl().kernel_name(kind, min(int(n), _INT_LIMIT))

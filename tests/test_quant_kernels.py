@@ -1,0 +1,277 @@
+"""Quantized products (fastspec.kernels.quant): the compiled kernels on every ISA path against
+the NumPy twin, bit for bit (the twin emulates each fused multiply-add exactly, so the
+tolerance is zero); a row alone equals the same row inside any block; GGUF's own quantizer and
+dequantizer agree with ours; bad input gives clear errors; the C harness tests/c/quant.c runs
+every variant against a scalar reference computed from the GGUF blocks."""
+import copy
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+import fastspec as fs
+from fastspec.kernels import quant as Q
+
+from _helpers import BACKENDS, needs_c_harness, run_c_harness
+
+INS = (32, 64, 96, 576, 1536)
+OUTS = (1, 7, 8, 9, 33, 576)
+
+
+def _paths():
+    if "cython" not in BACKENDS:
+        return [pytest.param(None, marks=pytest.mark.skip(reason="Cython extension not built"))]
+    info = fs.kernels.isa_info()
+    return [n for n in ("portable", "avx2", "avx512", "amx")
+            if n in info["available"] and n in info["kernels"]]
+
+
+@pytest.fixture
+def all_paths():
+    """Run a body on every compiled path (yields the names), restoring the path after."""
+    from fastspec.kernels import _isa
+    prev = fs.kernels.isa_info()["forced"]
+
+    def run(fn):
+        out = {}
+        with fs.using_backend("cython"):
+            for name in _paths():
+                _isa.set_isa(name)
+                out[name] = fn()
+        return out
+
+    yield run
+    _isa.set_isa(prev)
+
+
+def _bits(a):
+    return np.ascontiguousarray(a, np.float32).view(np.uint32)
+
+
+def _weights(kind, out, inp, seed=0):
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((out, inp)).astype(np.float32) * 0.05
+    return Q.QuantMatrix.from_float(kind, W)
+
+
+def _rows(n, inp, seed=1):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, inp)).astype(np.float32)
+    x[:, ::7] *= 4.0
+    return x
+
+
+@pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
+@pytest.mark.parametrize("kind", Q.QUANT_KINDS)
+@pytest.mark.parametrize("inp", INS)
+def test_every_path_equals_the_twin_and_rows_alone(kind, inp, all_paths):
+    outs = OUTS if inp < 1536 else (1, 9, 576)
+    for out in outs:
+        W = _weights(kind, out, inp, seed=out)
+        x = _rows(17, inp, seed=inp + out)
+        with fs.using_backend("numpy"):
+            want = Q.linear_q(x, W)
+
+        def body():
+            alone = np.concatenate([Q.linear_q(x[r:r + 1], W) for r in range(17)])
+            assert np.array_equal(_bits(alone), _bits(want)), (kind, inp, out, "alone")
+            for n in range(2, 18):
+                got = Q.linear_q(x[:n], W)
+                assert np.array_equal(_bits(got), _bits(want[:n])), (kind, inp, out, n)
+            # a block that starts elsewhere: rows 3..15 inside it equal their alone bits
+            got = Q.linear_q(x[3:16], W)
+            assert np.array_equal(_bits(got), _bits(want[3:16]))
+            return True
+
+        assert all(all_paths(body).values())
+
+
+@pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
+@pytest.mark.parametrize("kind", Q.QUANT_KINDS)
+def test_accumulate_bias_and_threads(kind, all_paths):
+    inp, out = 96, 33
+    W = _weights(kind, out, inp)
+    x = _rows(9, inp)
+    rng = np.random.default_rng(5)
+    bias = rng.standard_normal(out).astype(np.float32)
+    y0 = rng.standard_normal((9, out)).astype(np.float32)
+    with fs.using_backend("numpy"):
+        want_b = Q.linear_q(x, W, bias)
+        want_acc = Q.linear_q(x, W, bias, y0.copy(), accumulate=True)
+    assert not np.array_equal(want_b, want_acc)
+
+    def body():
+        got_b = Q.linear_q(x, W, bias)
+        got_acc = Q.linear_q(x, W, bias, y0.copy(), accumulate=True)
+        assert np.array_equal(_bits(got_b), _bits(want_b))
+        assert np.array_equal(_bits(got_acc), _bits(want_acc))
+        return True
+
+    assert all(all_paths(body).values())
+    # threads split the columns: the same bits (a product large enough to be split)
+    big = _weights(kind, 576, 576)
+    xb = _rows(5, 576)
+    with fs.using_backend("cython"):
+        one = Q.linear_q(xb, big)
+        prev = fs.kernels.get_threads()
+        fs.kernels.set_threads(2)
+        try:
+            two = Q.linear_q(xb, big)
+        finally:
+            fs.kernels.set_threads(prev)
+    assert np.array_equal(_bits(one), _bits(two))
+
+
+def test_backends_pack_and_quantize_the_same(backend):
+    for kind in Q.QUANT_KINDS:
+        W = _weights(kind, 9, 64)
+        blocks = W.to_blocks()
+        again = Q.QuantMatrix.from_blocks(kind, blocks, 64)
+        assert np.array_equal(again.packed, W.packed)
+        assert np.array_equal(again.to_blocks(), blocks)
+    x = _rows(3, 64)
+    x[1, :32] = 0.0
+    x[2, 40] = np.nan
+    q, d, s = Q.quantize_activations(x)
+    with fs.using_backend("numpy"):
+        q2, d2, s2 = Q.quantize_activations(x)
+    assert np.array_equal(q, q2) and np.array_equal(s, s2)
+    assert np.array_equal(_bits(d), _bits(d2))
+    assert d[1, 0] == 0 and not q[1, :32].any() and np.isnan(d[2, 1]) and not q[2, 32:].any()
+
+
+def test_activation_rule_known_answers(backend):
+    x = np.zeros((1, 64), np.float32)
+    x[0, 0] = 127.0           # amax: the scale is exactly 1
+    x[0, 1:6] = [2.5, 3.5, -2.5, -0.5, 126.5]  # ties go to the even neighbour
+    x[0, 32:64] = 1e-30       # below 2^-96: a zero block
+    q, d, s = Q.quantize_activations(x)
+    assert q[0, :6].tolist() == [127, 2, 4, -2, 0, 126]
+    assert d[0].tolist() == [1.0, 0.0] and s[0, 0] == 127 + 2 + 4 - 2 + 126 and s[0, 1] == 0
+
+
+def test_nan_row_stays_in_its_row(backend):
+    W = _weights("q4_1", 9, 64)
+    x = _rows(3, 64)
+    x[1, 5] = np.inf
+    y = Q.linear_q(x, W)
+    assert np.isnan(y[1]).all() and np.isfinite(y[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("kind", Q.QUANT_KINDS)
+def test_dequantize_equals_gguf(backend, kind):
+    gguf_quants = pytest.importorskip("gguf.quants")
+    from gguf.constants import GGMLQuantizationType
+
+    W = _weights(kind, 33, 96)
+    deq = gguf_quants.dequantize(W.to_blocks(), GGMLQuantizationType[kind.upper()])
+    assert np.array_equal(_bits(W.dequantize()), _bits(deq.reshape(33, 96)))
+    assert np.array_equal(_bits(W.rows([5, 0, 32])), _bits(deq.reshape(33, 96)[[5, 0, 32]]))
+    assert W.rows(np.zeros(0, np.int64)).shape == (0, 96)
+
+
+@pytest.mark.parametrize("kind", Q.QUANT_KINDS)
+def test_own_quantizer_equals_gguf(kind, monkeypatch):
+    pytest.importorskip("gguf.quants")
+    rng = np.random.default_rng(3)
+    W = rng.standard_normal((17, 96)).astype(np.float32)
+    W[0, :32] = 0.0
+    W[1, :32] = np.arange(32) - 15.5   # exact halves for q8_0's rounding
+    with_gguf = Q.quantize_blocks(kind, W)
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    monkeypatch.setitem(sys.modules, "gguf.quants", None)
+    monkeypatch.setitem(sys.modules, "gguf.constants", None)
+    assert np.array_equal(Q.quantize_blocks(kind, W), with_gguf)
+
+
+def test_quant_matrix_attributes_pickle_copy():
+    W = _weights("q8_0", 9, 64)
+    assert (W.kind, W.in_features, W.out_features, W.shape) == ("q8_0", 64, 9, (9, 64))
+    assert W.nbytes == W.packed.nbytes == 2 * (64 + 2 * 256)
+    assert Q.block_bytes("q8_0") == 34 and Q.block_bytes("q4_0") == 18
+    assert Q.block_bytes("q4_1") == 20 and Q.BLOCK == 32
+    for other in (pickle.loads(pickle.dumps(W)), copy.deepcopy(W), copy.copy(W)):
+        assert np.array_equal(other.packed, W.packed) and other.packed.ctypes.data % 64 == 0
+    assert not W.packed.flags.writeable
+    assert "q8_0" in repr(W)
+
+
+def test_isa_info_names_the_quantized_kernels():
+    info = fs.kernels.isa_info()
+    if info["selected"] is None:
+        pytest.skip("no compiled extension")
+    kernels = info["quant_kernels"]
+    assert kernels["portable"] == "portable"
+    if "avx2" in kernels:
+        assert kernels["avx2"] in ("avx2", "avx_vnni")
+    with fs.using_backend("numpy"):
+        assert Q.kernel_name("q8_0", 1) == "numpy"
+    with fs.using_backend("cython"):
+        for name in _paths():
+            fs.kernels.set_isa(name)
+            try:
+                names = {Q.kernel_name(k, n) for k in Q.QUANT_KINDS for n in (1, 16)}
+            finally:
+                fs.kernels.set_isa(None)
+            assert names <= {"portable", "avx2", "avx_vnni", "avx512_vnni", "amx_int8"}
+            assert name != "portable" or names == {"portable"}
+            assert "amx_int8" not in names or name == "amx"
+
+
+def test_bad_input_errors(backend):
+    W = _weights("q4_0", 9, 64)
+    blocks = W.to_blocks()
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Q.QuantMatrix.from_blocks("q5_0", blocks, 64)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q.QuantMatrix.from_blocks("q4_0", blocks, 48)
+    with pytest.raises(ValueError, match=r"must have shape \(out_features >= 1, 36\)"):
+        Q.QuantMatrix.from_blocks("q4_0", blocks[:, :-1], 64)
+    with pytest.raises(ValueError, match="shape"):
+        Q.QuantMatrix.from_blocks("q4_0", blocks, 96)
+    with pytest.raises(TypeError, match="uint8"):
+        Q.QuantMatrix.from_blocks("q4_0", blocks.astype(np.int16), 64)
+    for kind, off, what in (("q4_0", 18, "scale"), ("q4_1", 22, "min")):
+        bad = _weights(kind, 9, 64).to_blocks().copy()
+        for value in (0x7C00, 0x7E00, 0xFC00):  # inf, NaN, -inf
+            bad[4, off:off + 2] = np.array([value], np.uint16).view(np.uint8)
+            with pytest.raises(ValueError, match=f"the {what} of row 4, block 1"):
+                Q.QuantMatrix.from_blocks(kind, bad, 64)
+    with pytest.raises(TypeError, match="float ndarray"):
+        Q.QuantMatrix.from_float("q8_0", np.zeros((2, 32), np.int32))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q.QuantMatrix.from_float("q8_0", np.zeros((2, 40), np.float32))
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        Q.QuantMatrix.from_float("q8_0", np.full((2, 32), np.inf, np.float32))
+    with pytest.raises(ValueError, match="too large"):
+        Q.QuantMatrix.from_float("q8_0", np.full((2, 32), 3e38, np.float32))
+    x = _rows(2, 64)
+    with pytest.raises(TypeError, match="float32"):
+        Q.linear_q(x.astype(np.float64), W)
+    with pytest.raises(ValueError, match="in_features=64"):
+        Q.linear_q(_rows(2, 96), W)
+    with pytest.raises(TypeError, match="QuantMatrix"):
+        Q.linear_q(x, np.zeros((9, 64), np.float32))
+    with pytest.raises(TypeError, match="bias"):
+        Q.linear_q(x, W, np.zeros(9))
+    with pytest.raises(ValueError, match="bias"):
+        Q.linear_q(x, W, np.zeros(8, np.float32))
+    with pytest.raises(ValueError, match="accumulate"):
+        Q.linear_q(x, W, accumulate=True)
+    with pytest.raises(ValueError, match="out must be"):
+        Q.linear_q(x, W, out=np.zeros((2, 8), np.float32))
+    with pytest.raises(TypeError, match="out must be"):
+        Q.linear_q(x, W, out=np.zeros((2, 9)))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        Q.quantize_activations(np.zeros((1, 33), np.float32))
+    with pytest.raises(IndexError, match=r"\[0, 9\)"):
+        W.rows([0, 9])
+    with pytest.raises(ValueError, match="1-D integer"):
+        W.rows([[1]])
+
+
+@pytest.mark.parametrize("flags", [[], ["-DFS_TEST_PORTABLE"]], ids=["gnu-variants", "portable"])
+@needs_c_harness
+def test_c_harness_every_variant_bit_identical(tmp_path, flags):
+    run_c_harness("quant", flags, tmp_path)
