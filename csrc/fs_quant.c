@@ -175,7 +175,7 @@ void fs_quant_rows_ref(const float *x, int n, int in, int8_t *q, float *d, int32
             }
             int32_t sum = 0;
             float db;
-            if (bad || amax < 0x1p-96f) {
+            if (bad || amax < FS_Q_TINY) {
                 memset(qb, 0, FS_Q_BLOCK);
                 db = bad ? NAN : 0.0f;
             } else {

@@ -1,5 +1,10 @@
 /* fs_quant_avx2.c -- the AVX2 variant of the quantized products (fs_quant_x86.inc with
- * vpmaddubsw): what an AVX2-only CPU (Zen 3) runs. */
+ * vpmaddubsw): what an AVX2-only CPU (Zen 3) runs; and the activation rule on AVX2.
+ *
+ * Measured on the Xeon (1 core, hot L2, best of 9; SmolLM2 shapes 576x1536 and 1536x576):
+ * q8_0 22.4 int8 MAC/cycle from 2 rows (4 vector uops per 32 MACs and row: vpsignb,
+ * vpmaddubsw, vpmaddwd, vpaddd; this core's three vector ports cap it at 24), q4_0 / q4_1
+ * 28; row tiles of 3, 5 or 6 rows measured the same as 4. */
 #include "fs_quant.h"
 #include "fs_quant_kern.h"
 
@@ -47,7 +52,7 @@ __attribute__((target("avx2,fma,f16c"))) void fs_quant_rows_avx2(const float *x,
             m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xb1));
             float amax = _mm256_cvtss_f32(m);
             size_t rb = (size_t)r * nb + b;
-            if (bad || amax < 0x1p-96f) {
+            if (bad || amax < FS_Q_TINY) {
                 memset(qb, 0, FS_Q_BLOCK);
                 d[rb] = bad ? NAN : 0.0f;
                 s[rb] = 0;

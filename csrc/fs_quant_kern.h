@@ -43,6 +43,9 @@
 #define FS_Q_AMX_MIN_ROWS_Q4 12
 #endif
 
+/* Blocks of activations with amax below this (2^-96) quantize to zero (fs_quant.h). */
+#define FS_Q_TINY 1.2621774483536188887e-29f
+
 /* The quantized activations of n rows (fs_quant_rows, done once per product). */
 typedef struct fs_qact {
     const int8_t *q;    /* (n, in) */
