@@ -157,10 +157,9 @@ void fs_quant_rows_f32(int kind, const uint8_t *P, int in, int out, const int32_
 
 /* ---- activations ----------------------------------------------------------------------- */
 
-/* One block of 32: returns d, writes q and *s. Compiled for several targets (FS_CLONES): the
- * steps are a max, a division, products and nearest-even rounding, the same in every clone. */
-FS_CLONES static void fs_quant_rows_impl(const float *x, int n, int in, int8_t *q, float *d,
-                                         int32_t *s)
+/* The statement of the rule in C (fs_quant_rows runs fs_quant_rows_avx2 where the CPU has
+ * AVX2: the same max, division, products and nearest-even rounding, so the same bytes). */
+void fs_quant_rows_ref(const float *x, int n, int in, int8_t *q, float *d, int32_t *s)
 {
     int nb = in / FS_Q_BLOCK;
     for (int r = 0; r < n; r++)
@@ -176,7 +175,7 @@ FS_CLONES static void fs_quant_rows_impl(const float *x, int n, int in, int8_t *
             }
             int32_t sum = 0;
             float db;
-            if (bad || amax < 0x1p-96f) {
+            if (bad || amax < FS_Q_TINY) {
                 memset(qb, 0, FS_Q_BLOCK);
                 db = bad ? NAN : 0.0f;
             } else {
@@ -197,7 +196,19 @@ FS_CLONES static void fs_quant_rows_impl(const float *x, int n, int in, int8_t *
 
 void fs_quant_rows(const float *x, int n, int in, int8_t *q, float *d, int32_t *s)
 {
-    fs_quant_rows_impl(x, n, in, q, d, s);
+#if FS_Q_SIMD
+    static int avx2 = -1;
+    if (avx2 < 0) {
+        __builtin_cpu_init();
+        avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+               && __builtin_cpu_supports("f16c");
+    }
+    if (avx2) {
+        fs_quant_rows_avx2(x, n, in, q, d, s);
+        return;
+    }
+#endif
+    fs_quant_rows_ref(x, n, in, q, d, s);
 }
 
 /* ---- the product ------------------------------------------------------------------------ */

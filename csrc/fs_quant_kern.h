@@ -43,6 +43,9 @@
 #define FS_Q_AMX_MIN_ROWS_Q4 12
 #endif
 
+/* Blocks of activations with amax below this (2^-96) quantize to zero (fs_quant.h). */
+#define FS_Q_TINY 1.2621774483536188887e-29f
+
 /* The quantized activations of n rows (fs_quant_rows, done once per product). */
 typedef struct fs_qact {
     const int8_t *q;    /* (n, in) */
@@ -56,6 +59,12 @@ typedef struct fs_qact {
 /* Panel layout (fs_quant.h): byte offsets inside a panel. */
 size_t fs_quant_panel_qs(int kind, int nb);  /* offset of qs */
 size_t fs_quant_panel_m(int nb);             /* offset of q4_1's mins */
+
+/* The activation rule (fs_quant.h's fs_quant_rows): plain C, and AVX2 (the same bytes). */
+void fs_quant_rows_ref(const float *x, int n, int in, int8_t *q, float *d, int32_t *s);
+#if FS_Q_SIMD
+void fs_quant_rows_avx2(const float *x, int n, int in, int8_t *q, float *d, int32_t *s);
+#endif
 
 /* Every variant: the output columns of panels [g_lo, g_hi) of y (n, out) for all n rows, with
  * the same per-output arithmetic (fs_quant.h); no bias. */
