@@ -26,15 +26,33 @@ llama_cpp = pytest.importorskip("llama_cpp")
 THREADS = tuple(int(t) for t in os.environ.get("FASTSPEC_BENCH_THREADS", "1").split(","))
 NEW_TOKENS = int(os.environ.get("FASTSPEC_BENCH_NEW_TOKENS", "128"))
 REQUESTS = int(os.environ.get("FASTSPEC_BENCH_REQUESTS", "4"))
+#: FASTSPEC_PEERS_EXTRA_BUFTS=0 turns llama.cpp's extra buffer types off (its AMX and repacked
+#: weight buffers): on the Intel Xeon KVM guest of 2026-12-02 a llama-cpp-python 0.3.36 build
+#: with GGML_NATIVE=ON segfaulted in its first decode with them on (its AMX buffer), and ran
+#: its AVX-512 CPU kernels with them off.
+EXTRA_BUFTS = os.environ.get("FASTSPEC_PEERS_EXTRA_BUFTS", "1") != "0"
 
 
 def _llama(path, threads: int, lookup: bool):
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
+    from llama_cpp import llama_cpp as low  # the bindings module that Llama() calls
+
     draft = LlamaPromptLookupDecoding(num_pred_tokens=10) if lookup else None
-    return llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=threads,
-                           n_threads_batch=threads, n_batch=512, draft_model=draft,
-                           verbose=False, seed=0)
+    defaults = low.llama_model_default_params
+
+    def params():
+        p = defaults()
+        p.use_extra_bufts = EXTRA_BUFTS
+        return p
+
+    low.llama_model_default_params = params  # Llama() reads it when it loads the model
+    try:
+        return llama_cpp.Llama(model_path=str(path), n_ctx=2048, n_threads=threads,
+                               n_threads_batch=threads, n_batch=512, draft_model=draft,
+                               verbose=False, seed=0)
+    finally:
+        low.llama_model_default_params = defaults
 
 
 def _llama_run(llm, ids, eos):
@@ -89,7 +107,7 @@ def test_vs_llama_cpp(benchmark, threads):
                vanilla_ratio=med["fastspec_vanilla"] / med["llama_vanilla"],
                ngram_over_llama_vanilla=med["fastspec_ngram"] / med["llama_vanilla"],
                ngram_over_llama_lookup=med["fastspec_ngram"] / med["llama_lookup"],
-               load_average=os.getloadavg()[0])
+               load_average=os.getloadavg()[0], llama_extra_bufts=EXTRA_BUFTS)
     benchmark.extra_info.update(row)
     print(f"\nthreads {threads}: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items()))
     benchmark.pedantic(lambda: row, rounds=1)
