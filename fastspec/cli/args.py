@@ -11,7 +11,12 @@ from fastspec.kernels import MAX_THREADS, threads_info
 
 __all__ = ["positive_int", "thread_count", "non_negative_float", "gamma_or_adaptive",
            "add_backend_option", "add_sampling_options", "add_threads_option",
-           "apply_threads_option"]
+           "apply_threads_option", "WEIGHT_DTYPES"]
+
+#: ``--weight-dtype`` choices of the commands that load a model: float storage, or GGUF's
+#: quantized blocks (q8_0, q4_0, q4_1; a GGUF file's own blocks of that kind are used as they
+#: are, other matrices are converted at load).
+WEIGHT_DTYPES = ("float32", "float16", "bfloat16", "q8_0", "q4_0", "q4_1")
 
 
 def positive_int(text: str) -> int:

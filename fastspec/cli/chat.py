@@ -11,7 +11,8 @@ import argparse
 import sys
 from typing import TextIO
 
-from fastspec.cli.args import add_sampling_options, add_threads_option, positive_int
+from fastspec.cli.args import (WEIGHT_DTYPES, add_sampling_options, add_threads_option,
+                               positive_int)
 
 __all__ = ["add_parser", "run", "converse"]
 
@@ -86,7 +87,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N",
                    help="longest reply (default 512)")
     add_sampling_options(p)
-    p.add_argument("--weight-dtype", choices=("float32", "float16", "bfloat16"), default=None,
+    p.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default=None,
                    help="storage of the matrices (default: float32 for GGUF, the folder's own)")
     add_threads_option(p)
     p.set_defaults(run=run)

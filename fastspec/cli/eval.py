@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from fastspec.cli.args import (add_threads_option, gamma_or_adaptive, non_negative_float,
-                               positive_int)
+from fastspec.cli.args import (WEIGHT_DTYPES, add_threads_option, gamma_or_adaptive,
+                               non_negative_float, positive_int)
 
 __all__ = ["add_parser", "run"]
 
@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
                         "(fastspec.models.find('smollm2') gives the SmolLM2 file)")
     p.add_argument("--suite", choices=("grounded", "open"), default="grounded",
                    help="with --model: input-grounded edits (12) or open-ended requests (4)")
-    p.add_argument("--weight-dtype", choices=("float32", "float16", "bfloat16"),
+    p.add_argument("--weight-dtype", choices=WEIGHT_DTYPES,
                    default=None, help="with --model: storage dtype of the matrices")
     p.add_argument("--prompts", type=positive_int, default=20, help="number of prompts (20)")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N")

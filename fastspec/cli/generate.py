@@ -20,7 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from fastspec.cli.args import add_sampling_options, add_threads_option, positive_int
+from fastspec.cli.args import (WEIGHT_DTYPES, add_sampling_options, add_threads_option,
+                               positive_int)
 from fastspec.decoding import speculative_generate
 from fastspec.drafters import DraftModelDrafter, NgramDrafter
 from fastspec.drafters.base import Proposal
@@ -303,11 +304,12 @@ def add_parser(sub) -> None:
                    help="tokens to generate (default 128)")
     add_sampling_options(p)
     p.add_argument("--json", action="store_true", help="print the text and figures as JSON")
-    p.add_argument("--weight-dtype", choices=("auto", "bfloat16", "float16", "float32"),
+    p.add_argument("--weight-dtype", choices=("auto",) + WEIGHT_DTYPES,
                    default="auto",
                    help="storage of a --model's matrices (default auto: a folder's own dtype "
                         "when it is bfloat16 or float16, else float32; a GGUF file's float32; "
-                        "16-bit matrices halve the bytes each decode step reads)")
+                        "16-bit matrices halve the bytes each decode step reads, q8_0 "
+                        "and q4_* (GGUF's blocks) quarter or eighth them)")
     p.add_argument("--mmap", action="store_true",
                    help="map a --model folder's safetensors instead of reading them: tensors "
                         "already in their storage dtype are not read at load (the first "
