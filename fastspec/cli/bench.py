@@ -16,7 +16,9 @@ def add_parser(sub) -> None:
                     "NumPy), decode cost vs context, speedup vs gamma/block size, and with "
                     "--peers Hugging Face transformers on the same weights. Quick by default.")
     p.add_argument("--full", action="store_true", help="all sizes (slower)")
-    p.add_argument("--peers", action="store_true", help="compare with transformers ([hf] extra)")
+    p.add_argument("--peers", action="store_true",
+                   help="compare with transformers ([hf] extra) and, with llama-cpp-python "
+                        "([peers] extra) and the SmolLM2 GGUF file, with llama.cpp on it")
     p.add_argument("--out", default="bench_results.json", help="JSON output path")
     p.add_argument("--plot-dir", metavar="DIR", help="write PNG plots here ([plot] extra)")
     p.add_argument("--markdown", metavar="PATH", help="also write a markdown report (docs/PERFORMANCE.md)")

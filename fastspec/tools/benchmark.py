@@ -212,6 +212,12 @@ def run(full: bool = False, with_peers: bool = False, progress: bool = True) -> 
                 report["peers"].append({"models": "embedded", **peers(target, draft)})
         except ImportError as exc:
             report["peers"] = {"skipped": f"needs the [hf] extra: {exc}"}
+        try:  # the real GGUF file against llama.cpp ([peers] and [gguf] extras)
+            from fastspec.tools.llama_peers import llama_peers
+
+            report["llama_peers"] = llama_peers()
+        except (ImportError, FileNotFoundError, KeyError) as exc:
+            report["llama_peers_skipped"] = f"needs llama-cpp-python and the SmolLM2 file: {exc}"
         tick("peers")
     return report
 

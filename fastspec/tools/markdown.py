@@ -38,6 +38,10 @@ def summary_text(report: dict) -> str:
         from fastspec.tools.real_peers import real_peers_text
 
         lines += real_peers_text(report["real_peers"])
+    if report.get("llama_peers"):
+        from fastspec.tools.llama_peers import llama_peers_text
+
+        lines += llama_peers_text(report["llama_peers"])
     for r in report.get("peers", []) if isinstance(report.get("peers"), list) else []:
         for row in r["rows"]:
             lines.append(f"peers [{r['models']}] {row['pair']:<24} fastspec/transformers "
@@ -136,6 +140,10 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
         from fastspec.tools.real_peers import real_peers_markdown
 
         out += [""] + real_peers_markdown(report["real_peers"])
+    if report.get("llama_peers"):
+        from fastspec.tools.llama_peers import llama_peers_markdown
+
+        out += [""] + llama_peers_markdown(report["llama_peers"])
     peers = report.get("peers")
     if isinstance(peers, list):
         out += ["", "## fastspec vs Hugging Face transformers (same weights, CPU)", ""]
