@@ -65,7 +65,7 @@ double fs_clock_hz(int bursts)
 
 size_t fs_packed_len(int in, int out)
 {
-    return (size_t)in * ((out + FS_LIN_PW - 1) / FS_LIN_PW * FS_LIN_PW);
+    return (size_t)in * ((out + 15) / 16 * 16);
 }
 
 void fs_pack_strided(const void *W, size_t esz, int in, int out, size_t rs, size_t cs,
@@ -74,7 +74,7 @@ void fs_pack_strided(const void *W, size_t esz, int in, int out, size_t rs, size
     const char *w = (const char *)W;
     char *p = (char *)P;
     for (int c0 = 0; c0 < out; c0 += FS_LIN_PW) {
-        int real = out - c0 < FS_LIN_PW ? out - c0 : FS_LIN_PW;
+        int width = FS_LIN_TAIL_WIDTH(out - c0), real = out - c0 < width ? out - c0 : width;
         for (int k = 0; k < in; k++) {
             const char *row = w + ((size_t)k * rs + (size_t)c0 * cs) * esz;
             if (cs == 1)
@@ -85,8 +85,8 @@ void fs_pack_strided(const void *W, size_t esz, int in, int out, size_t rs, size
             else
                 for (int c = 0; c < real; c++)
                     ((float *)p)[c] = ((const float *)row)[(size_t)c * cs];
-            memset(p + (size_t)real * esz, 0, (size_t)(FS_LIN_PW - real) * esz);
-            p += (size_t)FS_LIN_PW * esz;
+            memset(p + (size_t)real * esz, 0, (size_t)(width - real) * esz);
+            p += (size_t)width * esz;
         }
     }
 }

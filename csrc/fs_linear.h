@@ -81,9 +81,10 @@ void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, 
 void fs_round_bf16(const float *x, float *xr, size_t count);
 
 /* Packed layout of the float kernels' W (in, out), the same for 32- and 16-bit elements:
- * columns zero-padded to a multiple of FS_LIN_PW (48) and cut into panels of 48; panel c0 / 48
- * holds W[k, c0:c0 + 48] for every k, contiguously, from P + c0 * in. A tile of rows then reads
- * its weights as one sequential stream per panel. */
+ * columns cut into panels of FS_LIN_PW = 48, the last one (out - c0 < 48 columns left)
+ * zero-padded to 16 or 32 columns; panel c0 / 48 holds W[k, c0:c0 + width] for every k,
+ * contiguously, from P + c0 * in. A tile of rows then reads its weights as one sequential
+ * stream per panel. fs_packed_len: in x out rounded up to a multiple of 16. */
 size_t fs_packed_len(int in, int out);
 /* Pack W (in, out) of elements of esz bytes (2 or 4), element (k, col) at element offset
  * k * rs + col * cs, into P (fs_packed_len elements). cs == 1 (C-contiguous W) copies rows of

@@ -1,6 +1,6 @@
 """The packed float products (csrc/fs_linear_f32.inc) through fastspec.kernels._linear.
 
-NumPy twin over awkward shapes (in/out not multiples of the 48-column panel, rows 1..17,
+NumPy twin over awkward shapes (in/out not multiples of the 48-column panel or of 16, rows 1..17,
 accumulate, bias); a row alone gives the same bits as inside any block, on every path and
 weight kind; f16 == f32 on the widened weights and bf16 == f32 on the widened weights and
 bf16-rounded rows; the AVX2 and AVX-512 paths agree bit for bit; the packed layout; the FMA
@@ -65,17 +65,26 @@ def _run(kind, p, x, n_out, y0=None, bias=None):
     return y
 
 
+def _pack_twin(w):
+    """NumPy twin of the packed layout: panels of PW columns k after k, the last one (fewer
+    than PW columns left) zero-padded to a multiple of 16."""
+    n_in, n_out = w.shape
+    parts = []
+    for c0 in range(0, n_out, PW):
+        width = PW if n_out - c0 >= PW else -(-(n_out - c0) // 16) * 16
+        panel = np.zeros((n_in, width), w.dtype)
+        panel[:, :min(width, n_out - c0)] = w[:, c0:c0 + width]
+        parts.append(panel.ravel())
+    return np.concatenate(parts)
+
+
 def test_pack_layout():
     rng = np.random.default_rng(0)
-    for n_in, n_out in [(1, 1), (3, 47), (5, 48), (7, 49), (2, 100)]:
+    for n_in, n_out in [(1, 1), (3, 47), (5, 48), (7, 49), (2, 100), (4, 80), (3, 256)]:
         w = rng.standard_normal((n_in, n_out)).astype(np.float32)
         p = lin.pack(w)
-        cols = -(-n_out // PW) * PW
-        assert p.shape == (n_in * cols,) == (lin.packed_len(n_in, n_out),)
-        wp = np.zeros((n_in, cols), np.float32)
-        wp[:, :n_out] = w
-        twin = wp.reshape(n_in, cols // PW, PW).transpose(1, 0, 2).ravel()
-        np.testing.assert_array_equal(p, twin)
+        assert p.shape == (n_in * -(-n_out // 16) * 16,) == (lin.packed_len(n_in, n_out),)
+        np.testing.assert_array_equal(p, _pack_twin(w))
         # strided (a transposed view) packs the same as its contiguous copy
         np.testing.assert_array_equal(lin.pack(np.ascontiguousarray(w.T).T), p)
         assert lin.pack(w.astype(np.float16)).dtype == np.float16
@@ -85,7 +94,7 @@ def test_pack_layout():
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16"])
 def test_numpy_twin(on_path, kind):
     rng = np.random.default_rng(1)
-    for n_in, n_out in [(1, 5), (5, 47), (70, 48), (129, 49), (300, 100), (577, 97)]:
+    for n_in, n_out in [(1, 5), (5, 47), (70, 48), (129, 49), (300, 100), (577, 97), (64, 80)]:
         stored, wf = _weights(kind, n_in, n_out, rng)
         p = lin.pack(stored)
         bias = rng.standard_normal(n_out).astype(np.float32)

@@ -6,7 +6,7 @@
  * 577), `out` around the panel width (5 .. 200), and column ranges split at panel
  * boundaries (the thread chunks). A row's result therefore does not depend on the block it
  * is in. Also: fs_packed_len and the packed layout (panel c0 / FS_LIN_PW at P + c0 * in,
- * k after k, zero padding). Built and run by tests/test_linear_block.py; exit status =
+ * k after k; the last panel 16 or 32 wide, zero-padded). Built and run by tests/test_linear_block.py; exit status =
  * failures. */
 #include <math.h>
 #include <stddef.h>
@@ -43,26 +43,31 @@ static void reference(const float *x, const float *Wf, float *y, int n, int in, 
 
 static int check_layout(void)
 {
-    int fails = 0, in = 5, out = 53;
-    if (fs_packed_len(in, out) != (size_t)in * 2 * FS_LIN_PW) {
-        printf("fs_packed_len(%d, %d) = %zu\n", in, out, fs_packed_len(in, out));
-        fails++;
-    }
-    float W[5 * 53], *P = malloc(sizeof(float) * fs_packed_len(in, out));
-    for (int i = 0; i < in * out; i++) W[i] = (float)(i + 1);
-    fs_pack_f32(W, in, out, P);
-    for (int c = 0; c < 2 * FS_LIN_PW; c++)
-        for (int k = 0; k < in; k++) {
-            int c0 = c / FS_LIN_PW * FS_LIN_PW;
-            float got = P[(size_t)c0 * in + (size_t)k * FS_LIN_PW + (c - c0)];
-            float want = c < out ? W[k * out + c] : 0.0f;
-            if (got != want) {
-                printf("packed (%d, %d) = %g, expected %g\n", k, c, got, want);
-                fails++;
-                return fails;
-            }
+    int fails = 0, in = 5;
+    const int outs[] = {53, 48, 80, 100, 7};
+    for (int oi = 0; oi < 5; oi++) {
+        int out = outs[oi], padded = (out + 15) / 16 * 16;
+        if (fs_packed_len(in, out) != (size_t)in * padded) {
+            printf("fs_packed_len(%d, %d) = %zu\n", in, out, fs_packed_len(in, out));
+            fails++;
         }
-    free(P);
+        float *W = malloc(sizeof(float) * in * out), *P = malloc(sizeof(float) * in * padded);
+        for (int i = 0; i < in * out; i++) W[i] = (float)(i + 1);
+        fs_pack_f32(W, in, out, P);
+        for (int c = 0; c < padded; c++)
+            for (int k = 0; k < in; k++) {
+                int c0 = c / FS_LIN_PW * FS_LIN_PW;
+                int width = padded - c0 >= FS_LIN_PW ? FS_LIN_PW : padded - c0;
+                float got = P[(size_t)c0 * in + (size_t)k * width + (c - c0)];
+                float want = c < out ? W[k * out + c] : 0.0f;
+                if (got != want && fails < 5) {
+                    printf("out=%d: packed (%d, %d) = %g, expected %g\n", out, k, c, got, want);
+                    fails++;
+                }
+            }
+        free(W);
+        free(P);
+    }
     return fails;
 }
 
@@ -84,10 +89,10 @@ int main(void)
         B[2] = fs_linf_part_f32b_avx512; have[2] = 1;
     }
 #endif
-    const int ins[] = {1, 3, 70, 129, 300, 577}, outs[] = {5, 47, 48, 49, 100, 200};
+    const int ins[] = {1, 3, 70, 129, 300, 577}, outs[] = {5, 47, 48, 49, 100, 200, 80, 130};
     const int ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 23};
     for (int ii = 0; ii < 6; ii++)
-        for (int oo = 0; oo < 6; oo++)
+        for (int oo = 0; oo < 8; oo++)
             for (int ni = 0; ni < (int)(sizeof ns / sizeof ns[0]); ni++)
                 for (int wt = 0; wt < 3; wt++)
                     for (int acc = 0; acc < 2; acc++) {
