@@ -70,7 +70,7 @@ cdef class TransformerRunner:
     model : fastspec.Transformer
         Its weight arrays must stay alive and keep their shapes; the runner holds references.
         float64 models are read in place. float32 models have their matrices (head, wq ..
-        w_down) copied once into the packed layout of the float kernels (panels of 32 columns
+        w_down) copied once into the packed layout of the float kernels (panels of 48 columns
         that a verification block streams once); updates of those arrays are seen only by a
         new runner: call ``model.invalidate()`` after changing weights. With
         ``config.weight_dtype == "float16"`` the matrices are float16, widened to float32 in

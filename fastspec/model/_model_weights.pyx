@@ -1,7 +1,7 @@
 """The weights of a :class:`fastspec.Transformer` in the C layout of the fused forward.
 
 :class:`ModelWeights` checks a model's arrays (dtype, shape, contiguity, presence), packs the
-float32 and 16-bit matrices for the float kernels (``fs_pack_f32``, panels of 32 columns) and
+float32 and 16-bit matrices for the float kernels (``fs_pack_f32``, panels of 48 columns) and
 fills the C structs of ``csrc/fs_model.h`` with raw pointers to them, keeping every array it
 points into alive. :class:`fastspec.model._model.TransformerRunner` runs the forward over them.
 """
@@ -63,7 +63,7 @@ cdef inline void *_ptr(object a) except? NULL:
 def linear_weights(object a):
     """Return matrix ``a`` (in, out) in the layout the runners' linear kernel reads.
 
-    float32: a packed copy (panels of 32 columns, ``fs_pack_f32``); float64: ``a`` itself. For
+    float32: a packed copy (panels of 48 columns, ``fs_pack_f32``); float64: ``a`` itself. For
     :meth:`TransformerRunner.context_kv_taps`, which checks the length of the result, not the
     shape it came from.
     """
