@@ -191,4 +191,12 @@ static inline uint32_t fs_f2bf_bits(float v)
     return u & 0xffff0000u;
 }
 
+/* The 64-byte AMX tile configuration that ldtilecfg reads (palette 1): tile t has rows[t]
+ * rows of colsb[t] bytes. The AMX variants (fs_linear_amx.c, fs_quant_amx.c) fill one each. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} fs_amx_tilecfg;
+
 #endif /* FS_COMMON_H */

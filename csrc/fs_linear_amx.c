@@ -69,16 +69,10 @@ void fs_pack_bf16_amx(const uint16_t *W, int in, int out, uint16_t *P)
 
 #define FS_AMX_ATTR __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} fs_amx_cfg;
-
 /* Tiles 0..3: sums (m x 16 floats); 4: input (m x 32 bf16); 5..7: weights (16 x 32 bf16). */
 static FS_AMX_ATTR void fs_amx_configure(int m)
 {
-    fs_amx_cfg c;
+    fs_amx_tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 8; t++) {

@@ -23,15 +23,9 @@
 /* Stack bytes for two q4 panels widened to bytes (in <= 4096; wider: block by block). */
 #define FS_QA_UNPACKED 65536
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} fs_qa_cfg;
-
 FS_QA_ATTR static void fs_qa_config(int m)
 {
-    fs_qa_cfg cfg;
+    fs_amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     cfg.rows[0] = (uint8_t)m;  /* A */
