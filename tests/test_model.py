@@ -260,7 +260,9 @@ def test_config_validation():
 def test_threaded_products_agree():
     from fastspec.kernels import _isa
     model = make("llama-gqa", np.float64)
-    big = Transformer.random(ModelConfig.tiny_llama(dtype="float64", n_layers=1, max_seq_len=32))
+    # its FFN (256 x 1088) holds FS_LIN_PARALLEL_MIN weights or more: threads split it
+    big = Transformer.random(ModelConfig.tiny_llama(dtype="float64", n_layers=1, ffn_dim=1088,
+                                                    max_seq_len=32))
     threads = _isa.get_threads()
     with fs.using_backend("cython"):
         for m in (model, big):

@@ -274,10 +274,11 @@ def test_threaded_products_bit_identical():
     """Column blocks split between the pool's threads change nothing."""
     from fastspec.kernels import _isa
 
-    # products of >= FS_LIN_PARALLEL_MIN weights are split (fs_linear.c); 300 columns leave a
-    # remainder that is not a multiple of 16
-    m16 = Transformer.random(ModelConfig.tiny_llama(weight_dtype="float16", vocab_size=300,
-                                                    n_layers=1, max_seq_len=64), seed=2)
+    # products of >= FS_LIN_PARALLEL_MIN weights are split (fs_linear.c): the FFN (256 x 1088)
+    # and the head (256 x 1030); 1030 columns leave a remainder that is not a multiple of 16
+    m16 = Transformer.random(ModelConfig.tiny_llama(weight_dtype="float16", vocab_size=1030,
+                                                    ffn_dim=1088, n_layers=1, max_seq_len=64),
+                             seed=2)
     m32 = m16.with_weight_dtype("float32")
     ids = np.arange(20) % m16.config.vocab_size
     threads = _isa.get_threads()
