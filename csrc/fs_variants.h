@@ -149,7 +149,9 @@ int fs_linf_amx(void);
 
 #if FS_HAVE_VEC
 #define FS_F32_TILE 128
-#define FS_F32_ROWS 4
+/* Query rows of one kv head per block: each key and value row loaded once for all of them
+ * (one values pass of 6 rows; the SmolLM group of 3 heads fits twice). */
+#define FS_F32_ROWS 6
 #define FS_F32_MAXD 128
 
 void fs_f32_block_def(const float *const *qrows, float *const *orows, const int *count,

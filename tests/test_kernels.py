@@ -57,15 +57,16 @@ def test_attention_matches_float64_formula_and_twin(kern, dtype, shape):
                      RTOL[dtype])
 
 
-@pytest.mark.parametrize("head_dim", [16, 64, 128, 20])
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128, 20])
 @pytest.mark.parametrize("length", [9, 128, 129, 300])
-@pytest.mark.parametrize("n_heads,n_kv", [(4, 2), (3, 1), (1, 1)])
+@pytest.mark.parametrize("n_heads,n_kv", [(4, 2), (3, 1), (1, 1), (4, 1), (10, 2)])
 def test_attention_row_is_bit_identical_alone_and_in_a_block(kern, head_dim, length, n_heads,
                                                              n_kv):
     # Greedy speculative decoding compares a verification forward (n queries) with decode
     # steps (one query): each query's float32 result must not depend on its neighbours (an
     # odd number of rows per kv head puts a row in a pass of its own alone and beside
-    # another in a block).
+    # another in a block; groups of 4 and 5 put the rows of one query in value passes of 3 + 1
+    # and 3 + 2 rows alone, and of 6 rows in the block).
     rng = np.random.default_rng(head_dim + length)
     n = 9
     q = rng.standard_normal((n, n_heads, head_dim)).astype(np.float32)
