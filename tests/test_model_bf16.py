@@ -20,7 +20,7 @@ from fastspec.kernels import bf16 as _bf16
 from fastspec.formats.hf_folder import read_safetensors, save_hf, write_safetensors
 from fastspec.model import ModelConfig, Transformer
 
-from _helpers import BACKENDS, MODEL_CONFIGS, needs_c_harness, run_c_harness
+from _helpers import BACKENDS, MODEL_CONFIGS, isa_params, needs_c_harness, run_c_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_cython = pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
@@ -42,26 +42,7 @@ def bf16_model(name="llama-gqa", seed=0):
     return Transformer.random(ModelConfig(weight_dtype="bfloat16", **CONFIGS[name]), seed=seed)
 
 
-def _isa_params():
-    """Every matrix-product path, skipped with a reason where this CPU or build lacks it."""
-    if "cython" not in BACKENDS:
-        return [pytest.param(n, marks=pytest.mark.skip(reason="Cython extension not built"))
-                for n in ("avx2", "portable")]
-    info = fs.kernels.isa_info()
-    out = []
-    for name in ("amx", "avx512bf16", "avx512", "avx2", "portable"):
-        if name not in info["available"]:
-            out.append(pytest.param(name, marks=pytest.mark.skip(
-                reason=f"this CPU lacks {name}")))
-        elif name not in info["kernels"]:
-            out.append(pytest.param(name, marks=pytest.mark.skip(
-                reason=f"no {name} kernel in this build yet")))
-        else:
-            out.append(name)
-    return out
-
-
-@pytest.fixture(params=_isa_params())
+@pytest.fixture(params=isa_params(("avx2", "portable")))
 def isa(request):
     """Force the compiled products onto one path and the Cython backend, then restore both."""
     from fastspec.kernels import _isa

@@ -15,7 +15,7 @@ from fastspec.kernels.tree_shape import ancestor_mask, tree_depths
 from fastspec.model import ModelConfig, Transformer
 from fastspec.model.quantized import QuantMatrix, is_quant
 
-from _helpers import BACKENDS, needs_cython
+from _helpers import isa_params, needs_cython
 
 KINDS = ("q8_0", "q4_0", "q4_1")
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -41,24 +41,7 @@ def qmodel(kind, name="llama-gqa", seed=0):
     return Transformer.random(ModelConfig(**CONFIGS[name]), seed=seed).quantize(kind)
 
 
-def _isa_params():
-    """Every matrix-product path, skipped with a reason where this CPU or build lacks it."""
-    if "cython" not in BACKENDS:
-        return [pytest.param("avx2", marks=pytest.mark.skip(reason="Cython extension not built"))]
-    info = fs.kernels.isa_info()
-    out = []
-    for name in ("amx", "avx512bf16", "avx512", "avx2", "portable"):
-        if name not in info["available"]:
-            out.append(pytest.param(name, marks=pytest.mark.skip(reason=f"this CPU lacks {name}")))
-        elif name not in info["kernels"]:
-            out.append(pytest.param(name, marks=pytest.mark.skip(
-                reason=f"no {name} kernel in this build")))
-        else:
-            out.append(name)
-    return out
-
-
-@pytest.fixture(params=_isa_params())
+@pytest.fixture(params=isa_params())
 def isa(request):
     """Force the compiled products onto one path and the Cython backend, then restore both."""
     prev = fs.kernels.isa_info()["forced"]
