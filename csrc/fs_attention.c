@@ -5,6 +5,7 @@
 
 #include "fs_isa.h"
 #include "fs_kernels.h"
+#include "fs_pool.h"
 #include "fs_variants.h"
 
 /* Number of queries of one kv head handled together: their dot products share each key row
@@ -106,59 +107,144 @@ static void fs_f32_run_block(fs_attn_block_fn block, const float *q, const float
     block(qrows, orows, count, rows, k + head, v + head, head_dim, scale, base, anc);
 }
 
-/* Same contract as fs_attention_f64 (fs_attention.h); head_dim must pass
- * fs_f32_supported. Query rows of a kv head are taken FS_F32_ROWS at a time. */
+/* Attention this small (multiply-adds of scores and values together) runs on the caller:
+ * waking the pool costs more than it saves. Measured on the Xeon guest (2026-12-02): at 262144
+ * the embedded target's 2-row block (2 blocks of ~150k) took 1.7 decode steps at 2 threads
+ * against 1.1 at 1; a 16-row block of the SmolLM-135M shape at context 300 is 5.5M. */
+#ifndef FS_ATTN_PARALLEL_MIN
+#define FS_ATTN_PARALLEL_MIN 1048576
+#endif
+
+/* The blocks of one causal call: block b is kv head b / per_kv, rows [t0, t0 + FS_F32_ROWS)
+ * of its n * group query rows, t0 = (b % per_kv) * FS_F32_ROWS. Blocks are independent (each
+ * writes its own output rows), so the pool may run them in any order on any thread. */
+typedef struct {
+    fs_attn_block_fn block;
+    const float *q, *k, *v;
+    float *out;
+    int n, n_heads, head_dim, capacity, length, causal, group, per_kv, nblocks, nchunks;
+    float scale;
+} fs_f32_job;
+
+static void fs_f32_blocks(const fs_f32_job *j, int b_lo, int b_hi)
+{
+    int rows_per_kv = j->n * j->group;
+    for (int b = b_lo; b < b_hi; b++) {
+        int kv = b / j->per_kv, t0 = (b % j->per_kv) * FS_F32_ROWS;
+        size_t at[FS_F32_ROWS];
+        int count[FS_F32_ROWS];
+        int rows = rows_per_kv - t0 < FS_F32_ROWS ? rows_per_kv - t0 : FS_F32_ROWS;
+        for (int r = 0; r < rows; r++)
+            count[r] = fs_attn_row(kv, t0 + r, j->group, j->n, j->n_heads, j->head_dim,
+                                   j->length, j->causal, &at[r]);
+        fs_f32_run_block(j->block, j->q, j->k, j->v, j->out, at, count, rows, kv, j->capacity,
+                         j->head_dim, j->scale, 0, NULL);
+    }
+}
+
+static void fs_f32_chunk(void *ctx, int c)
+{
+    const fs_f32_job *j = (const fs_f32_job *)ctx;
+    fs_f32_blocks(j, (int)((long long)c * j->nblocks / j->nchunks),
+                  (int)((long long)(c + 1) * j->nblocks / j->nchunks));
+}
+
+/* Same contract as fs_attention_f64 (fs_attention.h); head_dim must pass fs_f32_supported.
+ * The blocks go to the thread pool when the call is large enough; a block's arithmetic does
+ * not depend on the thread that runs it, so the output bits do not depend on the thread
+ * count. */
 static void fs_attention_f32_tiled(const float *q, const float *k, const float *v, float *out,
                                    int n, int n_heads, int n_kv_heads, int head_dim,
                                    int capacity, int length, int causal)
 {
-    fs_attn_block_fn block = fs_disp->attn_f32;
-    int group = n_heads / n_kv_heads;
-    int rows_per_kv = n * group; /* row t = i * group + g reads query i, head kv * group + g */
-    float scale = (float)(1.0 / sqrt((double)head_dim));
-    for (int kv = 0; kv < n_kv_heads; kv++)
-        for (int t0 = 0; t0 < rows_per_kv; t0 += FS_F32_ROWS) {
-            size_t at[FS_F32_ROWS];
-            int count[FS_F32_ROWS];
-            int rows = rows_per_kv - t0 < FS_F32_ROWS ? rows_per_kv - t0 : FS_F32_ROWS;
-            for (int r = 0; r < rows; r++)
-                count[r] = fs_attn_row(kv, t0 + r, group, n, n_heads, head_dim, length, causal,
-                                       &at[r]);
-            fs_f32_run_block(block, q, k, v, out, at, count, rows, kv, capacity, head_dim,
-                             scale, 0, NULL);
-        }
+    fs_f32_job j;
+    j.block = fs_disp->attn_f32;
+    j.q = q; j.k = k; j.v = v; j.out = out;
+    j.n = n; j.n_heads = n_heads; j.head_dim = head_dim; j.capacity = capacity;
+    j.length = length; j.causal = causal;
+    j.group = n_heads / n_kv_heads;
+    j.per_kv = (n * j.group + FS_F32_ROWS - 1) / FS_F32_ROWS;
+    j.nblocks = n_kv_heads * j.per_kv;
+    j.scale = (float)(1.0 / sqrt((double)head_dim));
+    /* cost of a block ~ its multiply-adds: up to FS_F32_ROWS rows x keys x head_dim x 2 */
+    double macs = 2.0 * n * n_heads * (double)length * head_dim;
+    j.nchunks = macs < FS_ATTN_PARALLEL_MIN
+                ? 1 : fs_pool_chunks(j.nblocks, (size_t)(macs / j.nblocks), 1);
+    if (j.nchunks <= 1)
+        fs_f32_blocks(&j, 0, j.nblocks);
+    else
+        fs_pool_run(fs_f32_chunk, &j, j.nchunks);
 }
 
 /* Tree attention on the tiled kernel (contract of fs_attention_masked_f32, fs_attention.h):
  * node i reads its visible keys as one contiguous range, the context then the node rows j
  * with mask[i * n + j] in order, so a node whose visible nodes are its path computes exactly
  * what a decode step of that path computes (same keys in the same order: the same bits).
- * anc: n ints of scratch. A block holds the heads of one node (its keys are its own). */
-static void fs_attention_f32_tree(const float *q, const float *k, const float *v, float *out,
-                                  int n, int n_heads, int n_kv_heads, int head_dim,
-                                  int capacity, int length, const uint8_t *mask, int32_t *anc)
+ * anc: n ints of scratch. A block holds the heads of one node (its keys are its own).
+ *
+ * Nodes go to the thread pool in chunks when the call is large enough; a chunk keeps its
+ * nodes' ancestor lists on its own stack, so trees up to FS_ATTN_TREE_POOL_MAX nodes (larger
+ * ones, never built by the drafters, run on the caller with the caller's scratch). */
+#define FS_ATTN_TREE_POOL_MAX 256
+
+typedef struct {
+    fs_attn_block_fn block;
+    const float *q, *k, *v;
+    float *out;
+    const uint8_t *mask;
+    int n, n_heads, n_kv_heads, head_dim, capacity, length, nchunks;
+    float scale;
+} fs_f32_tree_job;
+
+/* Nodes [i_lo, i_hi) of a tree call, with anc (n ints) as the ancestor list's storage. */
+static void fs_f32_tree_nodes(const fs_f32_tree_job *j, int i_lo, int i_hi, int32_t *anc)
 {
-    fs_attn_block_fn block = fs_disp->attn_f32;
-    int group = n_heads / n_kv_heads, base = length - n;
-    float scale = (float)(1.0 / sqrt((double)head_dim));
-    for (int i = 0; i < n; i++) {
+    int n = j->n, group = j->n_heads / j->n_kv_heads, base = j->length - n;
+    for (int i = i_lo; i < i_hi; i++) {
         int seen = 0;
-        for (int j = 0; j < n; j++)
-            if (mask[(size_t)i * n + j])
-                anc[seen++] = j;
-        for (int kv = 0; kv < n_kv_heads; kv++)
+        for (int t = 0; t < n; t++)
+            if (j->mask[(size_t)i * n + t])
+                anc[seen++] = t;
+        for (int kv = 0; kv < j->n_kv_heads; kv++)
             for (int g0 = 0; g0 < group; g0 += FS_F32_ROWS) {
                 size_t at[FS_F32_ROWS];
                 int count[FS_F32_ROWS];
                 int rows = group - g0 < FS_F32_ROWS ? group - g0 : FS_F32_ROWS;
                 for (int r = 0; r < rows; r++) {
-                    at[r] = ((size_t)i * n_heads + kv * group + g0 + r) * head_dim;
+                    at[r] = ((size_t)i * j->n_heads + kv * group + g0 + r) * j->head_dim;
                     count[r] = base + seen;
                 }
-                fs_f32_run_block(block, q, k, v, out, at, count, rows, kv, capacity, head_dim,
-                                 scale, base, anc);
+                fs_f32_run_block(j->block, j->q, j->k, j->v, j->out, at, count, rows, kv,
+                                 j->capacity, j->head_dim, j->scale, base, anc);
             }
     }
+}
+
+static void fs_f32_tree_chunk(void *ctx, int c)
+{
+    const fs_f32_tree_job *j = (const fs_f32_tree_job *)ctx;
+    int32_t anc[FS_ATTN_TREE_POOL_MAX];
+    fs_f32_tree_nodes(j, (int)((long long)c * j->n / j->nchunks),
+                      (int)((long long)(c + 1) * j->n / j->nchunks), anc);
+}
+
+static void fs_attention_f32_tree(const float *q, const float *k, const float *v, float *out,
+                                  int n, int n_heads, int n_kv_heads, int head_dim,
+                                  int capacity, int length, const uint8_t *mask, int32_t *anc)
+{
+    fs_f32_tree_job j;
+    j.block = fs_disp->attn_f32;
+    j.q = q; j.k = k; j.v = v; j.out = out; j.mask = mask;
+    j.n = n; j.n_heads = n_heads; j.n_kv_heads = n_kv_heads; j.head_dim = head_dim;
+    j.capacity = capacity; j.length = length;
+    j.scale = (float)(1.0 / sqrt((double)head_dim));
+    double macs = 2.0 * n * n_heads * (double)length * head_dim;
+    j.nchunks = macs < FS_ATTN_PARALLEL_MIN || n > FS_ATTN_TREE_POOL_MAX
+                ? 1 : fs_pool_chunks(n, (size_t)(macs / n), 1);
+    if (j.nchunks <= 1)
+        fs_f32_tree_nodes(&j, 0, n, anc);
+    else
+        fs_pool_run(fs_f32_tree_chunk, &j, j.nchunks);
 }
 
 #endif /* FS_HAVE_VEC */

@@ -15,13 +15,16 @@
 #define FS_LIN_CHUNK_PANELS 4
 #endif
 
-/* How many chunks the columns of an (in, out) product are cut into: 1 (run on the caller)
- * below FS_LIN_PARALLEL_MIN weights or at one thread. `unit` columns per unit of work (a
- * multiple of the kernels' panels); at least min_cols columns per chunk. */
-static int fs_lin_chunks(int in, int out, int unit, int min_cols)
+/* How many chunks the columns of an (in, out) product of n rows are cut into: 1 (run on the
+ * caller) when FS_LIN_PARALLEL (fs_variants.h) finds it small, or at one thread. `unit`
+ * columns per unit of work (a multiple of the kernels' panels); at least min_cols columns per
+ * chunk for one row, which streams W (blocks of FS_LIN_ROWS_COMPUTE rows or more are compute
+ * bound: a chunk of one unit keeps a thread busy long enough). */
+static int fs_lin_chunks(int in, int out, int n, int unit, int min_cols)
 {
-    if ((size_t)in * out < FS_LIN_PARALLEL_MIN) return 1;
-    return fs_pool_chunks((out + unit - 1) / unit, (size_t)in * unit,
+    if (!FS_LIN_PARALLEL(in, out, n)) return 1;
+    if (n >= FS_LIN_ROWS_COMPUTE) min_cols = unit;
+    return fs_pool_chunks((out + unit - 1) / unit, (size_t)in * unit * (size_t)n,
                           (min_cols + unit - 1) / unit);
 }
 
@@ -312,7 +315,8 @@ static void fs_linear_f32b_amx(const float *x, const uint16_t *P, const float *b
 {
     int kp = fs_amx_kp(in), nt = (out + 15) / 16;
     fs_amx_round_rows(x, n, in, kp, xa);
-    int nchunks = fs_lin_chunks(in, out, 16 * FS_AMX_G, FS_LIN_CHUNK_PANELS * FS_LIN_CHUNK_ALIGN);
+    int nchunks = fs_lin_chunks(in, out, n, 16 * FS_AMX_G,
+                                FS_LIN_CHUNK_PANELS * FS_LIN_CHUNK_ALIGN);
     if (nchunks <= 1) {
         fs_amx_part(xa, kp, P, y, n, out, 0, nt, accumulate);
     } else {

@@ -73,7 +73,11 @@ int fs_pool_chunks(int units, size_t unit_cost, int min_units)
     double by_cost = total / FS_POOL_CHUNK_MIN_COST;
     if (n > by_units) n = by_units;
     if (n > by_cost) n = by_cost;
-    return n < 2 ? 1 : (int)n;
+    if (n < 2) return 1;
+    /* a multiple of the threads where there are that many: 3 chunks on 2 threads leave one
+     * thread idle for a third of the work (the 576-column products at 2 threads) */
+    int c = (int)n;
+    return c > t ? c - c % t : c;
 }
 
 #if !FS_POOL_THREADED

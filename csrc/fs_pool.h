@@ -62,7 +62,8 @@ void fs_pool_set_threads(int n);
 
 /* How many chunks to cut `units` equal units of work into (each costing `unit_cost`, each
  * chunk at least `min_units` units) at the current thread count: 1 means "run it on the
- * caller". Chunk c of n then covers units [c * units / n, (c + 1) * units / n). */
+ * caller". Where it is more than the thread count it is a multiple of it (equal shares on
+ * threads of equal speed). Chunk c of n then covers units [c * units / n, (c + 1) * units / n). */
 int fs_pool_chunks(int units, size_t unit_cost, int min_units);
 
 /* The functions behind fs_pool_run, fs_pool_threads and fs_pool_set_threads in one copy of

@@ -271,7 +271,7 @@ void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, 
     job.y = y;
     job.fn = n >= fs_disp->qbig_rows[kind] ? fs_disp->qpart_big : fs_disp->qpart;
     int parts = fs_pool_threads();
-    if ((size_t)in * out < FS_LIN_PARALLEL_MIN || parts < 1) parts = 1;
+    if (!FS_LIN_PARALLEL(in, out, n) || parts < 1) parts = 1;
     /* chunks of whole groups of FS_LIN_CHUNK_ALIGN columns */
     int align = FS_LIN_CHUNK_ALIGN / FS_Q_COLS > 0 ? FS_LIN_CHUNK_ALIGN / FS_Q_COLS : 1;
     int units = (job.ng + align - 1) / align;

@@ -79,6 +79,24 @@
 #ifndef FS_LIN_PARALLEL_MIN
 #define FS_LIN_PARALLEL_MIN 262144
 #endif
+/* A block of this many rows is compute bound: its products are split from
+ * FS_LIN_PARALLEL_MACS multiply-adds (in x out x rows), not FS_LIN_PARALLEL_MIN weights, in
+ * chunks down to one column group. Measured on the Xeon guest (2026-12-02, 2 threads): the
+ * SmolLM-135M shape's 576 x 576 product at 16 rows (bf16, forced AVX2) gained 1.28x in 3
+ * chunks of 4 groups and 1.60x in chunks of one, its 576 x 192 ones 1.51x (serial before);
+ * the embedded target's 4-row block (products of 256 x 704 and less: 0.72M multiply-adds)
+ * went from 1.3 to 2.0 decode steps when split, so the bar is 4x the weights'. */
+#ifndef FS_LIN_ROWS_COMPUTE
+#define FS_LIN_ROWS_COMPUTE 4
+#endif
+#ifndef FS_LIN_PARALLEL_MACS
+#define FS_LIN_PARALLEL_MACS (4 * (size_t)FS_LIN_PARALLEL_MIN)
+#endif
+/* Whether an (in, out) product of n rows is worth splitting between threads. */
+#define FS_LIN_PARALLEL(in, out, n)                                               \
+    ((n) >= FS_LIN_ROWS_COMPUTE                                                   \
+         ? (size_t)(in) * (size_t)(out) * (size_t)(n) >= FS_LIN_PARALLEL_MACS     \
+         : (size_t)(in) * (size_t)(out) >= FS_LIN_PARALLEL_MIN)
 /* Rows of one register tile of a block (AVX2: 4 rows x 3 ymm + 3 weights + 1 broadcast fill
  * the 16 ymm; AVX-512: 8 rows x 3 zmm, 24 of the 32). */
 #ifndef FS_LINF_MR_AVX2

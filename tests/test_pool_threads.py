@@ -73,6 +73,39 @@ def test_forward_is_the_same_bits_at_every_thread_count(keep_threads, dtype, wei
 
 
 @needs_cython
+@pytest.mark.parametrize("n,n_heads,n_kv,head_dim,length", [
+    (16, 9, 3, 64, 300),   # the SmolLM shape's verify_16: 16 x 3 rows per kv head, 8 blocks each
+    (1, 9, 3, 64, 300),    # its decode step (above FS_ATTN_PARALLEL_MIN: 3 blocks)
+    (7, 4, 2, 32, 611),    # odd: a short last block, another head size
+    (3, 4, 4, 16, 40),     # below the threshold: on the caller at every count
+])
+def test_attention_is_the_same_bits_at_every_thread_count(keep_threads, n, n_heads, n_kv,
+                                                          head_dim, length):
+    # the float32 kernel hands its blocks (causal) and nodes (tree) to the pool from
+    # FS_ATTN_PARALLEL_MIN multiply-adds: every thread count must give the bits of one thread
+    from fastspec.kernels import _kernels_attention as ka
+    from fastspec.kernels.tree_shape import ancestor_mask
+
+    rng = np.random.default_rng(n * 1000 + length)
+    q = rng.standard_normal((n, n_heads, head_dim)).astype(np.float32)
+    k = rng.standard_normal((n_kv, length + 5, head_dim)).astype(np.float32)
+    v = rng.standard_normal((n_kv, length + 5, head_dim)).astype(np.float32)
+    mask = ancestor_mask(np.array([-1] + [i // 2 for i in range(n - 1)]))
+    runs = {}
+    for t in THREADS + (1,):
+        fs.set_threads(t)
+        runs.setdefault(t, []).append((ka.attention(q, k, v, length),
+                                       ka.attention(q, k, v, length, causal=False),
+                                       ka.tree_attention(q, k, v, length, mask)))
+    want = runs[1][0]
+    assert all(np.isfinite(w).all() for w in want)
+    for t, outs in runs.items():
+        for got in outs:
+            for g, w in zip(got, want):
+                assert np.array_equal(g, w), t
+
+
+@needs_cython
 @pytest.mark.parametrize("weight_dtype", [None, "bfloat16"], ids=["f32", "bf16"])
 def test_greedy_generation_is_the_same_at_every_thread_count(keep_threads, weight_dtype):
     model = _model(weight_dtype=weight_dtype, seed=1)
