@@ -1,0 +1,160 @@
+/* Checks the tiled float attention block (fs_attention_f32.inc) in every variant this CPU
+ * runs (baseline, AVX2, AVX-512):
+ *   - a query row's output is the same bits alone as in any block of 1 .. FS_F32_ROWS rows,
+ *     at any position of the block, for head sizes 16 .. 128, key counts across the tiles
+ *     (1 .. 300, rows of one block seeing different counts as in a causal block) and for tree
+ *     nodes (keys reached through an ancestor list);
+ *   - every output is within 2e-6 (relative to the largest value row) of softmax attention
+ *     computed in double.
+ * With an argument, it also prints one FNV-1a hash of every output of each variant (a
+ * change of the kernel that must keep its bits can be compared before and after).
+ * Built and run by tests/test_attention_c.py; exit status = failures. */
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "fs_variants.h"
+
+typedef void (*block_fn)(const float *const *, float *const *, const int *, int, const float *,
+                         const float *, int, float, int, const int32_t *);
+
+static uint64_t rng_state = 88172645463325252ull;
+static float frand(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+/* softmax(scale q.k_j) . v_j over the count keys row_of(j) in double */
+static void reference(const float *q, const float *k, const float *v, int count, int D,
+                      float scale, int base, const int32_t *anc, double *out)
+{
+    double *s = malloc(sizeof(double) * (size_t)count), top = -HUGE_VAL, sum = 0.0;
+    for (int j = 0; j < count; j++) {
+        size_t row = anc && j >= base ? (size_t)base + (size_t)anc[j - base] : (size_t)j;
+        double d = 0.0;
+        for (int c = 0; c < D; c++) d += (double)q[c] * k[row * D + c];
+        s[j] = d * scale;
+        top = s[j] > top ? s[j] : top;
+    }
+    for (int c = 0; c < D; c++) out[c] = 0.0;
+    for (int j = 0; j < count; j++) {
+        size_t row = anc && j >= base ? (size_t)base + (size_t)anc[j - base] : (size_t)j;
+        double w = exp(s[j] - top);
+        sum += w;
+        for (int c = 0; c < D; c++) out[c] += w * v[row * D + c];
+    }
+    for (int c = 0; c < D; c++) out[c] /= sum;
+    free(s);
+}
+
+static int check(const char *name, block_fn block, int print_hash)
+{
+    enum { CAP = 320, ROWS = FS_F32_ROWS };
+    const int dims[] = {16, 32, 64, 128}, counts[] = {1, 3, 16, 17, 127, 128, 129, 300};
+    int fails = 0;
+    uint64_t hash = 1469598103934665603ull;
+    float *k = malloc(sizeof(float) * CAP * 128), *v = malloc(sizeof(float) * CAP * 128);
+    float *q = malloc(sizeof(float) * ROWS * 128);
+    float *alone = malloc(sizeof(float) * ROWS * 128), *inblk = malloc(sizeof(float) * ROWS * 128);
+    double *want = malloc(sizeof(double) * 128);
+    int32_t anc[CAP];
+    for (int di = 0; di < 4; di++) {
+        int D = dims[di];
+        float scale = (float)(1.0 / sqrt((double)D));
+        for (int i = 0; i < CAP * D; i++) {
+            k[i] = 2.0f * frand();
+            v[i] = frand();
+        }
+        for (int i = 0; i < ROWS * D; i++) q[i] = 2.0f * frand();
+        for (int ci = 0; ci < 8; ci++)
+            for (int tree = 0; tree < 2; tree++) {
+                int last = counts[ci], base = 0;
+                const int32_t *a = NULL;
+                if (tree) { /* the last 9 rows of the cache are tree nodes: a path of 5 */
+                    if (last < 10) continue;
+                    base = last - 9;
+                    const int32_t path[] = {0, 2, 3, 6, 8};
+                    memcpy(anc, path, sizeof path);
+                    last = base + 5;
+                    a = anc;
+                }
+                for (int rows = 1; rows <= ROWS; rows++) {
+                    const float *qr[ROWS];
+                    float *orow[ROWS];
+                    int count[ROWS];
+                    for (int r = 0; r < rows; r++) { /* causal: row r sees one key more */
+                        count[r] = tree ? last : last - rows + 1 + r;
+                        if (count[r] < 1) count[r] = 1;
+                        qr[r] = q + (size_t)r * D;
+                        orow[r] = inblk + (size_t)r * D;
+                    }
+                    block(qr, orow, count, rows, k, v, D, scale, base, a);
+                    for (int r = 0; r < rows; r++) {
+                        float *o1 = alone + (size_t)r * D;
+                        block(&qr[r], &o1, &count[r], 1, k, v, D, scale, base, a);
+                        if (memcmp(o1, orow[r], sizeof(float) * D) != 0) {
+                            printf("%s: D %d count %d rows %d tree %d: row %d differs alone\n",
+                                   name, D, count[r], rows, tree, r);
+                            fails++;
+                        }
+                        reference(qr[r], k, v, count[r], D, scale, base, a, want);
+                        double most = 0.0, err = 0.0;
+                        for (int c = 0; c < D; c++) {
+                            double e = fabs((double)orow[r][c] - want[c]);
+                            err = e > err ? e : err;
+                        }
+                        for (int j = 0; j < CAP * D; j++)
+                            most = fabs((double)v[j]) > most ? fabs((double)v[j]) : most;
+                        if (!(err <= 2e-6 * most)) {
+                            printf("%s: D %d count %d rows %d tree %d: row %d off by %g\n", name,
+                                   D, count[r], rows, tree, r, err);
+                            fails++;
+                        }
+                    }
+                    hash = fnv(hash, inblk, sizeof(float) * (size_t)rows * D);
+                }
+            }
+    }
+    if (print_hash) printf("%s hash %016llx\n", name, (unsigned long long)hash);
+    free(k);
+    free(v);
+    free(q);
+    free(alone);
+    free(inblk);
+    free(want);
+    return fails;
+}
+
+int main(int argc, char **argv)
+{
+    int fails = check("def", fs_f32_block_def, argc > 1);
+#if FS_ATTN_VARIANTS
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v3")) {
+        rng_state = 88172645463325252ull;
+        fails += check("avx2", fs_f32_block_avx2, argc > 1);
+    } else {
+        printf("avx2: not run (this CPU lacks x86-64-v3)\n");
+    }
+    if (__builtin_cpu_supports("x86-64-v4")) {
+        rng_state = 88172645463325252ull;
+        fails += check("avx512", fs_f32_block_avx512, argc > 1);
+    } else {
+        printf("avx512: not run (this CPU lacks x86-64-v4)\n");
+    }
+#endif
+    printf("%d failures\n", fails);
+    return fails;
+}
