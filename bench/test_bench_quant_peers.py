@@ -8,8 +8,9 @@ by request.
 Skipped unless ``llama_cpp`` is importable (``pip install "fastspec[peers]"``, which compiles
 llama.cpp: minutes). Run: ``taskset -c 1 pytest bench/test_bench_quant_peers.py
 --benchmark-only -s``; FASTSPEC_BENCH_THREADS sets the thread counts (default 1),
-FASTSPEC_BENCH_REQUESTS / FASTSPEC_BENCH_NEW_TOKENS the work, FASTSPEC_PEERS_EXTRA_BUFTS=0
-turns llama.cpp's extra buffer types off.
+FASTSPEC_BENCH_REQUESTS / FASTSPEC_BENCH_NEW_TOKENS the work, FASTSPEC_PEERS_EXTRA_BUFTS=0|1
+turns llama.cpp's extra buffer types off or on (default: off on CPUs with AMX-INT8, where
+its AMX buffer crashed).
 """
 import os
 

@@ -49,6 +49,17 @@ def _llama(path, threads: int, lookup: bool, extra_bufts: bool):
         low.llama_model_default_params = defaults
 
 
+def _default_extra_bufts() -> bool:
+    """``FASTSPEC_PEERS_EXTRA_BUFTS`` if set (``0`` off), else off on CPUs with AMX-INT8, where
+    llama.cpp's AMX buffer crashed (see :func:`llama_peers`), and on elsewhere."""
+    env = os.environ.get("FASTSPEC_PEERS_EXTRA_BUFTS")
+    if env is not None:
+        return env.strip() != "0"
+    from fastspec.kernels import isa_info
+
+    return not isa_info()["features"].get("amx_int8", False)
+
+
 def _llama_rate(llm, ids: list[int], new_tokens: int) -> float:
     llm.reset()
     t0 = time.perf_counter()
@@ -86,10 +97,10 @@ def llama_peers(path=None, threads: int = 1, requests: int = 4, new_tokens: int 
     new_tokens : int
         Longest reply of each method.
     extra_bufts : bool, optional
-        llama.cpp's extra buffer types; default from ``FASTSPEC_PEERS_EXTRA_BUFTS`` (on unless
-        it is ``0``). On the Intel Xeon KVM guest of 2026-12-02 a llama-cpp-python 0.3.36
-        build with ``GGML_NATIVE=ON`` segfaulted in its first decode with them on (its AMX
-        buffer) and ran its AVX-512 kernels with them off.
+        llama.cpp's extra buffer types; default from ``FASTSPEC_PEERS_EXTRA_BUFTS`` (``1`` on,
+        ``0`` off), else on except on CPUs with AMX-INT8: on the Intel Xeon KVM guest of
+        2026-12-02 a llama-cpp-python 0.3.36 build with ``GGML_NATIVE=ON`` segfaulted in its
+        first decode with them on (its AMX buffer) and ran its AVX-512 kernels with them off.
 
     Returns
     -------
@@ -111,7 +122,7 @@ def llama_peers(path=None, threads: int = 1, requests: int = 4, new_tokens: int 
     from fastspec.tools.eval_suites import suite
 
     if extra_bufts is None:
-        extra_bufts = os.environ.get("FASTSPEC_PEERS_EXTRA_BUFTS", "1") != "0"
+        extra_bufts = _default_extra_bufts()
     path = find("smollm2") if path is None else path
     before = get_threads()
     set_threads(threads)
