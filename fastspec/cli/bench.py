@@ -21,7 +21,10 @@ def add_parser(sub) -> None:
                         "([peers] extra) and the SmolLM2 GGUF file, with llama.cpp on it")
     p.add_argument("--out", default="bench_results.json", help="JSON output path")
     p.add_argument("--plot-dir", metavar="DIR", help="write PNG plots here ([plot] extra)")
-    p.add_argument("--markdown", metavar="PATH", help="also write a markdown report (docs/PERFORMANCE.md)")
+    p.add_argument("--markdown", metavar="PATH",
+                   help="also write a markdown report (docs/PERFORMANCE.md); an existing file "
+                        "keeps its dated sections ('(measured ...)' headings), and its previous "
+                        "headline tables as one more when they come from another CPU")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_threads_option(p)
     p.set_defaults(run=run)

@@ -19,7 +19,7 @@ from fastspec.kernels import available_backends, using_backend
 from fastspec.model import ModelConfig, Transformer
 from fastspec.tools.progress import Progress
 from fastspec.tools.machine import attention_rates, decode_bound, kernel_ratios, machine_limits
-from fastspec.tools.markdown import performance_markdown, summary_text
+from fastspec.tools.markdown import keep_dated, performance_markdown, summary_text
 from fastspec.tools.peers import peers
 from fastspec.tools.rounds import (decode_step_time, prompt_tokens, round_costs, smollm_config,
                                    storage_costs, tree_costs)
@@ -228,8 +228,10 @@ def bench_main(args) -> int:
     Path(args.out).write_text(json_io.dumps(report, indent=1, default=float))
     print(f"wrote {args.out}", file=sys.stderr)
     print(summary_text(report))
-    if args.markdown:
-        Path(args.markdown).write_text(performance_markdown(report, args.plot_dir))
+    if args.markdown:  # the new headline; what the file measured elsewhere stays, dated
+        md = Path(args.markdown)
+        text = performance_markdown(report, args.plot_dir)
+        md.write_text(keep_dated(md.read_text(), text) if md.is_file() else text)
         print(f"wrote {args.markdown}", file=sys.stderr)
     if args.plot_dir:
         try:

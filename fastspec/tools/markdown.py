@@ -2,11 +2,13 @@
 section edits that let several commands write one markdown file."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from fastspec.tools.rounds import storage_costs_text
 
-__all__ = ["summary_text", "performance_markdown", "replace_section", "sections_from"]
+__all__ = ["summary_text", "performance_markdown", "replace_section", "sections_from",
+           "keep_dated"]
 
 
 def summary_text(report: dict) -> str:
@@ -57,7 +59,9 @@ def performance_markdown(report: dict, plot_dir: str | None = None) -> str:
            f"{' --peers' if 'peers' in report else ''} --markdown docs/PERFORMANCE.md`; "
            "do not edit by hand. Every number below was measured in that one run.", "",
            f"Python {env['python']}, NumPy {env['numpy']}, {env['cpus']} CPUs "
-           f"({env['processor'] or env['machine']}), run at {env['time_utc']} UTC. Models: "
+           f"({env['machine'] or env['processor']}), CPU: {env.get('cpu') or '?'}; matrix "
+           f"products: {env.get('isa', '?')}; {env.get('threads', 1)} thread(s), run at "
+           f"{env['time_utc']} UTC. Models: "
            f"{report['models']['source']} (target {report['models']['target_params']:,} parameters, "
            f"draft {report['models']['draft_params']:,}).", "",
            "## The machine", "",
@@ -195,3 +199,51 @@ def replace_section(text: str, heading: str, body: str) -> str:
 def sections_from(text: str, prefix: str) -> str:
     """The level-2 sections of ``text`` whose heading starts with ``prefix``, in order."""
     return "".join(p for p in _split(text) if p.startswith(f"## {prefix}"))
+
+
+#: The run line of a generated file: "... 2 CPUs (x86_64)[, CPU: NAME; ...], run at T UTC".
+_RUN_LINE = re.compile(r"CPUs \([^)]*\)(?:, CPU: (?P<cpu>[^;]+);[^\n]*?)?, run at (?P<when>[^\n]+?) UTC")
+
+
+def _is_dated(section: str) -> bool:
+    return "(measured " in section.split("\n", 1)[0]
+
+
+def keep_dated(old: str, new: str) -> str:
+    """A fresh ``docs/PERFORMANCE.md`` (``new``) with what ``old`` measured elsewhere kept.
+
+    The dated sections of ``old`` (level-2 headings with ``(measured ...)``) follow ``new`` in
+    their order. ``old``'s own headline tables (its generated sections) follow as one more
+    dated section, headings demoted a level and its plots left out (the plot files are the new
+    run's), unless ``old`` was generated on the same CPU as ``new``: then ``new`` supersedes
+    them.
+
+    Parameters
+    ----------
+    old, new : str
+        The file as it was, and :func:`performance_markdown`'s output.
+
+    Returns
+    -------
+    str
+    """
+    pieces = _split(old)
+    if not pieces or not pieces[0].startswith("# "):
+        return new
+    head, rest = pieces[0], pieces[1:]
+    dated = [p for p in rest if _is_dated(p)]
+    generated = [p for p in rest if not _is_dated(p) and not p.startswith("## Plots")]
+    was, now = _RUN_LINE.search(head), _RUN_LINE.search(new)
+    out = new.rstrip("\n") + "\n\n"
+    cpu = (was["cpu"] or "").strip() if was else ""
+    same_cpu = bool(cpu and now and cpu == (now["cpu"] or "").strip())
+    if generated and not same_cpu:
+        when = was["when"].strip() if was else "at an earlier date"
+        where = f", {cpu}" if cpu else ", CPU not recorded"
+        run_line = next((line for line in head.splitlines() if _RUN_LINE.search(line)), "")
+        body = [f"## Headline tables of the previous run (measured {when} UTC{where})\n\n",
+                f"{run_line}\n\n" if run_line else ""]
+        body += ["#" + p if p.startswith("## ") else p for p in generated]
+        out += "".join(body).rstrip("\n") + "\n\n"
+    out += "".join(dated)
+    return out.rstrip("\n") + "\n"
