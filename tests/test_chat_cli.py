@@ -101,14 +101,16 @@ def test_real_eval_rows_and_summary(smollm2):
 
 
 def test_markdown_sections_are_replaced_and_kept():
-    from fastspec.tools.markdown import replace_section, sections_from
+    from fastspec.tools.markdown import keep_dated, replace_section
 
     text = "# R\n\nintro\n\n## embedded\n\nold\n"
     one = replace_section(text, "Real model: a", "A1")
     assert one.endswith("## Real model: a\n\nA1\n\n") and "## embedded\n\nold" in one
     two = replace_section(replace_section(one, "Real model: b", "B"), "Real model: a", "A2")
     assert two.count("## Real model: a") == 1 and "A2" in two and "A1" not in two
-    assert sections_from(two, "Real model") == "## Real model: a\n\nA2\n\n## Real model: b\n\nB\n\n"
+    # a new embedded run keeps both where they are
+    assert keep_dated(two, "# R\n\nnew\n", keep=("Real model",)).startswith(
+        "# R\n\nnew\n\n## Real model: a\n\nA2\n\n## Real model: b\n\nB\n")
 
 
 @pytest.mark.hf
@@ -157,3 +159,22 @@ def test_performance_markdown_keeps_what_another_cpu_measured():
     assert "xeon table" not in again and "amd table" in again and again.count("kept") == 1
     assert keep_dated(out, new) == out
     assert keep_dated("no heading\n", new) == new  # not a generated file: replaced
+
+
+def test_eval_model_section_is_named_by_the_file():
+    # `--model smollm2` (a catalog name) and the file's path write the same section
+    import argparse
+
+    from fastspec.tools.real_eval import _section
+
+    report = {"environment": {"time_utc": "T", "cpu": "CPU X", "cpus": 2, "isa": "avx2",
+                              "threads": 1}}
+    heads = set()
+    for model in ("smollm2", "/a/b/M.Q4_1.gguf"):
+        args = argparse.Namespace(model=model, suite="open", temperatures=[0.0, 1.0],
+                                  max_new_tokens=8, weight_dtype="q4_1", markdown="R.md")
+        head, body = _section(report, args, "M.Q4_1.gguf", "table")
+        heads.add(head)
+        assert f"--model {model} --suite open --temperatures 0 1 --max-new-tokens 8 " \
+               "--weight-dtype q4_1" in body and "CPU X" in body and body.endswith("table")
+    assert heads == {"Real model: M.Q4_1.gguf, suite open"}

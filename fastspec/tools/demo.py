@@ -332,11 +332,13 @@ def eval_main(args) -> int:
     Path(args.out).write_text(json_io.dumps(report, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
     if args.markdown:
-        from fastspec.tools.markdown import sections_from
+        from fastspec.tools.markdown import keep_dated
 
-        path = Path(args.markdown)  # keep the real-model sections that eval --model wrote
-        kept = sections_from(path.read_text(), "Real model") if path.is_file() else ""
-        path.write_text(results_markdown(report) + ("\n" + kept if kept else ""))
+        # keep the real-model sections that eval --model wrote, the dated sections, and the
+        # previous headline tables when another CPU made them
+        path, text = Path(args.markdown), results_markdown(report)
+        path.write_text(keep_dated(path.read_text(), text, keep=("Real model",))
+                        if path.is_file() else text)
         print(f"wrote {args.markdown}", file=sys.stderr)
     return 0
 
@@ -352,8 +354,10 @@ def results_markdown(report: dict) -> str:
              "",
              f"{report['n_prompts']} held-out prompts (standard-library validation files), "
              f"{report['max_new_tokens']} new tokens, backend `{env['backend']}`, "
-             f"Python {env['python']}, NumPy {env['numpy']}, {env['cpus']} CPUs, "
-             f"run at {env['time_utc']} UTC.",
+             f"Python {env['python']}, NumPy {env['numpy']}, {env['cpus']} CPUs "
+             f"({env['machine'] or env['processor']}), CPU: {env.get('cpu') or '?'}; matrix "
+             f"products: {env.get('isa', '?')}; {env.get('threads', 1)} thread(s), run at "
+             f"{env['time_utc']} UTC.",
              "",
              "Speedup is wall-clock tokens/s over fastspec's own cached vanilla decoding of the "
              "same target; tau is tokens emitted per target verification call. A prompt is "

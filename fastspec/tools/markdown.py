@@ -7,8 +7,7 @@ from pathlib import Path
 
 from fastspec.tools.rounds import storage_costs_text
 
-__all__ = ["summary_text", "performance_markdown", "replace_section", "sections_from",
-           "keep_dated"]
+__all__ = ["summary_text", "performance_markdown", "replace_section", "keep_dated"]
 
 
 def summary_text(report: dict) -> str:
@@ -196,32 +195,33 @@ def replace_section(text: str, heading: str, body: str) -> str:
     return text + sep + section
 
 
-def sections_from(text: str, prefix: str) -> str:
-    """The level-2 sections of ``text`` whose heading starts with ``prefix``, in order."""
-    return "".join(p for p in _split(text) if p.startswith(f"## {prefix}"))
-
-
-#: The run line of a generated file: "... 2 CPUs (x86_64)[, CPU: NAME; ...], run at T UTC".
-_RUN_LINE = re.compile(r"CPUs \([^)]*\)(?:, CPU: (?P<cpu>[^;]+);[^\n]*?)?, run at (?P<when>[^\n]+?) UTC")
+#: The run line of a generated file: "... 2 CPUs[ (x86_64)][, CPU: NAME; ...], run at T UTC".
+_RUN_LINE = re.compile(r"CPUs(?: \([^)]*\))?(?:, CPU: (?P<cpu>[^;]+);[^\n]*?)?, run at "
+                       r"(?P<when>[^\n]+?) UTC")
 
 
 def _is_dated(section: str) -> bool:
     return "(measured " in section.split("\n", 1)[0]
 
 
-def keep_dated(old: str, new: str) -> str:
-    """A fresh ``docs/PERFORMANCE.md`` (``new``) with what ``old`` measured elsewhere kept.
+def keep_dated(old: str, new: str, keep: tuple[str, ...] = ()) -> str:
+    """A fresh generated file (``new``: ``docs/PERFORMANCE.md``, ``docs/RESULTS.md``) with what
+    ``old`` measured elsewhere kept.
 
-    The dated sections of ``old`` (level-2 headings with ``(measured ...)``) follow ``new`` in
-    their order. ``old``'s own headline tables (its generated sections) follow as one more
-    dated section, headings demoted a level and its plots left out (the plot files are the new
-    run's), unless ``old`` was generated on the same CPU as ``new``: then ``new`` supersedes
-    them.
+    The sections of ``old`` whose heading starts with a ``keep`` prefix follow ``new`` as they
+    are (another command writes them), then its dated sections (level-2 headings with
+    ``(measured ...)``) in their order. ``old``'s own headline tables (its other sections)
+    come between them as one more dated section, headings demoted a level and its plots left
+    out (the plot files are the new run's), unless ``old`` was generated on the same CPU as
+    ``new``: then ``new`` supersedes them.
 
     Parameters
     ----------
     old, new : str
-        The file as it was, and :func:`performance_markdown`'s output.
+        The file as it was, and the generator's output (with its run line: ``N CPUs (arch),
+        CPU: name; ..., run at T UTC``).
+    keep : tuple of str
+        Heading prefixes of sections kept in place.
 
     Returns
     -------
@@ -231,10 +231,12 @@ def keep_dated(old: str, new: str) -> str:
     if not pieces or not pieces[0].startswith("# "):
         return new
     head, rest = pieces[0], pieces[1:]
+    kept = [p for p in rest if any(p.startswith(f"## {k}") for k in keep)]
+    rest = [p for p in rest if p not in kept]
     dated = [p for p in rest if _is_dated(p)]
     generated = [p for p in rest if not _is_dated(p) and not p.startswith("## Plots")]
     was, now = _RUN_LINE.search(head), _RUN_LINE.search(new)
-    out = new.rstrip("\n") + "\n\n"
+    out = new.rstrip("\n") + "\n\n" + "".join(kept)
     cpu = (was["cpu"] or "").strip() if was else ""
     same_cpu = bool(cpu and now and cpu == (now["cpu"] or "").strip())
     if generated and not same_cpu:
