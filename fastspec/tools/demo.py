@@ -104,7 +104,7 @@ def _runner(bundle, method: str, gamma, eos_token_id: int | None = None) -> Call
 def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float = 0.0,
                 methods: Sequence[str] = METHODS, seed: int = 0, gamma: int | None = None,
                 repeats: int = 1, eos_token_id: int | None = None) -> list[MethodResult]:
-    """Run each method on one prompt (after a short warm-up) and compare with vanilla.
+    """Run each method on one prompt (after a short warm-up of each) and compare with vanilla.
 
     Parameters
     ----------
@@ -118,7 +118,8 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
     gamma : int or "adaptive", optional
         Draft length per round (default: :func:`default_gamma` of each method).
     repeats : int
-        Timed runs per method; the fastest is reported (outputs are identical across runs).
+        Timed runs per method, in rounds that run every method once; the fastest of each is
+        reported (outputs are identical across runs).
     eos_token_id : int, optional
         Stop after this token (a chat model's end of turn).
 
@@ -127,20 +128,25 @@ def run_methods(bundle, prompt_ids: Sequence[int], max_new_tokens: int, temperat
     list of MethodResult
     """
     order = ["vanilla"] + [m for m in methods if m != "vanilla"]
+    runs, best = {}, {}
+    for method in order:
+        g = gamma or (None if method == "vanilla" else default_gamma(method, temperature))
+        runs[method] = (_runner(bundle, method, g, eos_token_id), g)
+        runs[method][0](prompt_ids, min(8, max_new_tokens), temperature, seed)  # warm-up
+    # the repeats interleave the methods (round after round), so a machine that speeds up or
+    # slows down during the run moves every method alike
+    for _ in range(repeats):
+        for method in order:
+            t0 = time.perf_counter()
+            res = runs[method][0](prompt_ids, max_new_tokens, temperature, seed)
+            dt = time.perf_counter() - t0
+            if method not in best or dt < best[method][1]:
+                best[method] = (res, dt)
     results = []
     baseline = None
     for method in order:
-        g = gamma or (None if method == "vanilla" else default_gamma(method, temperature))
-        run = _runner(bundle, method, g, eos_token_id)
-        run(prompt_ids, min(8, max_new_tokens), temperature, seed)  # warm-up: caches, scratch
-        best = None
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            res = run(prompt_ids, max_new_tokens, temperature, seed)
-            dt = time.perf_counter() - t0
-            if best is None or dt < best[1]:
-                best = (res, dt)
-        res, dt = best
+        g = runs[method][1]
+        res, dt = best[method]
         tokens = list(res.tokens)
         stats = getattr(res, "stats", None)
         r = MethodResult(method=method, tokens=tokens, elapsed_s=dt,
