@@ -107,13 +107,28 @@ static void fs_f32_run_block(fs_attn_block_fn block, const float *q, const float
     block(qrows, orows, count, rows, k + head, v + head, head_dim, scale, base, anc);
 }
 
-/* Attention this small (multiply-adds of scores and values together) runs on the caller:
- * waking the pool costs more than it saves. Measured on the Xeon guest (2026-12-02): at 262144
+/* Attention this small (multiply-adds of scores and values together) runs on the caller
+ * unless the pool's workers are awake (FS_ATTN_PARALLEL_AWAKE): waking them costs more than
+ * it saves. Measured on the Xeon guest (2026-12-02): at 262144
  * the embedded target's 2-row block (2 blocks of ~150k) took 1.7 decode steps at 2 threads
  * against 1.1 at 1; a 16-row block of the SmolLM-135M shape at context 300 is 5.5M. */
 #ifndef FS_ATTN_PARALLEL_MIN
 #define FS_ATTN_PARALLEL_MIN 1048576
 #endif
+/* From this many multiply-adds attention goes to the pool when its workers are awake
+ * (fs_pool_awake: they spin after the layer's split products), so no wake-up is paid. The
+ * SmolLM-135M shape's decode step at context 300 has 345k per layer: on the Xeon guest at 2
+ * threads its step went from 11.4 to 9.7 ms (bf16) and the real q4_1 file's from 6.0 to 4.3
+ * ms; the embedded target's (products too small to split, workers asleep) did not move. */
+#ifndef FS_ATTN_PARALLEL_AWAKE
+#define FS_ATTN_PARALLEL_AWAKE 262144
+#endif
+
+/* Whether `macs` multiply-adds of attention are worth the pool. */
+static int fs_attn_parallel(double macs)
+{
+    return macs >= FS_ATTN_PARALLEL_MIN || (macs >= FS_ATTN_PARALLEL_AWAKE && fs_pool_awake());
+}
 
 /* The blocks of one causal call: block b is kv head b / per_kv, rows [t0, t0 + FS_F32_ROWS)
  * of its n * group query rows, t0 = (b % per_kv) * FS_F32_ROWS. Blocks are independent (each
@@ -168,8 +183,8 @@ static void fs_attention_f32_tiled(const float *q, const float *k, const float *
     j.scale = (float)(1.0 / sqrt((double)head_dim));
     /* cost of a block ~ its multiply-adds: up to FS_F32_ROWS rows x keys x head_dim x 2 */
     double macs = 2.0 * n * n_heads * (double)length * head_dim;
-    j.nchunks = macs < FS_ATTN_PARALLEL_MIN
-                ? 1 : fs_pool_chunks(j.nblocks, (size_t)(macs / j.nblocks), 1);
+    j.nchunks = fs_attn_parallel(macs) ? fs_pool_chunks(j.nblocks, (size_t)(macs / j.nblocks), 1)
+                                       : 1;
     if (j.nchunks <= 1)
         fs_f32_blocks(&j, 0, j.nblocks);
     else
@@ -239,8 +254,8 @@ static void fs_attention_f32_tree(const float *q, const float *k, const float *v
     j.capacity = capacity; j.length = length;
     j.scale = (float)(1.0 / sqrt((double)head_dim));
     double macs = 2.0 * n * n_heads * (double)length * head_dim;
-    j.nchunks = macs < FS_ATTN_PARALLEL_MIN || n > FS_ATTN_TREE_POOL_MAX
-                ? 1 : fs_pool_chunks(n, (size_t)(macs / n), 1);
+    j.nchunks = fs_attn_parallel(macs) && n <= FS_ATTN_TREE_POOL_MAX
+                ? fs_pool_chunks(n, (size_t)(macs / n), 1) : 1;
     if (j.nchunks <= 1)
         fs_f32_tree_nodes(&j, 0, n, anc);
     else

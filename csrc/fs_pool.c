@@ -88,6 +88,7 @@ static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
     fs_pool_serial(fn, ctx, nchunks);
 }
 static int fs_pool_threads_impl(void) { return fs_pool_want; }
+static int fs_pool_awake_impl(void) { return 0; }
 static void fs_pool_set_threads_impl(int n)
 {
     fs_pool_want = n < 1 ? 1 : n > FS_POOL_MAX ? FS_POOL_MAX : n;
@@ -111,6 +112,7 @@ static struct {
     _Atomic int busy;          /* a caller owns the pool (the workers, the job) */
     _Atomic int want;          /* threads asked for, caller included */
     int running;               /* workers started (owner of busy only) */
+    _Atomic int live;          /* a copy of running that any thread may read */
     long spin_ns;              /* -1 until read from FASTSPEC_SPIN_US */
     pthread_t tid[FS_POOL_MAX];
 #if !FS_POOL_FUTEX
@@ -260,6 +262,7 @@ static void fs_pool_stop_workers(void)
     fs_pool_wake(&fs_pool.seq, 0x7fffffff);
     for (int i = 0; i < fs_pool.running; i++) pthread_join(fs_pool.tid[i], NULL);
     fs_pool.running = 0;
+    atomic_store(&fs_pool.live, 0);
     atomic_store(&fs_pool.quit, 0);
 }
 
@@ -267,6 +270,7 @@ static void fs_pool_stop_workers(void)
 static void fs_pool_after_fork(void)
 {
     fs_pool.running = 0;
+    atomic_store(&fs_pool.live, 0);
     atomic_store(&fs_pool.sleepers, 0);
     atomic_store(&fs_pool.caller_sleeps, 0);
     atomic_store(&fs_pool.quit, 0);
@@ -299,6 +303,7 @@ static void fs_pool_start_workers(int count)
            && pthread_create(&fs_pool.tid[fs_pool.running], NULL, fs_pool_worker,
                              (void *)(uintptr_t)seen) == 0)
         fs_pool.running++;
+    atomic_store(&fs_pool.live, fs_pool.running);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
@@ -354,6 +359,13 @@ static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
 
 static int fs_pool_threads_impl(void) { return atomic_load(&fs_pool.want); }
 
+static int fs_pool_awake_impl(void)
+{
+    int want = atomic_load_explicit(&fs_pool.want, memory_order_relaxed);
+    return want > 1 && atomic_load_explicit(&fs_pool.live, memory_order_relaxed) == want - 1 &&
+           atomic_load_explicit(&fs_pool.sleepers, memory_order_relaxed) == 0;
+}
+
 static void fs_pool_set_threads_impl(int n)
 {
     n = n < 1 ? 1 : n > FS_POOL_MAX ? FS_POOL_MAX : n;
@@ -368,7 +380,7 @@ static void fs_pool_set_threads_impl(int n)
 #endif /* FS_POOL_THREADED */
 
 const fs_pool_ops fs_pool_local = {fs_pool_run_impl, fs_pool_threads_impl,
-                                   fs_pool_set_threads_impl};
+                                   fs_pool_set_threads_impl, fs_pool_awake_impl};
 
 void fs_pool_run(fs_pool_fn fn, void *ctx, int nchunks)
 {
@@ -382,3 +394,5 @@ void fs_pool_run(fs_pool_fn fn, void *ctx, int nchunks)
 int fs_pool_threads(void) { return fs_disp->pool->threads(); }
 
 void fs_pool_set_threads(int n) { fs_disp->pool->set_threads(n); }
+
+int fs_pool_awake(void) { return fs_disp->pool->awake(); }

@@ -41,6 +41,11 @@ typedef void (*fs_pool_fn)(void *ctx, int chunk);
 void fs_pool_run(fs_pool_fn fn, void *ctx, int nchunks);
 int fs_pool_threads(void);
 void fs_pool_set_threads(int n);
+/* 1 when the pool has its workers and none of them sleeps (they spin after a recent job), so
+ * a job handed out now starts on every thread at once; 0 otherwise (one thread, workers not
+ * started, asleep, or a build without threads). A hint for work that pays off in parallel only
+ * when no worker must be woken: it may be stale by the time the caller acts on it. */
+int fs_pool_awake(void);
 
 /* The most threads a pool runs (fs_pool_set_threads clamps to it). */
 #define FS_POOL_MAX 1024
@@ -66,12 +71,13 @@ void fs_pool_set_threads(int n);
  * threads of equal speed). Chunk c of n then covers units [c * units / n, (c + 1) * units / n). */
 int fs_pool_chunks(int units, size_t unit_cost, int min_units);
 
-/* The functions behind fs_pool_run, fs_pool_threads and fs_pool_set_threads in one copy of
+/* The functions behind fs_pool_run, fs_pool_threads, fs_pool_set_threads and fs_pool_awake in one copy of
  * the core; the dispatch table (fs_isa.h) points at the owner's. */
 typedef struct fs_pool_ops {
     void (*run)(fs_pool_fn fn, void *ctx, int nchunks);
     int (*threads)(void);
     void (*set_threads)(int n);
+    int (*awake)(void);
 } fs_pool_ops;
 
 /* This copy's pool. */

@@ -2,7 +2,7 @@
  * thread count (1 to more than the CPUs, changed between jobs), for nchunks 0, 1, 2, small
  * and huge; many tiny jobs in a row; two threads submitting jobs at once (one gets the
  * workers, the other runs serially); a nested call (serial); the pool in the child of a fork;
- * fs_pool_chunks' bounds. The whole run is done twice at once: by the parent with the
+ * fs_pool_chunks' bounds; fs_pool_awake. The whole run is done twice at once: by the parent with the
  * default spin and by a child forked before any use with FASTSPEC_SPIN_US=0 (every wait
  * blocks at once: the sleeping paths). With -DFS_TEST_PORTABLE the pool waits on condition
  * variables instead of futexes. Built and run by tests/test_pool_c.py; exit status = failures.
@@ -174,6 +174,43 @@ static int chunk_counts(void)
     return fails;
 }
 
+/* fs_pool_awake: 0 at one thread; seen right after a job when the workers spin (one of 100
+ * tries: a worker may be preempted once); 0 once they sleep (FASTSPEC_SPIN_US=0 and 20 ms
+ * after a job). */
+static int awake_hint(void)
+{
+    int fails = 0;
+    static _Atomic int count[64];
+    job j = {count, 0, NULL};
+    fs_pool_set_threads(1);
+    fs_pool_run(chunk, &j, 64);
+    if (fs_pool_awake()) {
+        printf("FAIL fs_pool_awake at one thread\n");
+        fails++;
+    }
+    fs_pool_set_threads(3);
+    const char *spin = getenv("FASTSPEC_SPIN_US");
+    if (spin != NULL && strcmp(spin, "0") == 0) {
+        fs_pool_run(chunk, &j, 64);
+        usleep(20000);
+        if (fs_pool_awake()) {
+            printf("FAIL fs_pool_awake with every worker asleep\n");
+            fails++;
+        }
+    } else {
+        int seen = 0;
+        for (int i = 0; i < 100 && !seen; i++) {
+            fs_pool_run(chunk, &j, 64);
+            seen = fs_pool_awake();
+        }
+        if (!seen) {
+            printf("FAIL fs_pool_awake never 1 right after a job (workers spinning)\n");
+            fails++;
+        }
+    }
+    return fails;
+}
+
 static int all(void)
 {
     int fails = sizes_and_threads();
@@ -183,6 +220,7 @@ static int all(void)
     fails += nested();
     fails += after_fork();
     fails += chunk_counts();
+    fails += awake_hint();
     fails += run_and_check(counts, MAXC, 0, "last");
     return fails;
 }
