@@ -130,9 +130,10 @@ void fs_model_layers(int variant, const void *m, fs_scratch_f32 *s, int n, int p
                     capacity, hidden, positions, tree_mask)
 }
 
-void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int n, float *logits)
+void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int r0, int n,
+                   float *logits)
 {
-    FS_MODEL_SWITCH(variant, fs_head, s, n, logits)
+    FS_MODEL_SWITCH(variant, fs_head, s, r0, n, logits)
 }
 
 void fs_model_context_kv(int variant, const void *m, fs_scratch_f32 *s, const float *feat,

@@ -83,7 +83,8 @@ size_t fs_scratch_row(const fs_dims *d);
                          int causal, T *k_cache, T *v_cache, size_t layer_stride,              \
                          int capacity, T *const *hidden, const int32_t *positions,             \
                          const uint8_t *tree_mask);                                            \
-    void fs_head_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s, int n, T *logits);       \
+    void fs_head_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s, int r0, int n,          \
+                       T *logits);                                                        \
     void fs_context_kv_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s, const T *feat,     \
                              int n, int pos0, T *k_cache, T *v_cache, size_t layer_stride,     \
                              int capacity, int l0, int l1);                                    \
@@ -117,7 +118,8 @@ void fs_model_layers(int variant, const void *m, fs_scratch_f32 *s, int n, int p
                      int causal, float *k_cache, float *v_cache, size_t layer_stride,
                      int capacity, float *const *hidden, const int32_t *positions,
                      const uint8_t *tree_mask);
-void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int n, float *logits);
+void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int r0, int n,
+                   float *logits);
 void fs_model_context_kv(int variant, const void *m, fs_scratch_f32 *s, const float *feat,
                          int n, int pos0, float *k_cache, float *v_cache, size_t layer_stride,
                          int capacity, int l0, int l1);

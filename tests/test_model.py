@@ -211,6 +211,40 @@ def test_out_buffer_is_filled_and_returned(backend):
         model.forward(ids_for(model, 3), out=np.empty((2, model.config.vocab_size), np.float32))
 
 
+@pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16", "q8_0"])
+def test_logit_rows_are_the_last_rows_of_a_full_step(backend, dtype, weight_dtype):
+    # a prefill asks for the last row's logits (vanilla) or none (speculative): those rows are
+    # the same bits as in a full step, the cache is the same, and the next step agrees
+    if weight_dtype is not None and dtype == np.float64:
+        pytest.skip("compressed weights compute in float32")
+    if weight_dtype == "q8_0":  # blocks of 32 inputs
+        cfg = ModelConfig(vocab_size=37, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                          ffn_dim=96, max_seq_len=32)
+        model = Transformer.random(cfg, seed=0).quantize("q8_0")
+    else:
+        model = make("llama-gqa", dtype)
+        if weight_dtype is not None:
+            model = model.with_weight_dtype(weight_dtype)
+    ids = ids_for(model, 9)
+    full_cache = model.new_cache()
+    full = model.step(ids, full_cache).logits.copy()
+    following = model.step(ids[:1], full_cache).logits.copy()
+    for k in (0, 1, 4, 9):
+        cache = model.new_cache()
+        got = model.step(ids, cache, logit_rows=k).logits
+        assert got.shape == (k, model.config.vocab_size)
+        np.testing.assert_array_equal(got, full[9 - k:])
+        assert cache.length == 9
+        np.testing.assert_array_equal(model.step(ids[:1], cache).logits, following)
+    out = np.empty((2, model.config.vocab_size), dtype)
+    assert model.step(ids, model.new_cache(), logit_rows=2, out=out).logits is out
+    with pytest.raises(ValueError, match="out"):
+        model.step(ids, model.new_cache(), logit_rows=2, out=np.empty_like(full))
+    for bad, error in ((-1, ValueError), (10, ValueError), (1.0, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="logit_rows"):
+            model.step(ids, model.new_cache(), logit_rows=bad)
+
+
 def test_bad_arguments(backend):
     model = make("llama-gqa", np.float32)
     with pytest.raises(ValueError, match="ids must be in"):

@@ -94,8 +94,15 @@ class MemoModel:
             entry = self._memo[key]
         return entry
 
-    def step(self, ids, cache, *, hidden_layers=(), out=None):
-        return self.forward(ids, cache, hidden_layers, out)
+    def step(self, ids, cache, *, hidden_layers=(), out=None, logit_rows=None):
+        if logit_rows is None:
+            return self.forward(ids, cache, hidden_layers, out)
+        result = self._forward(ids, cache, hidden_layers)
+        result.logits = result.logits[result.logits.shape[0] - logit_rows:]
+        if out is not None:
+            out[...] = result.logits
+            result.logits = out
+        return result
 
     def forward(self, ids, cache=None, hidden_layers=(), out=None):
         result = self._forward(ids, cache, hidden_layers)

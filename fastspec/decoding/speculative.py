@@ -187,7 +187,7 @@ def run_plan(plan: SpeculativePlan, rng: np.random.Generator, trace: bool = Fals
     start_time = time.perf_counter()
     cache.reset()
     if n_prompt > 1:
-        out = target.step(prompt[:-1], cache, hidden_layers=hidden_layers)
+        out = target.step(prompt[:-1], cache, hidden_layers=hidden_layers, logit_rows=0)
         stats.target_calls += 1
         stats.target_positions += n_prompt - 1
         stats.target_score_cells += score_cells(cfg, n_prompt - 1, 0)

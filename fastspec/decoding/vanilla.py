@@ -110,7 +110,7 @@ def generate(model: Target, prompt_ids, max_new_tokens: int, temperature: float 
     seq[:n] = prompt
     if use_cache:
         cache.reset()
-        logits = model.step(prompt, cache).logits
+        logits = model.step(prompt, cache, logit_rows=1).logits  # the last row's: the next token
         stats.target_score_cells += score_cells(cfg, n, 0)
         stats.target_positions += n
     else:

@@ -115,10 +115,12 @@ class Target(Protocol):
         """Return the sorted, non-negative layer indices of ``hidden_layers``."""
 
     def step(self, ids, cache: KVCache, *, hidden_layers: Iterable[int] = (),
-             out: np.ndarray | None = None, tree_parents: np.ndarray | None = None
-             ) -> ForwardOutput:
+             out: np.ndarray | None = None, tree_parents: np.ndarray | None = None,
+             logit_rows: int | None = None) -> ForwardOutput:
         """Append ``ids`` to ``cache`` and return their logits (and requested hidden states);
-        with ``tree_parents``, the new positions form a tree (needed for tree proposals only)."""
+        with ``tree_parents``, the new positions form a tree (needed for tree proposals only);
+        with ``logit_rows``, only the logits of the last ``logit_rows`` positions (the
+        prefills ask for 1 or 0)."""
 
     def forward(self, ids, cache: KVCache | None = None, hidden_layers: Iterable[int] = (),
                 out: np.ndarray | None = None) -> ForwardOutput:

@@ -93,12 +93,13 @@ class DraftModelDrafter:
                              f"max_seq_len {self.cache.capacity}")
         self.cache.reset()
         if prompt.shape[0] > 1:
-            self._forward(prompt[:-1])
+            self._forward(prompt[:-1], logit_rows=0)  # no logits: the cache is the point
 
-    def _forward(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, out: np.ndarray | None = None,
+                 logit_rows: int | None = None) -> np.ndarray:
         cache = self.cache
         past = cache.length
-        logits = self.model.step(ids, cache, out=out).logits
+        logits = self.model.step(ids, cache, out=out, logit_rows=logit_rows).logits
         n = ids.shape[0]
         self.forward_calls += 1
         self.forward_positions += n

@@ -110,7 +110,7 @@ cdef extern from "fs_model.h" nogil:
     void fs_layers_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, int pos0, int causal,
                         float *k_cache, float *v_cache, size_t layer_stride, int capacity,
                         float **hidden, const int32_t *positions, const uint8_t *tree_mask)
-    void fs_head_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, float *logits)
+    void fs_head_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int r0, int n, float *logits)
     void fs_context_kv_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, const float *feat,
                             int n, int pos0, float *k_cache, float *v_cache,
                             size_t layer_stride, int capacity, int l0, int l1)
@@ -141,7 +141,7 @@ cdef extern from "fs_model.h" nogil:
                          int causal, float *k_cache, float *v_cache, size_t layer_stride,
                          int capacity, float **hidden, const int32_t *positions,
                          const uint8_t *tree_mask)
-    void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int n, float *logits)
+    void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int r0, int n, float *logits)
     void fs_model_context_kv(int variant, const void *m, fs_scratch_f32 *s, const float *feat,
                              int n, int pos0, float *k_cache, float *v_cache,
                              size_t layer_stride, int capacity, int l0, int l1)
@@ -158,9 +158,9 @@ cdef extern from "fs_model.h" nogil:
     void fs_layers_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int n, int pos0, int causal,
                         float *k_cache, float *v_cache, size_t layer_stride, int capacity,
                         float **hidden, const int32_t *positions, const uint8_t *tree_mask)
-    void fs_head_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, float *logits)
-    void fs_head_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int n, float *logits)
-    void fs_head_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int n, double *logits)
+    void fs_head_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int r0, int n, float *logits)
+    void fs_head_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int r0, int n, float *logits)
+    void fs_head_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int r0, int n, double *logits)
     void fs_context_kv_f32(const fs_model_f32 *m, fs_scratch_f32 *s, const float *feat, int n,
                            int pos0, float *k_cache, float *v_cache, size_t layer_stride,
                            int capacity, int l0, int l1)

@@ -20,7 +20,8 @@ class TransformerRunner:
                 causal: bool = True, hidden_layers: Iterable[int] = (),
                 out: np.ndarray | None = None, logits: bool = True,
                 positions: np.ndarray | None = None,
-                tree_mask: np.ndarray | None = None
+                tree_mask: np.ndarray | None = None,
+                logit_rows: int | None = None
                 ) -> tuple[np.ndarray | None, dict[int, np.ndarray]]: ...
     def forward_embeddings(self, x: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray,
                            start: int, causal: bool = True, hidden_layers: Iterable[int] = (),

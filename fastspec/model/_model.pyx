@@ -62,6 +62,19 @@ cdef struct _Call:
     void *v
 
 
+cdef int _last_rows(bint logits, object logit_rows, Py_ssize_t n) except -2:
+    """The rows whose logits a forward computes: -1 all, 0 none, else the last k (checked)."""
+    if not logits:
+        return 0
+    if logit_rows is None:
+        return -1
+    if isinstance(logit_rows, (bool, np.bool_)) or not isinstance(logit_rows, (int, np.integer)):
+        raise TypeError(f"logit_rows must be an integer, got {logit_rows!r}")
+    if not 0 <= logit_rows <= n:
+        raise ValueError(f"logit_rows must be in [0, {n}], got {logit_rows}")
+    return <int>logit_rows
+
+
 cdef class TransformerRunner:
     """Fused forward of one :class:`fastspec.Transformer`.
 
@@ -194,15 +207,19 @@ cdef class TransformerRunner:
         return <cnp.ndarray>out
 
     cdef tuple _run(self, int mode, cnp.ndarray src, object k_cache, object v_cache, int start,
-                    bint causal, tuple hidden_layers, object out, bint logits,
+                    bint causal, tuple hidden_layers, object out, int last,
                     cnp.ndarray positions=None, cnp.ndarray tree_mask=None):
-        # positions: int32 (n,), tree_mask: uint8 (n, n), both checked by _tree_args
+        # positions: int32 (n,), tree_mask: uint8 (n, n), both checked by _tree_args; logits
+        # of the last `last` rows (-1: all, 0: none; the caller checked it is at most n)
         cdef int n = <int>src.shape[0]
+        if last < 0:
+            last = n
+        cdef bint logits = last > 0
         cdef int L = self.dims.n_layers
         cdef int i
         cdef _Call c
         self._prepare(k_cache, v_cache, start, n, &c)
-        cdef cnp.ndarray res = self._out(out, n, self.dims.vocab, "out") if logits else None
+        cdef cnp.ndarray res = self._out(out, last, self.dims.vocab, "out") if logits else None
         hidden = {}
         for i in range(L):
             self.hidden_ptrs[i] = NULL
@@ -211,7 +228,11 @@ cdef class TransformerRunner:
             hidden[layer] = h
             self.hidden_ptrs[<int>layer] = cnp.PyArray_DATA(h)
         cdef void *sp = cnp.PyArray_DATA(src)
-        cdef void *rp = cnp.PyArray_DATA(res) if logits else NULL
+        # float64: the double products' rows are not bit-independent of the rows beside them,
+        # so the head runs on every row and the last ones are copied out
+        cdef cnp.ndarray whole = (np.empty((n, self.dims.vocab), np.float64)
+                                  if self.is64 and 0 < last < n else res)
+        cdef void *rp = cnp.PyArray_DATA(whole) if logits else NULL
         cdef const int32_t *pp = NULL
         cdef const uint8_t *mp = NULL
         if positions is not None:
@@ -228,7 +249,8 @@ cdef class TransformerRunner:
                               <double *>c.v, c.stride, c.capacity, <double **>self.hidden_ptrs,
                               pp, mp)
                 if logits:
-                    fs_head_f64(&self.w.m64, &c.s64, n, <double *>rp)
+                    fs_head_f64(&self.w.m64, &c.s64, 0 if whole is not res else n - last,
+                                n, <double *>rp)
         else:
             with nogil:
                 if mode == MODE_IDS:
@@ -240,7 +262,10 @@ cdef class TransformerRunner:
                                 <float *>c.k, <float *>c.v, c.stride, c.capacity,
                                 <float **>self.hidden_ptrs, pp, mp)
                 if logits:
-                    fs_model_head(self.w.variant, self.w.mptr, &c.s32, n, <float *>rp)
+                    fs_model_head(self.w.variant, self.w.mptr, &c.s32, n - last, n,
+                                  <float *>rp)
+        if whole is not res:
+            res[...] = whole[n - last:]
         return res, hidden
 
     cdef tuple _hidden(self, object hidden_layers):
@@ -281,7 +306,8 @@ cdef class TransformerRunner:
         return pos, mask
 
     def forward(self, ids, k_cache, v_cache, int start, bint causal=True, hidden_layers=(),
-                out=None, bint logits=True, positions=None, tree_mask=None):
+                out=None, bint logits=True, positions=None, tree_mask=None,
+                logit_rows=None):
         """Run token ids at positions ``start ..`` through the model; the cache length is the caller's.
 
         Parameters
@@ -297,7 +323,8 @@ cdef class TransformerRunner:
         hidden_layers : iterable of int
             Layers whose outputs to return (negative indices count from the end).
         out : ndarray of shape (n, vocab_size), optional
-            Caller-owned logits buffer (model dtype, C-contiguous).
+            Caller-owned logits buffer (model dtype, C-contiguous); (logit_rows, vocab_size)
+            with ``logit_rows``.
         logits : bool, default True
             False skips the final norm and head (returns None for the logits).
         positions : ndarray of shape (n,), int32 or int64, optional
@@ -308,10 +335,13 @@ cdef class TransformerRunner:
             Tree step (needs ``causal``): id ``i`` sees the keys ``[0, start)`` and the new
             row ``start + j`` iff ``tree_mask[i, j]`` (nonzero). Lower-triangular with a true
             diagonal (:func:`fastspec.decoding.tree.ancestor_mask`).
+        logit_rows : int, optional
+            Only the logits of the last ``logit_rows`` ids (0 to n; 0 is ``logits=False``),
+            each the same bits as in a full call: a prompt's prefill needs the last row's.
 
         Returns
         -------
-        logits : ndarray of shape (n, vocab_size) or None
+        logits : ndarray of shape (n, vocab_size) (or (logit_rows, vocab_size)) or None
         hidden : dict[int, ndarray of shape (n, dim)]
         """
         cdef cnp.ndarray arr = np.asarray(ids)
@@ -336,7 +366,8 @@ cdef class TransformerRunner:
                 raise ValueError(f"ids must be in [0, {V}), got {p[i]}")
         pos, mask = self._tree_args(positions, tree_mask, n, causal)
         return self._run(MODE_IDS, arr, k_cache, v_cache, start, causal,
-                         self._hidden(hidden_layers), out, logits, pos, mask)
+                         self._hidden(hidden_layers), out,
+                         _last_rows(logits, logit_rows, n), pos, mask)
 
     def forward_embeddings(self, x, k_cache, v_cache, int start, bint causal=True,
                            hidden_layers=(), out=None, bint logits=True):
@@ -349,7 +380,7 @@ cdef class TransformerRunner:
             raise ValueError(f"x must be a {self.dtype} array of shape (n >= 1, {self.dims.dim})")
         x = np.ascontiguousarray(x)
         return self._run(MODE_EMBED, <cnp.ndarray>x, k_cache, v_cache, start, causal,
-                         self._hidden(hidden_layers), out, logits)
+                         self._hidden(hidden_layers), out, -1 if logits else 0)
 
     def context_kv_taps(self, taps, fc, hidden_norm, k_cache, v_cache, int start):
         """DFlash context injection from the tapped target states, in one call.

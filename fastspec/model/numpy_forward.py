@@ -60,7 +60,7 @@ class NumpyForward:
         return self.rope_cos[start:start + n], self.rope_sin[start:start + n]
 
     def _layers_numpy(self, x, cache, start, causal, hidden_layers, out, positions=None,
-                      tree_mask=None):
+                      tree_mask=None, logit_rows=None):
         n = x.shape[0]
         if tree_mask is None or self.rope_cos is None:
             cos, sin = self._rope_rows(start, n)
@@ -74,6 +74,8 @@ class NumpyForward:
             if i in hidden_layers:
                 hidden[i] = x.copy()
         logits = self.norm(x, self.final_norm) @ head
+        if logit_rows is not None:  # the last rows, computed in the full product: BLAS may
+            logits = logits[logits.shape[0] - logit_rows:]  # round one row alone otherwise
         if out is not None:
             out[...] = logits
             logits = out

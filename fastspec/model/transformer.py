@@ -172,7 +172,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
 
     def step(self, ids, cache: KVCache, *, hidden_layers: Iterable[int] = (),
              causal: bool = True, out: np.ndarray | None = None,
-             advance: bool = True, tree_parents: np.ndarray | None = None) -> ForwardOutput:
+             advance: bool = True, tree_parents: np.ndarray | None = None,
+             logit_rows: int | None = None) -> ForwardOutput:
         """Run new positions through the model on ``cache``: the fast entry of every loop.
 
         The one place that checks a forward's arguments: the compiled runner checks them
@@ -192,7 +193,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         causal : bool, default True
             False lets every new position attend to all new positions (and the cache).
         out : ndarray of shape (n, vocab_size), optional
-            Caller-owned, C-contiguous logits buffer of the model dtype, reused across steps.
+            Caller-owned, C-contiguous logits buffer of the model dtype, reused across steps
+            (shape (logit_rows, vocab_size) with ``logit_rows``).
         advance : bool, default True
             False writes the new positions' keys/values past the committed length as scratch
             and leaves ``cache.length`` unchanged (the DFlash block forward).
@@ -205,12 +207,16 @@ class Transformer(ContextForward, NumpyForward, StateDict):
             kernel: a node's logits are bit-identical to decoding its path); the NumPy
             backend runs the layer-by-layer path (:func:`fastspec.kernels.tree_attention`).
             A chain runs as a plain causal step.
+        logit_rows : int, optional
+            Compute only the logits of the last ``logit_rows`` positions (0 to n), each the
+            same bits as in a full step; the others skip the final norm and the head (a
+            prompt's prefill needs its last row's, a speculative prefill none).
 
         Returns
         -------
         ForwardOutput
-            ``logits`` of shape (n, vocab_size) (``out`` when given); ``hidden[l]`` of shape
-            (n, dim).
+            ``logits`` of shape (n, vocab_size), or (logit_rows, vocab_size) (``out`` when
+            given); ``hidden[l]`` of shape (n, dim).
         """
         if type(cache) is not KVCache:
             self.check_cache(cache)
@@ -224,20 +230,26 @@ class Transformer(ContextForward, NumpyForward, StateDict):
             if runner is not None:
                 logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal,
                                                 hidden_layers, out, positions=positions,
-                                                tree_mask=tree_mask)
+                                                tree_mask=tree_mask, logit_rows=logit_rows)
+                n = np.size(ids)
+                if logits is None:  # logit_rows=0
+                    logits = np.empty((0, self.config.vocab_size), np.dtype(self.config.dtype))
             else:
                 ids = self.check_ids(ids)
-                layers = self._check_step(cache, start, ids.shape[0], hidden_layers)
-                out = self._check_out(out, ids.shape[0])
+                n = ids.shape[0]
+                if logit_rows is not None:
+                    logit_rows = check_index(logit_rows, "logit_rows", 0, n)
+                layers = self._check_step(cache, start, n, hidden_layers)
+                out = self._check_out(out, n if logit_rows is None else logit_rows)
                 x = self._numpy_weights()[0][ids]
                 if positions is None:
                     positions = slice(start, start + ids.shape[0])
                 if self.config.positional == "learned":
                     x = x + self.pos_embed[positions]
                 logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out,
-                                                    positions, tree_mask)
+                                                    positions, tree_mask, logit_rows)
             if advance:
-                cache.advance(logits.shape[0])
+                cache.advance(n)
         finally:
             cache.release(claimed)
         return ForwardOutput(logits, hidden)
