@@ -231,7 +231,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
                 logits, hidden = runner.forward(ids, cache.k, cache.v, start, causal,
                                                 hidden_layers, out, positions=positions,
                                                 tree_mask=tree_mask, logit_rows=logit_rows)
-                n = np.size(ids)
+                # the positions run (n); only a prefill's logit_rows makes logits shorter
+                n = logits.shape[0] if logit_rows is None else np.size(ids)
                 if logits is None:  # logit_rows=0
                     logits = np.empty((0, self.config.vocab_size), np.dtype(self.config.dtype))
             else:
