@@ -115,15 +115,21 @@ static FS_AMX_ATTR void fs_amx_tiles(const uint16_t *xa, int kp, const uint16_t 
         const int g = nt - t0 < FS_AMX_G ? nt - t0 : FS_AMX_G;
         const int c0 = t0 * 16, cols = out - c0 < 16 * g ? out - c0 : 16 * g;
         const uint16_t *b = P + (size_t)16 * t0 * kp;
+        /* a full group of 64 columns loads and stores its sums in y itself (rows out floats
+         * apart); a narrower one goes through the stage, whose unused columns are zero */
+        float *sums = cols == 64 ? y + c0 : stage;
+        const int sstride = cols == 64 ? out * (int)sizeof(float) : ss;
         if (accumulate) {
-            for (int r = 0; r < m; r++) {
-                memcpy(stage + r * 64, y + (size_t)r * out + c0, (size_t)cols * sizeof(float));
-                memset(stage + r * 64 + cols, 0, (size_t)(64 - cols) * sizeof(float));
-            }
-            _tile_loadd(0, stage, ss);
-            _tile_loadd(1, stage + 16, ss);
-            _tile_loadd(2, stage + 32, ss);
-            _tile_loadd(3, stage + 48, ss);
+            if (cols < 64)
+                for (int r = 0; r < m; r++) {
+                    memcpy(stage + r * 64, y + (size_t)r * out + c0,
+                           (size_t)cols * sizeof(float));
+                    memset(stage + r * 64 + cols, 0, (size_t)(64 - cols) * sizeof(float));
+                }
+            _tile_loadd(0, sums, sstride);
+            _tile_loadd(1, sums + 16, sstride);
+            _tile_loadd(2, sums + 32, sstride);
+            _tile_loadd(3, sums + 48, sstride);
         } else {
             _tile_zero(0);
             _tile_zero(1);
@@ -171,12 +177,13 @@ static FS_AMX_ATTR void fs_amx_tiles(const uint16_t *xa, int kp, const uint16_t 
                 }
             }
         }
-        _tile_stored(0, stage, ss);
-        _tile_stored(1, stage + 16, ss);
-        _tile_stored(2, stage + 32, ss);
-        _tile_stored(3, stage + 48, ss);
-        for (int r = 0; r < m; r++)
-            memcpy(y + (size_t)r * out + c0, stage + r * 64, (size_t)cols * sizeof(float));
+        _tile_stored(0, sums, sstride);
+        _tile_stored(1, sums + 16, sstride);
+        _tile_stored(2, sums + 32, sstride);
+        _tile_stored(3, sums + 48, sstride);
+        if (cols < 64)
+            for (int r = 0; r < m; r++)
+                memcpy(y + (size_t)r * out + c0, stage + r * 64, (size_t)cols * sizeof(float));
     }
 }
 
