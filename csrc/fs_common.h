@@ -154,6 +154,31 @@ static inline double fs_exp_nonpos(double x)
     return x < -708.0 ? 0.0 : p * scale;
 }
 
+/* exp(x) for x <= 0 in float, branch-free (vectorises): 2^k p(r), |r| <= ln2 / 2, with a
+ * degree-7 polynomial; relative error ~2e-7. x < -87 gives 0. For float activations. */
+static inline float fs_expf_nonpos(float x)
+{
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: rounds to integer in the low bits */
+    float xc = x < -87.0f ? -87.0f : x;
+    float kd = xc * 1.44269504f + shifter;
+    uint32_t kbits;
+    memcpy(&kbits, &kd, sizeof kbits);
+    kd -= shifter;
+    float r = (xc - kd * 0.693145752f) - kd * 1.42860677e-6f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    uint32_t sbits = (kbits - 0x4B400000u + 127u) << 23; /* 2^k, k in [-126, 0] */
+    float scale;
+    memcpy(&scale, &sbits, sizeof scale);
+    return x < -87.0f ? 0.0f : p * scale;
+}
+
 /* binary16 bits -> float, exactly (normals, subnormals, zeros, infinities, NaNs). */
 static inline float fs_h2f(uint16_t h)
 {
