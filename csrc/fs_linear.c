@@ -314,7 +314,8 @@ static void fs_linear_f32b_amx(const float *x, const uint16_t *P, const float *b
                                int n, int in, int out, int accumulate, uint16_t *xa)
 {
     int kp = fs_amx_kp(in), nt = (out + 15) / 16;
-    fs_amx_round_rows(x, n, in, kp, xa);
+    if (x)
+        fs_amx_round_rows(x, n, in, kp, xa);
     int nchunks = fs_lin_chunks(in, out, n, 16 * FS_AMX_G,
                                 FS_LIN_CHUNK_PANELS * FS_LIN_CHUNK_ALIGN);
     if (nchunks <= 1) {
@@ -339,7 +340,8 @@ void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, 
         return;
     }
 #endif
-    fs_round_bf16(x, xr, (size_t)n * in);
+    if (x)
+        fs_round_bf16(x, xr, (size_t)n * in);
     fs_linear_f32b(xr, W, bias, y, n, in, out, accumulate);
 }
 

@@ -73,7 +73,8 @@ void fs_linear_f32b(const float *x, const uint16_t *W, const float *bias, float 
 /* The bf16 compute rule: y (n, out) [+]= round_bf16(x) @ W for bf16 W (packed), the rounded
  * rows written to xr (n * max(in, 16) floats; x itself when in >= 16) once, before any
  * thread starts. On the AMX path W is in the tile layout and xr receives the rows as bf16 bits
- * (n * fs_amx_kp(in) of them, which fit: fs_amx_kp(in) <= 2 * max(in, 16)). */
+ * (n * fs_amx_kp(in) of them, which fit: fs_amx_kp(in) <= 2 * max(in, 16)). x NULL: xr
+ * already holds the previous call's rounded rows, for the same n and in. */
 void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, float *y,
                           int n, int in, int out, int accumulate, float *xr);
 

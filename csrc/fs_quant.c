@@ -256,9 +256,11 @@ void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, 
     float *d = (float *)(qu + fs_q_up64((size_t)n * in));
     float *ds = (float *)((uint8_t *)d + fs_q_up64((size_t)n * nb * 4));
     int32_t *s = (int32_t *)((uint8_t *)ds + fs_q_up64((size_t)n * nb * 4));
-    fs_quant_rows(x, n, in, q, d, s);
-    for (size_t i = 0; i < (size_t)n * in; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
-    for (size_t i = 0; i < (size_t)n * nb; i++) ds[i] = d[i] * (float)s[i];
+    if (x) { /* else: the previous call's activations, still in scratch */
+        fs_quant_rows(x, n, in, q, d, s);
+        for (size_t i = 0; i < (size_t)n * in; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+        for (size_t i = 0; i < (size_t)n * nb; i++) ds[i] = d[i] * (float)s[i];
+    }
     fs_qact a = {q, qu, d, ds, s, n, in, nb};
     fs_q_job job;
     job.kind = kind;

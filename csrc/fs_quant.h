@@ -68,7 +68,9 @@ void fs_quant_rows_f32(int kind, const uint8_t *P, int in, int out, const int32_
 /* Scratch of fs_linear_q for n rows (the quantized activations), 64-byte aligned inside. */
 size_t fs_quant_scratch_bytes(int kind, int n, int in);
 /* y (n, out) [+]= x (n, in) @ W^T [+ bias (out,), NULL: none]; W packed by fs_quant_pack;
- * scratch of fs_quant_scratch_bytes(kind, n, in) bytes. Nothing is checked here. */
+ * scratch of fs_quant_scratch_bytes(kind, n, in) bytes. Nothing is checked here. x NULL: the
+ * activations the previous call left in scratch, for the same n and in (the layout does not
+ * depend on the kind), so products of one input quantize it once. */
 void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, float *y, int n,
                  int in, int out, int accumulate, void *scratch);
 
