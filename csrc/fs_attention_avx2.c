@@ -6,5 +6,6 @@
 #define FS_SFX avx2
 #define FS_ATTR __attribute__((target("arch=x86-64-v3")))
 #define FS_W 8
+#define FS_VREG "+x"
 #include "fs_attention_f32.inc"
 #endif

@@ -6,5 +6,6 @@
 #define FS_SFX avx512
 #define FS_ATTR __attribute__((target("arch=x86-64-v4")))
 #define FS_W 16
+#define FS_VREG "+v"
 #include "fs_attention_f32.inc"
 #endif
