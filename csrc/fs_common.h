@@ -179,6 +179,15 @@ static inline float fs_expf_nonpos(float x)
     return x < -87.0f ? 0.0f : p * scale;
 }
 
+/* silu(g) = g / (1 + exp(-g)) in float, through exp(-|g|) only, for float activations (the
+ * model's double formula costs twice per lane, and its division dominates): within 3.3 ulp of
+ * it on [-87, 100]; -0 below -87, like the NumPy twin's float32 overflow (tests/c/activ.c). */
+static inline float fs_silu_f(float g)
+{
+    float e = fs_expf_nonpos(g < 0 ? g : -g);
+    return (g >= 0 ? g : g * e) / (1.0f + e);
+}
+
 /* binary16 bits -> float, exactly (normals, subnormals, zeros, infinities, NaNs). */
 static inline float fs_h2f(uint16_t h)
 {

@@ -16,14 +16,6 @@ static inline double fs_model_silu(double g)
     return (g >= 0 ? g : g * e) / (1.0 + e); /* one division: the vector loop's slowest op */
 }
 
-/* The same in float, for float activations (a double lane costs twice a float one, and the
- * division dominates): within a few float ulps of the double formula. */
-static inline float fs_model_silu_f(float g)
-{
-    float e = fs_expf_nonpos(g < 0 ? g : -g);
-    return (g >= 0 ? g : g * e) / (1.0f + e);
-}
-
 /* tanh(t) = sign(t) (1 - e) / (1 + e) with e = exp(-2|t|). */
 static inline double fs_model_tanh(double t)
 {
