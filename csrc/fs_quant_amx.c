@@ -1,15 +1,22 @@
 /* fs_quant_amx.c -- the AMX-INT8 variant of the quantized products (fs_quant_kern.h), for
  * blocks of rows (the amx path runs it from FS_Q_AMX_MIN_ROWS rows up).
  *
- * Tiles: A = up to 16 quantized rows x one block of 32 inputs (int8, 32 bytes a row, read in
- * place from the activations); B = one block of a panel: 8 rows of 32 bytes, input group k
- * (4 inputs) x 8 columns x 4 bytes, which is the q8_0 panel's own qs layout (q4_*: the
- * nibbles widened to bytes into a 256-byte buffer, low nibbles = inputs 0..15 first);
- * C = (rows x 8 columns) int32 = the blocks' exact integer sums (tdpbssd: signed x signed).
- * Two panels run side by side (tiles 1, 2 -> 4, 5), and each block's C tiles are stored and
- * scaled on 16-lane zmm vectors, one per row (acc = fma(d_w * d_a, (float)isum, acc), q4_1's
- * min fma after it): every lane runs the arithmetic of fs_quant.h in block order, so the
- * results equal the other paths' bits.
+ * Tiles, per block of 32 inputs: A = up to 16 quantized rows (int8, 32 bytes a row, read in
+ * place from the activations); B = two panels' block side by side, widened to 8 rows of 64
+ * bytes: input group k (4 inputs) x 16 columns x 4 bytes (q8_0: the panels' qs rows
+ * interleaved; q4_*: nibbles widened to bytes, low nibbles = inputs 0..15 first);
+ * C = (rows x 16 columns) int32 = the block's exact integer sums (tdpbssd: signed x signed).
+ * Each block's C tile is stored to a ring and scaled FS_QA_LAG blocks later on 16-lane zmm
+ * vectors, one per row (acc = fma(d_w * d_a, (float)isum, acc), q4_1's min fma after it):
+ * every lane runs the arithmetic of fs_quant.h in block order, so the results equal the
+ * other paths' bits.
+ *
+ * Measured on the Xeon (1 core, 16 rows, the SmolLM2 layer's products hot in L2): tile
+ * instructions and the vector scaling do not overlap (tiles ~26 cycles a block, scaling ~27,
+ * together ~53), so the kernel keeps both short: one tile product and one tile store per 16
+ * columns (two 8-column products before: 331 -> 267 us a layer for q8_0), the widening
+ * spread over the block loop, and the activation scales transposed so that a block's 16 are
+ * adjacent.
  */
 #include "fs_quant.h"
 #include "fs_quant_kern.h"
@@ -20,37 +27,69 @@
 #define FS_QA_ATTR \
     __attribute__((target("amx-tile,amx-int8,avx512f,avx512vl,avx512bw,avx2,fma,f16c")))
 #define FS_QA_UNROLL _Pragma("GCC unroll 16")
-/* Stack bytes for two q4 panels widened to bytes (in <= 4096; wider: block by block). */
-#define FS_QA_UNPACKED 65536
+/* The most blocks a row may have here (16384 inputs; more: the AVX512-VNNI variant), for
+ * the activation scales by block on the stack. */
+#define FS_QA_MAXNB 512
+#ifndef FS_QA_AHEAD
+#define FS_QA_AHEAD 8
+#endif
+#define FS_QA_WRING 16
+/* Blocks between a block's tile store and its scaling (a vector load right after the tile
+ * store that wrote its bytes waits for it), and the ring of sums buffers that allows it. */
+#ifndef FS_QA_LAG
+#define FS_QA_LAG 2
+#endif
+#define FS_QA_RING 4
+_Static_assert(FS_QA_RING > FS_QA_LAG, "a block's sums must outlive its lag");
 
 FS_QA_ATTR static void fs_qa_config(int m)
 {
     fs_amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
-    cfg.rows[0] = (uint8_t)m;  /* A */
+    cfg.rows[0] = (uint8_t)m;  /* A: m rows x 32 int8 */
     cfg.colsb[0] = 32;
-    for (int t = 1; t <= 2; t++) {  /* B */
-        cfg.rows[t] = 8;
-        cfg.colsb[t] = 32;
-    }
-    for (int t = 4; t <= 5; t++) {  /* C */
-        cfg.rows[t] = (uint8_t)m;
-        cfg.colsb[t] = 32;
-    }
+    cfg.rows[1] = 8;  /* B: 8 input groups x 16 columns x 4 int8 */
+    cfg.colsb[1] = 64;
+    cfg.rows[4] = (uint8_t)m;  /* C: m rows x 16 columns int32 */
+    cfg.colsb[4] = 64;
     _tile_loadconfig(&cfg);
 }
 
-/* Block b of a q4 panel widened to the B layout: buf[0:128] low nibbles, buf[128:256] high. */
-FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_unpack4(const uint8_t *qs,
-                                                                           uint8_t *buf)
+/* One 8-column half of a widened block: row k of the 16-column B tile is 64 bytes, the
+ * first panel's 32 in [0, 32) and the second's in [32, 64). */
+FS_QA_ATTR static inline __attribute__((always_inline)) __m512i fs_qa_join(__m256i lo,
+                                                                            __m256i hi)
 {
-    const __m256i m4 = _mm256_set1_epi8(15);
-    FS_QA_UNROLL for (int j = 0; j < 4; j++) {
-        __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + j * 32));
-        _mm256_store_si256((__m256i *)(buf + j * 32), _mm256_and_si256(bits, m4));
-        _mm256_store_si256((__m256i *)(buf + 128 + j * 32),
-                           _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4));
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* Block b of panels q0 and q1 (q1 NULL: zeros) widened to the 16-column B layout in buf
+ * (512 bytes). q8_0: the qs rows interleaved; q4_*: nibbles widened to bytes, the low nibbles
+ * of the 32-byte group j being input group j and the high ones group 4 + j. */
+FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_widen(const int KIND,
+                                                                         const uint8_t *q0,
+                                                                         const uint8_t *q1,
+                                                                         uint8_t *buf)
+{
+    const __m256i z = _mm256_setzero_si256();
+    if (KIND == FS_Q8_0) {
+        FS_QA_UNROLL for (int k = 0; k < 8; k++) {
+            __m256i lo = _mm256_loadu_si256((const __m256i *)(q0 + k * 32));
+            __m256i hi = q1 ? _mm256_loadu_si256((const __m256i *)(q1 + k * 32)) : z;
+            _mm512_store_si512((void *)(buf + k * 64), fs_qa_join(lo, hi));
+        }
+    } else {
+        const __m256i m4 = _mm256_set1_epi8(15);
+        FS_QA_UNROLL for (int j = 0; j < 4; j++) {
+            __m256i b0 = _mm256_loadu_si256((const __m256i *)(q0 + j * 32));
+            __m256i b1 = q1 ? _mm256_loadu_si256((const __m256i *)(q1 + j * 32)) : z;
+            _mm512_store_si512((void *)(buf + j * 64),
+                               fs_qa_join(_mm256_and_si256(b0, m4), _mm256_and_si256(b1, m4)));
+            _mm512_store_si512((void *)(buf + (4 + j) * 64),
+                               fs_qa_join(_mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
+                                          _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)));
+        }
     }
 }
 
@@ -63,12 +102,15 @@ FS_QA_ATTR static inline __attribute__((always_inline)) __m512 fs_qa_h16(const u
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
-/* Rows [r0, r0 + m) (m <= 16) x panels g, g + 1 (two: whether g + 1 exists). */
+/* Rows [r0, r0 + m) (m <= 16; M: m when known at compile time, else 0) x panels g, g + 1
+ * (two: whether g + 1 exists). dt, dst, st: the rows' block scales, d * s and 8 * s (q4_0)
+ * by block, 16 a block. */
 FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
-    const int KIND, const fs_qact *a, const uint8_t *P, size_t psz, float *y, int out, int g,
-    int two, int r0, int m, int accumulate, int32_t *cbuf, uint8_t *ub, size_t ubsz)
+    const int KIND, const int M, const fs_qact *a, const uint8_t *P, size_t psz, float *y,
+    int out, int g, int two, int r0, int m, int accumulate, const float *dt, const float *dst,
+    const int32_t *st, int32_t *cbuf, uint8_t *ub)
 {
-    const int nb = a->nb, in = a->in;
+    const int nb = a->nb, in = a->in, mm = M ? M : m;
     const size_t qoff = fs_quant_panel_qs(KIND, nb), moff = fs_quant_panel_m(nb);
     const size_t qb = KIND == FS_Q8_0 ? 256 : 128;
     const uint8_t *pan0 = P + (size_t)g * psz, *pan1 = two ? pan0 + psz : NULL;
@@ -76,80 +118,71 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     __mmask16 mask = (__mmask16)((1u << nc) - 1u);
     __m512 acc[16];
     FS_QA_UNROLL for (int r = 0; r < 16; r++)
-        acc[r] = r < m && accumulate
+        acc[r] = r < mm && accumulate
                  ? _mm512_maskz_loadu_ps(mask, y + (size_t)(r0 + r) * out + col0)
                  : _mm512_setzero_ps();
     const int8_t *qa = a->q + (size_t)r0 * in;
-    const float *da = a->d + (size_t)r0 * nb, *ds = a->ds + (size_t)r0 * nb;
-    const int32_t *sa = a->s + (size_t)r0 * nb;
-    /* q4: the panels' nibbles widened to bytes before the block loop (a tile load right
-     * after the vector stores that wrote its bytes stalls: measured 5x slower per block) */
-    int pre = KIND != FS_Q8_0 && (size_t)nb * 512 <= ubsz;
-    uint8_t *ub0 = ub, *ub1 = ub + (pre ? (size_t)nb * 256 : 256);
-    if (pre)
-        for (int b = 0; b < nb; b++) {
-            fs_qa_unpack4(pan0 + qoff + (size_t)b * qb, ub0 + (size_t)b * 256);
-            if (two) fs_qa_unpack4(pan1 + qoff + (size_t)b * qb, ub1 + (size_t)b * 256);
-        }
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *q0 = pan0 + qoff + (size_t)b * qb;
-        /* ahead in this panel, or (q4 widened already) the next pair's same block */
-        const uint8_t *pf0 = pre ? q0 + 2 * psz : q0 + FS_Q_PF_BLOCKS * qb;
-        for (size_t l = 0; l < qb; l += 64) _mm_prefetch((const char *)(pf0 + l), _MM_HINT_T0);
-        _tile_loadd(0, qa + (size_t)b * FS_Q_BLOCK, in);
-        if (KIND == FS_Q8_0) {
-            _tile_loadd(1, q0, 32);
-        } else if (pre) {
-            _tile_loadd(1, ub0 + (size_t)b * 256, 32);
-        } else {
-            fs_qa_unpack4(q0, ub0);
-            _tile_loadd(1, ub0, 32);
-        }
-        _tile_zero(4);
-        _tile_dpbssd(4, 0, 1);
-        _tile_stored(4, cbuf, 64);
-        if (two) {
-            const uint8_t *q1 = pan1 + qoff + (size_t)b * qb;
-            const uint8_t *pf1 = pre ? q1 + 2 * psz : q1 + FS_Q_PF_BLOCKS * qb;
-            for (size_t l = 0; l < qb; l += 64)
-                _mm_prefetch((const char *)(pf1 + l), _MM_HINT_T0);
-            if (KIND == FS_Q8_0) {
-                _tile_loadd(2, q1, 32);
-            } else if (pre) {
-                _tile_loadd(2, ub1 + (size_t)b * 256, 32);
-            } else {
-                fs_qa_unpack4(q1, ub1);
-                _tile_loadd(2, ub1, 32);
+    /* Each block is widened FS_QA_AHEAD blocks before its tile load, into a ring of
+     * FS_QA_WRING blocks: a tile load right after the vector stores that wrote its bytes
+     * stalls (measured 5x slower per block). */
+    for (int b = 0; b < nb && b < FS_QA_AHEAD; b++)
+        fs_qa_widen(KIND, pan0 + qoff + (size_t)b * qb, two ? pan1 + qoff + (size_t)b * qb : NULL,
+                    ub + (size_t)(b % FS_QA_WRING) * 512);
+    for (int b = 0; b < nb + FS_QA_LAG; b++) {
+        if (b < nb) {
+            int w = b + FS_QA_AHEAD;
+            if (w < nb)
+                fs_qa_widen(KIND, pan0 + qoff + (size_t)w * qb,
+                            two ? pan1 + qoff + (size_t)w * qb : NULL,
+                            ub + (size_t)(w % FS_QA_WRING) * 512);
+            /* the next pair's same block, while this pair computes */
+            const uint8_t *pf = pan0 + 2 * psz + qoff + (size_t)b * qb;
+            for (size_t l = 0; l < qb; l += 64) {
+                _mm_prefetch((const char *)(pf + l), _MM_HINT_T0);
+                _mm_prefetch((const char *)(pf + psz + l), _MM_HINT_T0);
             }
-            _tile_zero(5);
-            _tile_dpbssd(5, 0, 2);
-            _tile_stored(5, cbuf + 8, 64);
+            _tile_loadd(0, qa + (size_t)b * FS_Q_BLOCK, in);
+            _tile_loadd(1, ub + (size_t)(b % FS_QA_WRING) * 512, 64);
+            _tile_zero(4);
+            _tile_dpbssd(4, 0, 1);
+            _tile_stored(4, cbuf + (b % FS_QA_RING) * 256, 64);
         }
-        __m512 dw = fs_qa_h16(pan0 + (size_t)b * 16, two ? pan1 + (size_t)b * 16 : NULL);
-        __m512 mw = KIND == FS_Q4_1 ? fs_qa_h16(pan0 + moff + (size_t)b * 16,
-                                                 two ? pan1 + moff + (size_t)b * 16 : NULL)
+        /* the block scaled now: its sums were stored FS_QA_LAG blocks ago (a vector load
+         * right after the tile store that wrote its bytes waits for it) */
+        int e = b - FS_QA_LAG;
+        if (e < 0) continue;
+        const int32_t *ce = cbuf + (e % FS_QA_RING) * 256;
+        const float *de = dt + (size_t)e * 16, *dse = dst + (size_t)e * 16;
+        const int32_t *se = st + (size_t)e * 16;
+        __m512 dw = fs_qa_h16(pan0 + (size_t)e * 16, two ? pan1 + (size_t)e * 16 : NULL);
+        __m512 mw = KIND == FS_Q4_1 ? fs_qa_h16(pan0 + moff + (size_t)e * 16,
+                                                 two ? pan1 + moff + (size_t)e * 16 : NULL)
                                     : _mm512_setzero_ps();
         FS_QA_UNROLL for (int r = 0; r < 16; r++)
-            if (r < m) {
-                __m512i isum = _mm512_load_si512((const void *)(cbuf + r * 16));
-                if (KIND == FS_Q4_0)
-                    isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(8 * sa[(size_t)r * nb + b]));
-                __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(da[(size_t)r * nb + b]));
+            if (r < mm) {
+                __m512i isum = _mm512_load_si512((const void *)(ce + r * 16));
+                if (KIND == FS_Q4_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(se[r]));
+                __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(de[r]));
                 acc[r] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(isum), acc[r]);
                 if (KIND == FS_Q4_1)
-                    acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(ds[(size_t)r * nb + b]), acc[r]);
+                    acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(dse[r]), acc[r]);
             }
     }
     FS_QA_UNROLL for (int r = 0; r < 16; r++)
-        if (r < m) _mm512_mask_storeu_ps(y + (size_t)(r0 + r) * out + col0, mask, acc[r]);
+        if (r < mm) _mm512_mask_storeu_ps(y + (size_t)(r0 + r) * out + col0, mask, acc[r]);
 }
 
 FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
     const int KIND, const fs_qact *a, const uint8_t *P, float *y, int out, int g_lo, int g_hi,
     int accumulate)
 {
-    _Alignas(64) int32_t cbuf[16 * 16];
-    _Alignas(64) uint8_t ub[FS_QA_UNPACKED];
+    _Alignas(64) int32_t cbuf[FS_QA_RING * 16 * 16];
+    _Alignas(64) uint8_t ub[FS_QA_WRING * 512];
+    /* the activation scales by block (16 rows a block), so that a block's 16 are adjacent */
+    _Alignas(64) float dt[FS_QA_MAXNB * 16];
+    _Alignas(64) float dst[KIND == FS_Q4_1 ? FS_QA_MAXNB * 16 : 16];
+    _Alignas(64) int32_t st[KIND == FS_Q4_0 ? FS_QA_MAXNB * 16 : 16];
+    const int nb = a->nb;
     memset(cbuf, 0, sizeof cbuf);
     size_t psz = fs_quant_panel_bytes(KIND, a->in);
     int configured = 0;
@@ -159,9 +192,21 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
             fs_qa_config(m);
             configured = m;
         }
-        for (int g = g_lo; g < g_hi; g += 2)
-            fs_qa_pair(KIND, a, P, psz, y, out, g, g + 1 < g_hi, r0, m, accumulate, cbuf, ub,
-                       sizeof ub);
+        for (int r = 0; r < m; r++)
+            for (int b = 0; b < nb; b++) {
+                size_t i = (size_t)(r0 + r) * nb + b;
+                dt[b * 16 + r] = a->d[i];
+                if (KIND == FS_Q4_1) dst[b * 16 + r] = a->ds[i];
+                if (KIND == FS_Q4_0) st[b * 16 + r] = 8 * a->s[i];
+            }
+        for (int g = g_lo; g < g_hi; g += 2) {
+            if (m == 16)
+                fs_qa_pair(KIND, 16, a, P, psz, y, out, g, g + 1 < g_hi, r0, m, accumulate, dt,
+                           dst, st, cbuf, ub);
+            else
+                fs_qa_pair(KIND, 0, a, P, psz, y, out, g, g + 1 < g_hi, r0, m, accumulate, dt,
+                           dst, st, cbuf, ub);
+        }
     }
     _tile_release();
 }
@@ -180,6 +225,10 @@ FS_QA_KIND(fs_qa_run41, FS_Q4_1)
 void fs_qpart_amx(int kind, const fs_qact *a, const uint8_t *P, float *y, int out, int g_lo,
                   int g_hi, int accumulate)
 {
+    if (a->nb > FS_QA_MAXNB) {
+        fs_qpart_avx512vnni(kind, a, P, y, out, g_lo, g_hi, accumulate);
+        return;
+    }
     if (kind == FS_Q8_0)
         fs_qa_run8(a, P, y, out, g_lo, g_hi, accumulate);
     else if (kind == FS_Q4_0)

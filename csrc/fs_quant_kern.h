@@ -33,14 +33,15 @@
 #ifndef FS_Q_PF_BLOCKS
 #define FS_Q_PF_BLOCKS 4
 #endif
-/* Fewest rows for which the amx path runs its tiles (fewer: AVX512-VNNI); measured on a
- * Xeon (Sapphire Rapids class, 1 core): q8_0 AMX 62 vs VNNI 53 int8 MAC/cycle at 8 rows,
- * 88 vs 53 at 16; q4_* (widened to bytes first) 42-47 vs 50 at 8 rows, 57-67 vs 50 at 16. */
+/* Fewest rows for which the amx path runs its tiles (fewer: AVX512-VNNI). Measured on a
+ * Xeon (Sapphire Rapids class, 1 core, the SmolLM2 layer's products hot in L2, us a layer,
+ * AMX vs VNNI): q8_0 5 rows 178 vs 176, 6 rows 188 vs 202, 8 rows 154 vs 257; q4_1 5 rows
+ * 175 vs 192, 8 rows 197 vs 284. (Before the 16-column tiles, 8 and 12 rows.) */
 #ifndef FS_Q_AMX_MIN_ROWS
-#define FS_Q_AMX_MIN_ROWS 8
+#define FS_Q_AMX_MIN_ROWS 6
 #endif
 #ifndef FS_Q_AMX_MIN_ROWS_Q4
-#define FS_Q_AMX_MIN_ROWS_Q4 12
+#define FS_Q_AMX_MIN_ROWS_Q4 6
 #endif
 
 /* Blocks of activations with amax below this (2^-96) quantize to zero (fs_quant.h). */
