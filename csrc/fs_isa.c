@@ -91,9 +91,9 @@ static fs_dispatch fs_own = {
     0, FS_ISA_PORTABLE, &fs_pool_local, 0, fs_linf_part_f32_def, fs_linf_part_f32h_def,
     fs_linf_part_f32b_def,
 #if FS_HAVE_VEC
-    fs_f32_block_def,
+    fs_f32_block_def, fs_f32_keys_def,
 #else
-    0,
+    0, 0,
 #endif
     fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, "portable", "portable",
 };
@@ -210,9 +210,16 @@ void fs_isa_init(void)
 #endif
 #if FS_ATTN_VARIANTS
     __builtin_cpu_init();
-    t->attn_f32 = __builtin_cpu_supports("x86-64-v4")   ? fs_f32_block_avx512
-                  : __builtin_cpu_supports("x86-64-v3") ? fs_f32_block_avx2
-                                                        : fs_f32_block_def;
+    if (__builtin_cpu_supports("x86-64-v4")) {
+        t->attn_f32 = fs_f32_block_avx512;
+        t->attn_f32_keys = fs_f32_keys_avx512;
+    } else if (__builtin_cpu_supports("x86-64-v3")) {
+        t->attn_f32 = fs_f32_block_avx2;
+        t->attn_f32_keys = fs_f32_keys_avx2;
+    } else {
+        t->attn_f32 = fs_f32_block_def;
+        t->attn_f32_keys = fs_f32_keys_def;
+    }
 #endif
     fs_isa_select(t, fs_isa_auto(t));
     t->ready = 1;

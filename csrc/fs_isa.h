@@ -55,10 +55,13 @@ typedef void (*fs_linf_f32_fn)(const float *x, const float *P, float *y, int n, 
                                int out, int lo, int hi, int accumulate);
 typedef void (*fs_linf_u16_fn)(const float *x, const uint16_t *P, float *y, int n, int in,
                                int out, int lo, int hi, int accumulate);
-/* One block of query rows of the tiled float attention (fs_attention.c). */
+/* One block of query rows of the tiled float attention (fs_attention.c), and the
+ * transposition of a kv head's keys its scores may read instead of the keys. */
 typedef void (*fs_attn_block_fn)(const float *const *qrows, float *const *orows,
                                  const int *count, int rows, const float *kh, const float *vh,
-                                 int head_dim, float scale, int base, const int32_t *anc);
+                                 int head_dim, float scale, int base, const int32_t *anc,
+                                 const float *kt, int kt_keys);
+typedef void (*fs_attn_keys_fn)(const float *k, int keys, int head_dim, float *kt);
 
 /* The quantized products' columns (fs_quant_kern.h: panels [g_lo, g_hi) of all rows). */
 struct fs_qact;
@@ -75,6 +78,7 @@ typedef struct {
     /* The widest variant the CPU runs, whatever the path (its choice never depends on n, and
      * forcing a product path does not change attention's bits). */
     fs_attn_block_fn attn_f32;
+    fs_attn_keys_fn attn_f32_keys;  /* its transposed keys (the same variant) */
     /* The quantized products of the path (fs_quant.h): qpart, or qpart_big for blocks of at
      * least qbig_rows rows (AMX tiles); their names for fs_quant_kernel_name. */
     fs_qpart_fn qpart, qpart_big;

@@ -172,17 +172,22 @@ int fs_linf_amx(void);
 #define FS_F32_ROWS 6
 #define FS_F32_MAXD 128
 
-void fs_f32_block_def(const float *const *qrows, float *const *orows, const int *count,
-                      int rows, const float *kh, const float *vh, int head_dim, float scale,
-                      int base, const int32_t *anc);
+/* Key panels of the transposed layout are allocated in multiples of this many keys (every
+ * variant's panel width divides it). */
+#define FS_F32_PANEL 16
+
+#define FS_F32_VARIANT(SFX)                                                                    \
+    void fs_f32_block_##SFX(const float *const *qrows, float *const *orows, const int *count,  \
+                            int rows, const float *kh, const float *vh, int head_dim,          \
+                            float scale, int base, const int32_t *anc, const float *kt,        \
+                            int kt_keys);                                                      \
+    void fs_f32_keys_##SFX(const float *k, int keys, int head_dim, float *kt);
+FS_F32_VARIANT(def)
 #if FS_ATTN_VARIANTS
-void fs_f32_block_avx2(const float *const *qrows, float *const *orows, const int *count,
-                       int rows, const float *kh, const float *vh, int head_dim, float scale,
-                       int base, const int32_t *anc);
-void fs_f32_block_avx512(const float *const *qrows, float *const *orows, const int *count,
-                         int rows, const float *kh, const float *vh, int head_dim, float scale,
-                         int base, const int32_t *anc);
+FS_F32_VARIANT(avx2)
+FS_F32_VARIANT(avx512)
 #endif
+#undef FS_F32_VARIANT
 #endif
 
 #endif /* FS_VARIANTS_H */

@@ -4,6 +4,9 @@
  *     at any position of the block, for head sizes 16 .. 128, key counts across the tiles
  *     (1 .. 300, rows of one block seeing different counts as in a causal block) and for tree
  *     nodes (keys reached through an ancestor list);
+ *   - the block gives the same bits again when its scores read the variant's transposed keys
+ *     (fs_f32_keys: all keys of a causal block, the context below a tree's nodes), as the
+ *     drivers do for calls of many rows;
  *   - every output is within 2e-6 (relative to the largest value row) of softmax attention
  *     computed in double.
  * With an argument, it also prints one FNV-1a hash of every output of each variant (a
@@ -18,7 +21,8 @@
 #include "fs_variants.h"
 
 typedef void (*block_fn)(const float *const *, float *const *, const int *, int, const float *,
-                         const float *, int, float, int, const int32_t *);
+                         const float *, int, float, int, const int32_t *, const float *, int);
+typedef void (*keys_fn)(const float *, int, int, float *);
 
 static uint64_t rng_state = 88172645463325252ull;
 static float frand(void)
@@ -59,7 +63,7 @@ static void reference(const float *q, const float *k, const float *v, int count,
     free(s);
 }
 
-static int check(const char *name, block_fn block, int print_hash)
+static int check(const char *name, block_fn block, keys_fn keys, int print_hash)
 {
     enum { CAP = 320, ROWS = FS_F32_ROWS };
     const int dims[] = {16, 32, 64, 128}, counts[] = {1, 3, 16, 17, 127, 128, 129, 300};
@@ -69,6 +73,8 @@ static int check(const char *name, block_fn block, int print_hash)
     float *q = malloc(sizeof(float) * ROWS * 128);
     float *alone = malloc(sizeof(float) * ROWS * 128), *inblk = malloc(sizeof(float) * ROWS * 128);
     double *want = malloc(sizeof(double) * 128);
+    float *viakt = malloc(sizeof(float) * ROWS * 128);
+    float *kt = malloc(sizeof(float) * (CAP + FS_F32_PANEL) * 128);
     int32_t anc[CAP];
     for (int di = 0; di < 4; di++) {
         int D = dims[di];
@@ -100,10 +106,25 @@ static int check(const char *name, block_fn block, int print_hash)
                         qr[r] = q + (size_t)r * D;
                         orow[r] = inblk + (size_t)r * D;
                     }
-                    block(qr, orow, count, rows, k, v, D, scale, base, a);
+                    block(qr, orow, count, rows, k, v, D, scale, base, a, NULL, 0);
+                    /* the drivers' transposed keys: a causal call's every key, a tree's
+                     * context (poisoned past it: a tree must not read those panels) */
+                    int kt_keys = tree ? base : last;
+                    for (size_t i = 0; i < (size_t)(CAP + FS_F32_PANEL) * D; i++)
+                        kt[i] = NAN;
+                    keys(k, kt_keys, D, kt);
+                    float *vrow[ROWS];
+                    for (int r = 0; r < rows; r++)
+                        vrow[r] = viakt + (size_t)r * D;
+                    block(qr, vrow, count, rows, k, v, D, scale, base, a, kt, kt_keys);
+                    if (memcmp(viakt, inblk, sizeof(float) * (size_t)rows * D) != 0) {
+                        printf("%s: D %d count %d rows %d tree %d: transposed keys differ\n",
+                               name, D, last, rows, tree);
+                        fails++;
+                    }
                     for (int r = 0; r < rows; r++) {
                         float *o1 = alone + (size_t)r * D;
-                        block(&qr[r], &o1, &count[r], 1, k, v, D, scale, base, a);
+                        block(&qr[r], &o1, &count[r], 1, k, v, D, scale, base, a, NULL, 0);
                         if (memcmp(o1, orow[r], sizeof(float) * D) != 0) {
                             printf("%s: D %d count %d rows %d tree %d: row %d differs alone\n",
                                    name, D, count[r], rows, tree, r);
@@ -134,23 +155,25 @@ static int check(const char *name, block_fn block, int print_hash)
     free(alone);
     free(inblk);
     free(want);
+    free(viakt);
+    free(kt);
     return fails;
 }
 
 int main(int argc, char **argv)
 {
-    int fails = check("def", fs_f32_block_def, argc > 1);
+    int fails = check("def", fs_f32_block_def, fs_f32_keys_def, argc > 1);
 #if FS_ATTN_VARIANTS
     __builtin_cpu_init();
     if (__builtin_cpu_supports("x86-64-v3")) {
         rng_state = 88172645463325252ull;
-        fails += check("avx2", fs_f32_block_avx2, argc > 1);
+        fails += check("avx2", fs_f32_block_avx2, fs_f32_keys_avx2, argc > 1);
     } else {
         printf("avx2: not run (this CPU lacks x86-64-v3)\n");
     }
     if (__builtin_cpu_supports("x86-64-v4")) {
         rng_state = 88172645463325252ull;
-        fails += check("avx512", fs_f32_block_avx512, argc > 1);
+        fails += check("avx512", fs_f32_block_avx512, fs_f32_keys_avx512, argc > 1);
     } else {
         printf("avx512: not run (this CPU lacks x86-64-v4)\n");
     }
