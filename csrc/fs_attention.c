@@ -96,11 +96,13 @@ static inline int fs_f32_supported(int head_dim)
  * A call whose kv heads each serve at least FS_ATTN_KT_ROWS query rows first transposes each
  * head's keys (fs_disp->attn_f32_keys), and its blocks compute their scores from those: the
  * same bits (fs_attention_f32.inc), with no horizontal sums. Measured on the Xeon guest
- * (2026-12-02, AVX-512, 1 thread, 9 heads of 64 on 3 kv heads, 300 keys before the rows):
- * 16 rows 143 -> 130 us a call, 8 rows 70 -> 66 us; one row (3 rows a kv head) keeps the
- * keys as they are: 13.9 us either way. */
+ * (2026-12-02, AVX-512, 1 thread, head_dim 64, 300 keys before the rows; us a call, keys as
+ * they are -> transposed): 9 heads on 3 kv heads, 16 rows (48 a kv head) 143 -> 130, 8 rows
+ * (24) 66 -> 66, 6 rows (18) 50 -> 54, 3 rows (9) 30 -> 31; 4 heads on 2, 16 rows (32)
+ * 67.5 -> 60, 12 rows (24) 48 -> 47, 8 rows (16) 32.5 -> 35. Below 24 rows a kv head the
+ * transposition costs more than it saves. */
 #ifndef FS_ATTN_KT_ROWS
-#define FS_ATTN_KT_ROWS 8
+#define FS_ATTN_KT_ROWS 24
 #endif
 /* Largest transposed copy (floats, all heads) a call makes; larger calls read the keys. */
 #ifndef FS_ATTN_KT_MAX
