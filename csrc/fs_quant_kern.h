@@ -34,14 +34,18 @@
 #define FS_Q_PF_BLOCKS 4
 #endif
 /* Fewest rows for which the amx path runs its tiles (fewer: AVX512-VNNI). Measured on a
- * Xeon (Sapphire Rapids class, 1 core, the SmolLM2 layer's products hot in L2, us a layer,
- * AMX vs VNNI): q8_0 5 rows 178 vs 176, 6 rows 188 vs 202, 8 rows 154 vs 257; q4_1 5 rows
- * 175 vs 192, 8 rows 197 vs 284. (Before the 16-column tiles, 8 and 12 rows.) */
+ * Xeon (Sapphire Rapids class, 1 core, the real SmolLM2 file, context 300, verify cost in
+ * decode steps, builds alternated): from 6 rows -> from 2 rows, q4_1 verify_2 1.12-1.16 ->
+ * 1.05-1.10 and verify_4 1.33-1.35 -> 1.15-1.17; q8_0 verify_4 1.21-1.23 -> 1.11-1.13.
+ * In the model the weights come from memory, and the tiles (with the next panel pair
+ * prefetched) keep the stream going better; with the weights hot in L2 the VNNI kernel is
+ * faster up to 4-5 rows (q8_0, us a layer: 2 rows 87 vs 146). One row stays on VNNI (AMX
+ * there: within the noise of the decode step). */
 #ifndef FS_Q_AMX_MIN_ROWS
-#define FS_Q_AMX_MIN_ROWS 6
+#define FS_Q_AMX_MIN_ROWS 2
 #endif
 #ifndef FS_Q_AMX_MIN_ROWS_Q4
-#define FS_Q_AMX_MIN_ROWS_Q4 6
+#define FS_Q_AMX_MIN_ROWS_Q4 2
 #endif
 
 /* Blocks of activations with amax below this (2^-96) quantize to zero (fs_quant.h). */
