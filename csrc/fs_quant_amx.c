@@ -16,7 +16,8 @@
  * together ~53), so the kernel keeps both short: one tile product and one tile store per 16
  * columns (two 8-column products before: 331 -> 267 us a layer for q8_0), the widening
  * spread over the block loop, and the activation scales transposed so that a block's 16 are
- * adjacent.
+ * adjacent. The pairs of panels run in two interleaved streams, like the VNNI kernels'
+ * panels (fs_quant_x86.inc, FS_QSTREAMS), each prefetching the pair that runs next.
  */
 #include "fs_quant.h"
 #include "fs_quant_kern.h"
@@ -107,8 +108,8 @@ FS_QA_ATTR static inline __attribute__((always_inline)) __m512 fs_qa_h16(const u
  * by block, 16 a block. */
 FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     const int KIND, const int M, const fs_qact *a, const uint8_t *P, size_t psz, float *y,
-    int out, int g, int two, int r0, int m, int accumulate, const float *dt, const float *dst,
-    const int32_t *st, int32_t *cbuf, uint8_t *ub)
+    int out, int g, int two, const uint8_t *pnext, int r0, int m, int accumulate,
+    const float *dt, const float *dst, const int32_t *st, int32_t *cbuf, uint8_t *ub)
 {
     const int nb = a->nb, in = a->in, mm = M ? M : m;
     const size_t qoff = fs_quant_panel_qs(KIND, nb), moff = fs_quant_panel_m(nb);
@@ -135,8 +136,8 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
                 fs_qa_widen(KIND, pan0 + qoff + (size_t)w * qb,
                             two ? pan1 + qoff + (size_t)w * qb : NULL,
                             ub + (size_t)(w % FS_QA_WRING) * 512);
-            /* the next pair's same block, while this pair computes */
-            const uint8_t *pf = pan0 + 2 * psz + qoff + (size_t)b * qb;
+            /* the same block of the pair that runs next, while this pair computes */
+            const uint8_t *pf = pnext + qoff + (size_t)b * qb;
             for (size_t l = 0; l < qb; l += 64) {
                 _mm_prefetch((const char *)(pf + l), _MM_HINT_T0);
                 _mm_prefetch((const char *)(pf + psz + l), _MM_HINT_T0);
@@ -199,13 +200,22 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
                 if (KIND == FS_Q4_1) dst[b * 16 + r] = a->ds[i];
                 if (KIND == FS_Q4_0) st[b * 16 + r] = 8 * a->s[i];
             }
-        for (int g = g_lo; g < g_hi; g += 2) {
+        /* the pairs in two interleaved streams (first half, second half): two sequential
+         * reads keep the weight stream going better than one */
+        int np = (g_hi - g_lo + 1) / 2, hp = (np + 1) / 2;
+        for (int i = 0; i < 2 * hp; i++) {
+            int p = i / 2 + (i % 2) * hp;
+            if (p >= np) continue;
+            int g = g_lo + 2 * p, pn = -1;
+            for (int k = i + 1; k < 2 * hp && pn < 0; k++)
+                if (k / 2 + (k % 2) * hp < np) pn = k / 2 + (k % 2) * hp;
+            const uint8_t *pnext = P + (size_t)(pn < 0 ? g : g_lo + 2 * pn) * psz;
             if (m == 16)
-                fs_qa_pair(KIND, 16, a, P, psz, y, out, g, g + 1 < g_hi, r0, m, accumulate, dt,
-                           dst, st, cbuf, ub);
+                fs_qa_pair(KIND, 16, a, P, psz, y, out, g, g + 1 < g_hi, pnext, r0, m,
+                           accumulate, dt, dst, st, cbuf, ub);
             else
-                fs_qa_pair(KIND, 0, a, P, psz, y, out, g, g + 1 < g_hi, r0, m, accumulate, dt,
-                           dst, st, cbuf, ub);
+                fs_qa_pair(KIND, 0, a, P, psz, y, out, g, g + 1 < g_hi, pnext, r0, m,
+                           accumulate, dt, dst, st, cbuf, ub);
         }
     }
     _tile_release();
