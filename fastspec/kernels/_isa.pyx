@@ -57,7 +57,7 @@ def features():
 
 def quant_kernels():
     """Return {path: description} of the quantized products' kernel on each path this build
-    has and this CPU runs (e.g. ``"avx512_vnni; amx_int8 from 8 rows (q8_0), 12 rows
+    has and this CPU runs (e.g. ``"avx512_vnni; amx_int8 from 2 rows (q8_0), 2 rows
     (q4_0, q4_1)"``)."""
     out = {}
     have = available()
