@@ -16,8 +16,8 @@
  * together ~53), so the kernel keeps both short: one tile product and one tile store per 16
  * columns (two 8-column products before: 331 -> 267 us a layer for q8_0), the widening
  * spread over the block loop, and the activation scales transposed so that a block's 16 are
- * adjacent. The pairs of panels run in two interleaved streams, like the VNNI kernels'
- * panels (fs_quant_x86.inc, FS_QSTREAMS), each prefetching the pair that runs next.
+ * adjacent. The pairs of panels run in interleaved streams, like the VNNI kernels' panels
+ * (FS_QSTREAMS, fs_quant_kern.h), each prefetching the pair that runs next.
  */
 #include "fs_quant.h"
 #include "fs_quant_kern.h"
@@ -184,7 +184,6 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
     _Alignas(64) float dst[KIND == FS_Q4_1 ? FS_QA_MAXNB * 16 : 16];
     _Alignas(64) int32_t st[KIND == FS_Q4_0 ? FS_QA_MAXNB * 16 : 16];
     const int nb = a->nb;
-    memset(cbuf, 0, sizeof cbuf);
     size_t psz = fs_quant_panel_bytes(KIND, a->in);
     int configured = 0;
     for (int r0 = 0; r0 < a->n; r0 += 16) {
@@ -200,15 +199,14 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
                 if (KIND == FS_Q4_1) dst[b * 16 + r] = a->ds[i];
                 if (KIND == FS_Q4_0) st[b * 16 + r] = 8 * a->s[i];
             }
-        /* the pairs in two interleaved streams (first half, second half): two sequential
-         * reads keep the weight stream going better than one */
-        int np = (g_hi - g_lo + 1) / 2, hp = (np + 1) / 2;
-        for (int i = 0; i < 2 * hp; i++) {
-            int p = i / 2 + (i % 2) * hp;
-            if (p >= np) continue;
-            int g = g_lo + 2 * p, pn = -1;
-            for (int k = i + 1; k < 2 * hp && pn < 0; k++)
-                if (k / 2 + (k % 2) * hp < np) pn = k / 2 + (k % 2) * hp;
+        /* the pairs in the interleaved streams of FS_Q_STREAM_UNIT, each prefetching the
+         * one that runs next */
+        int np = (g_hi - g_lo + 1) / 2, slots = FS_Q_STREAM_SLOTS(np);
+        for (int i = 0; i < slots; i++) {
+            int p = FS_Q_STREAM_UNIT(i, np), pn = -1;
+            if (p < 0) continue;
+            for (int k = i + 1; k < slots && pn < 0; k++) pn = FS_Q_STREAM_UNIT(k, np);
+            int g = g_lo + 2 * p;
             const uint8_t *pnext = P + (size_t)(pn < 0 ? g : g_lo + 2 * pn) * psz;
             if (m == 16)
                 fs_qa_pair(KIND, 16, a, P, psz, y, out, g, g + 1 < g_hi, pnext, r0, m,
