@@ -252,3 +252,43 @@ def test_thread_count_does_not_change_the_bits(kind):
     finally:
         fs.kernels.set_threads(prev)
     np.testing.assert_array_equal(out[1], out[2])
+
+
+# --- one arena of huge pages, in the forward's order -------------------------------------------
+
+FORWARD_ORDER = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_matrices_lie_in_one_arena_in_the_order_a_step_reads_them(name):
+    from fastspec.kernels.arena import in_arena
+    model = qmodel("q8_0", name, seed=2)
+    mats = [getattr(lw, n) for lw in model.layers for n in FORWARD_ORDER
+            if getattr(lw, n, None) is not None] + [model.head]
+    if model.embed is not model.head:
+        mats.append(model.embed)
+    assert all(in_arena(m.packed) for m in mats)
+    starts = [m.packed.ctypes.data for m in mats]
+    ends = [s + m.nbytes for s, m in zip(starts, mats)]
+    assert all(e <= s for e, s in zip(ends, starts[1:])), "not laid out in forward order"
+    assert ends[-1] - starts[0] < 2 * sum(m.nbytes for m in mats)  # one buffer, packed tight
+
+
+@needs_cython
+@pytest.mark.parametrize("kind", KINDS)
+def test_arena_model_gives_the_bits_of_scattered_matrices(kind):
+    """The same model with every matrix in its own allocation: the same logits, bit for bit."""
+    import dataclasses
+    from fastspec.kernels.arena import in_arena
+    model = qmodel(kind, "qwen3-untied", seed=4)
+    other = qmodel(kind, "qwen3-untied", seed=4)
+    own = lambda m: QuantMatrix(m.kind, m.in_features, m.out_features,  # noqa: E731
+                                np.array(m.packed))
+    other.layers = [dataclasses.replace(lw, **{n: own(getattr(lw, n)) for n in FORWARD_ORDER})
+                    for lw in other.layers]
+    other.head, other.embed = own(other.head), own(other.embed)
+    other.invalidate()
+    assert not in_arena(other.layers[0].wq.packed)
+    ids = np.arange(3, 40) % model.config.vocab_size
+    with fs.using_backend("cython"):
+        np.testing.assert_array_equal(model.forward(ids).logits, other.forward(ids).logits)

@@ -15,14 +15,16 @@ Compiled callers (the model runner) call ``fs_linear_q`` of ``_csrc.pxd`` on
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from fastspec.kernels import _reference_quant, backend
+from fastspec.kernels.arena import WeightArena, in_arena
 
-__all__ = ["QUANT_KINDS", "BLOCK", "block_bytes", "QuantMatrix", "linear_q",
+__all__ = ["QUANT_KINDS", "BLOCK", "block_bytes", "QuantMatrix", "gather", "linear_q",
            "quantize_activations", "kernel_name"]
 
 #: The quantized weight kinds, in csrc/fs_quant.h's order.
@@ -216,6 +218,34 @@ class QuantMatrix:
     def dequantize(self) -> np.ndarray:
         """Return W as float32 (out_features, in_features)."""
         return self.rows(np.arange(self.out_features))
+
+
+def gather(mats: Sequence[QuantMatrix]) -> list[QuantMatrix]:
+    """Return ``mats`` with their packed bytes moved into one huge-page arena, in this order.
+
+    A model's forward reads its matrices in one order every step; with their bytes laid out
+    in that order in one :class:`~fastspec.kernels.arena.WeightArena` the step is one stream
+    on huge pages (docs/PERFORMANCE.md). The bytes, and so every result, are the same.
+
+    Parameters
+    ----------
+    mats : sequence of QuantMatrix
+        In the order the forward reads them. The same object twice (a tied head) is copied
+        once; a matrix already in an arena (another model's, shared) is kept as it is.
+
+    Returns
+    -------
+    list of QuantMatrix
+        New matrices, one per entry of ``mats`` (the same object for repeats and for matrices
+        already in an arena). ``mats`` are left unchanged.
+    """
+    todo = {id(m): m for m in mats if not in_arena(m.packed)}
+    if not todo:
+        return list(mats)
+    arena = WeightArena(sum(WeightArena.padded(m.nbytes) for m in todo.values()))
+    moved = {i: QuantMatrix(m.kind, m.in_features, m.out_features, arena.copy(m.packed))
+             for i, m in todo.items()}
+    return [moved.get(id(m), m) for m in mats]
 
 
 def _aligned_copy(a: np.ndarray) -> np.ndarray:

@@ -5,7 +5,6 @@ float32 and 16-bit matrices for the float kernels (``fs_pack_f32``, panels of 48
 fills the C structs of ``csrc/fs_model.h`` with raw pointers to them, keeping every array it
 points into alive. :class:`fastspec.model._model.TransformerRunner` runs the forward over them.
 """
-import mmap
 import weakref
 from functools import partial
 
@@ -41,6 +40,7 @@ from fastspec.kernels._csrc cimport (
 from fastspec.kernels._isa cimport share_table
 
 from fastspec.kernels._isa import bf16_tiles
+from fastspec.kernels.arena import WeightArena
 
 cnp.import_array()
 share_table()  # pack bf16 matrices for the path of fastspec.kernels.set_isa
@@ -90,8 +90,9 @@ cdef inline size_t _packed_len(object a, bint tiles):
 def _packed(object a, object arena=None, bint tiles=False):
     """Return the float kernels' packed copy of matrix ``a`` (rows, cols) (``fs_pack_f32``'s
     layout; bf16 with ``tiles``: ``fs_pack_bf16_amx``'s), carved from ``arena`` (a
-    :class:`_Arena`) when one is given. ``a`` is C-contiguous, or the transpose of a
-    C-contiguous array (a tied head, ``embed.T``), packed from there without a copy."""
+    :class:`~fastspec.kernels.arena.WeightArena`) when one is given. ``a`` is C-contiguous,
+    or the transpose of a C-contiguous array (a tied head, ``embed.T``), packed from there
+    without a copy."""
     if a.ndim != 2:
         raise ValueError(f"weight matrices must be 2-D, got shape {a.shape}")
     if not (a.flags.c_contiguous or a.flags.f_contiguous):
@@ -179,44 +180,6 @@ def _qpacked(a, int kind):
     return P
 
 
-_HUGE_PAGE = 2 << 20
-_ALIGN = 64
-
-
-class _Arena:
-    """One buffer for all of a model's packed matrices, advised onto transparent huge pages.
-
-    A decode step streams every matrix once. Matrices smaller than a huge page, each in its own
-    allocation, sit on 4 KiB pages, and the TLB misses cost a measurable share of the step.
-    One anonymous mapping of them all, in the order the forward reads them, is one long stream
-    on 2 MiB pages (where the kernel grants them: ``madvise`` is advice).
-    """
-
-    def __init__(self, nbytes: int):
-        nbytes = max(int(nbytes), 1) + _HUGE_PAGE
-        # private: a shared anonymous map is shmem, which THP leaves alone by default
-        self._map = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        try:
-            self._map.madvise(mmap.MADV_HUGEPAGE)
-        except (AttributeError, OSError):  # not Linux, or THP disabled: ordinary pages
-            pass
-        self._bytes = np.frombuffer(self._map, dtype=np.uint8)
-        self._next = (-self._bytes.ctypes.data) % _HUGE_PAGE  # start on a huge-page boundary
-
-    @staticmethod
-    def padded(nbytes: int) -> int:
-        """``nbytes`` rounded up to the arena's alignment of every matrix."""
-        return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-
-    def take(self, n: int, dtype) -> np.ndarray:
-        """A fresh (uninitialised) array of ``n`` elements of ``dtype`` from the arena."""
-        nbytes = n * np.dtype(dtype).itemsize
-        start, self._next = self._next, self._next + self.padded(nbytes)
-        if self._next > self._bytes.size:
-            raise MemoryError("weight arena overrun")  # sizes are computed before packing
-        return self._bytes[start:start + nbytes].view(dtype)
-
-
 def _packed_bytes(model, itemsize: int, bint tiles) -> int:
     """The arena bytes of the packed layer matrices and head of ``model`` (the ones present
     and 2-D; :class:`ModelWeights` rejects the rest)."""
@@ -224,7 +187,7 @@ def _packed_bytes(model, itemsize: int, bint tiles) -> int:
     total = 0
     for a in mats + [model.head]:
         if isinstance(a, np.ndarray) and a.ndim == 2:
-            total += _Arena.padded(_packed_len(a, tiles) * itemsize)
+            total += WeightArena.padded(_packed_len(a, tiles) * itemsize)
     return total
 
 
@@ -281,7 +244,8 @@ cdef class ModelWeights:
             self._init_quant(model)
             return
         keep = []
-        arena = None if self.is64 else _Arena(_packed_bytes(model, wdt.itemsize, self.tiles))
+        arena = (None if self.is64
+                 else WeightArena(_packed_bytes(model, wdt.itemsize, self.tiles)))
 
         def arr(a, shape=None, want=dt):
             if a is None:

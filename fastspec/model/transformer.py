@@ -1,6 +1,7 @@
 """Transformer: causal decoders (toy and Llama/Qwen-style) over a KV cache."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from typing import Iterable, Sequence
@@ -10,6 +11,7 @@ import numpy as np
 from fastspec import kernels
 from fastspec.kernels.bf16 import BF16, RoundingMatrix, as_storage, from_bits, storage_dtype
 from fastspec.kernels.checks import check_index
+from fastspec.kernels.quant import gather as _gather_quant
 from fastspec.kernels.cache import KVCache
 from fastspec.model.config import ModelConfig
 from fastspec.model.context import ContextForward
@@ -31,6 +33,8 @@ __all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
 
 #: LayerWeights fields stored in ``ModelConfig.weight_dtype`` (with ``embed`` and ``head``).
 _MATRICES = MATRICES
+#: The layer matrices in the order the forward reads them (csrc/fs_model.inc).
+_FORWARD_ORDER = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 def _is_transpose_of(a, b) -> bool:
     """Whether ndarray ``a`` is a view of ndarray ``b``'s transpose (same memory, same dtype)."""
@@ -96,6 +100,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         self.final_norm = cast(final_norm)
         self.pos_embed = cast(pos_embed)
         self._check_shapes()
+        if config.quantized:
+            self._gather()
         if config.positional == "rope":
             self.rope_cos, self.rope_sin = rope_tables(config.max_seq_len, config.head_dim,
                                                        config.rope_theta, dt)
@@ -125,6 +131,17 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         else:
             head = rng.normal(0.0, 0.25 if toy else 1.0 / math.sqrt(d), (d, c.vocab_size))
         return cls(c, embed, layers, head, final, pos)
+
+    def _gather(self) -> None:
+        """Move the quantized matrices' bytes into one huge-page arena, in the order a step
+        reads them (:func:`fastspec.kernels.quant.gather`): same bytes, a faster stream."""
+        names = [[n for n in _FORWARD_ORDER if getattr(lw, n, None) is not None]
+                 for lw in self.layers]
+        moved = iter(_gather_quant([getattr(lw, n) for lw, ns in zip(self.layers, names)
+                                    for n in ns] + [self.head, self.embed]))
+        self.layers = [dataclasses.replace(lw, **{n: next(moved) for n in ns})
+                       for lw, ns in zip(self.layers, names)]
+        self.head, self.embed = next(moved), next(moved)
 
     def _check_shapes(self) -> None:
         c = self.config
