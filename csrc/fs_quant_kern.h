@@ -28,11 +28,16 @@
 #define FS_Q_AMX 0
 #endif
 
-/* Software prefetch this many weight blocks ahead in a panel (bytes: 256 per block for
- * q8_0, 128 for q4_*). */
-#ifndef FS_Q_PF_BLOCKS
-#define FS_Q_PF_BLOCKS 4
+/* Software prefetch this many bytes ahead of the weight block being read in a panel (the
+ * panels of a stream lie one after another, and a model's matrices in forward order in its
+ * arena, so the address runs on into what the stream reads next). Measured on an AMD EPYC
+ * (Zen 5, 1 thread, the real SmolLM2 file, decode step medians, builds alternated): 4 blocks
+ * (512 bytes for q4_*, 1 KiB for q8_0) -> 4 KiB, q4_1 6.4-7.5 -> 3.9-4.4 ms, q8_0 5.0-5.6
+ * -> 4.5-5.2 ms; 8 KiB measured the same as 4. */
+#ifndef FS_Q_PF_BYTES
+#define FS_Q_PF_BYTES 4096
 #endif
+
 /* Fewest rows for which the amx path runs its tiles (fewer: AVX512-VNNI). Measured on a
  * Xeon (Sapphire Rapids class, 1 core, the real SmolLM2 file, context 300, verify cost in
  * decode steps, builds alternated): from 6 rows -> from 2 rows, q4_1 verify_2 1.12-1.16 ->
