@@ -33,7 +33,9 @@
  * arena, so the address runs on into what the stream reads next). Measured on an AMD EPYC
  * (Zen 5, 1 thread, the real SmolLM2 file, decode step medians, builds alternated): 4 blocks
  * (512 bytes for q4_*, 1 KiB for q8_0) -> 4 KiB, q4_1 6.4-7.5 -> 3.9-4.4 ms, q8_0 5.0-5.6
- * -> 4.5-5.2 ms; 8 KiB measured the same as 4. */
+ * -> 4.5-5.2 ms; 2 KiB: q4_1 4.3-4.5 against 3.8-4.2 ms at 4 KiB; 8 KiB the same as 4. On the
+ * Xeon (before the weight arena) 2 KiB ahead gave nothing and 6 KiB cost 12% for q4_1: not
+ * measured there since (docs/PERFORMANCE.md). */
 #ifndef FS_Q_PF_BYTES
 #define FS_Q_PF_BYTES 4096
 #endif
