@@ -120,6 +120,17 @@
  * (measured on Zen 3 with 32-column panels, the SmolLM-shape float32 decode products: 0.71-0.78
  * of a two-stream dot's rate at 1 KiB, 0.90-0.96 at 384 B; 16-bit weights were best at 1 KiB
  * among 64 B - 2 KiB). */
+/* The AVX-512 kernels' distance (one and more rows): 4 KiB. Measured on an AMD EPYC Zen 5
+ * (1 thread, bench/test_bench_linear.py's layer products streamed from memory, builds
+ * alternated, 3 runs each): 1 KiB -> 4 KiB, bf16 and f16 1 row 1.06-1.12 -> 0.81-0.86 ms,
+ * 2 rows 1.35-1.42 -> 0.90-0.96 ms, 4 rows 1.48-1.55 -> 0.98-1.03 ms; f32 2 and 4 rows
+ * 2.24-2.44 -> 2.01-2.08 ms, 1 row unchanged. The same change in the AVX2 kernels there gave
+ * 16-bit weights 1.31-1.34 -> 0.90-0.93 ms at 1 row, but they keep 1 KiB, tuned on the Zen 3
+ * machines (above) and not measured there since; the Intel Xeon's AVX-512 decode is not
+ * measured with 4 KiB either. */
+#ifndef FS_LIN_PF_BYTES_AVX512
+#define FS_LIN_PF_BYTES_AVX512 4096
+#endif
 #ifndef FS_LIN_PF_BYTES_F32_AVX2
 #define FS_LIN_PF_BYTES_F32_AVX2 384
 #endif
