@@ -174,8 +174,8 @@ static int chunk_counts(void)
     return fails;
 }
 
-/* fs_pool_awake: 0 at one thread; seen right after a job when the workers spin (one of 100
- * tries: a worker may be preempted once); 0 once they sleep (FASTSPEC_SPIN_US=0 and 20 ms
+/* fs_pool_awake: 0 at one thread; seen right after a job when the workers spin (within up
+ * to 1000 rounds of 100 jobs: a worker may be preempted); 0 once they sleep (FASTSPEC_SPIN_US=0 and 20 ms
  * after a job). */
 static int awake_hint(void)
 {
@@ -198,10 +198,14 @@ static int awake_hint(void)
             fails++;
         }
     } else {
+        /* a pause every 100 jobs: workers found asleep right after a job (preempted on a
+         * loaded machine) are woken at most once a millisecond (fs_pool.c's wake gap), but
+         * always after the caller was away longer than their spin */
         int seen = 0;
-        for (int i = 0; i < 100 && !seen; i++) {
+        for (int i = 0; i < 100000 && !seen; i++) {
             fs_pool_run(chunk, &j, 64);
             seen = fs_pool_awake();
+            if (i % 100 == 99) usleep(2000);
         }
         if (!seen) {
             printf("FAIL fs_pool_awake never 1 right after a job (workers spinning)\n");
