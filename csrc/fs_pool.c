@@ -99,9 +99,9 @@ static void fs_pool_set_threads_impl(int n)
 #define FS_POOL_SPIN_US_DEFAULT 30
 /* Waking a sleeping worker costs the caller a system call and, in a virtual machine, an
  * interrupt to the other CPU (~10 us a wake on the machine below: the gaps between jobs grew
- * by that much per wake), and a worker asleep between jobs
- * that follow each other within microseconds is one whose CPU another process holds: it spun
- * for its 30 us without being scheduled. Beside a busy loop on one of 2 CPUs (AMD EPYC Zen 5
+ * by that much per wake), and a worker asleep between jobs that follow each other within
+ * microseconds is one whose CPU another process holds: it spun for its 30 us without being
+ * scheduled. Beside a busy loop on one of 2 CPUs (AMD EPYC Zen 5
  * KVM guest, SmolLM-shape bf16 decode step, ~155 jobs a step), 60-72% of the jobs found the
  * worker asleep (2-3% on the idle machine), and 2 threads ran 1.2-1.3x slower than 1. So a
  * job that finds every worker asleep although the previous job ended less than a spin ago

@@ -27,7 +27,8 @@
  * (a futex on Linux, a condition variable elsewhere); the caller waits for the last chunk the
  * same way. Workers found asleep right after a job (they spun without being scheduled: another
  * process holds their CPU) are woken at most once per FS_POOL_WAKE_GAP_NS; the jobs between
- * run on the caller alone (fs_pool.c). After fork() the child starts with no workers (it starts its own on first use).
+ * run on the caller alone (fs_pool.c). After fork() the child starts with no workers (it
+ * starts its own on first use).
  * Builds for Windows (no pthreads) run every chunk on the caller.
  *
  * One pool per process: every extension links its own copy of the core, and the copies reach

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fastspec.kernels.arena import ALIGN, HUGE_PAGE, WeightArena, in_arena
-from fastspec.kernels.quant import QuantMatrix, gather
+from fastspec.kernels.quant import QuantMatrix, gather, linear_q
 
 
 def test_arena_hands_out_aligned_arrays_in_order_from_a_huge_page_boundary():
@@ -62,7 +62,6 @@ def test_gather_moves_bytes_in_order_once_per_object_and_leaves_the_inputs(kind)
         assert (o.kind, o.shape) == (m.kind, m.shape)
         np.testing.assert_array_equal(o.packed, m.packed)
     x = np.random.default_rng(3).standard_normal((2, 96)).astype(np.float32)
-    from fastspec.kernels.quant import linear_q
     np.testing.assert_array_equal(linear_q(x, out[3]), linear_q(x, c))
 
 

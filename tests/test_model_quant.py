@@ -14,6 +14,7 @@ import fastspec as fs
 from fastspec.kernels.tree_shape import ancestor_mask, tree_depths
 from fastspec.model import ModelConfig, Transformer
 from fastspec.model.quantized import QuantMatrix, is_quant
+from fastspec.model.schema import FORWARD_MATRICES
 
 from _helpers import isa_params, needs_cython
 
@@ -256,14 +257,12 @@ def test_thread_count_does_not_change_the_bits(kind):
 
 # --- one arena of huge pages, in the forward's order -------------------------------------------
 
-FORWARD_ORDER = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
-
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_matrices_lie_in_one_arena_in_the_order_a_step_reads_them(name):
     from fastspec.kernels.arena import in_arena
     model = qmodel("q8_0", name, seed=2)
-    mats = [getattr(lw, n) for lw in model.layers for n in FORWARD_ORDER
+    mats = [getattr(lw, n) for lw in model.layers for n in FORWARD_MATRICES
             if getattr(lw, n, None) is not None] + [model.head]
     if model.embed is not model.head:
         mats.append(model.embed)
@@ -284,7 +283,7 @@ def test_arena_model_gives_the_bits_of_scattered_matrices(kind):
     other = qmodel(kind, "qwen3-untied", seed=4)
     own = lambda m: QuantMatrix(m.kind, m.in_features, m.out_features,  # noqa: E731
                                 np.array(m.packed))
-    other.layers = [dataclasses.replace(lw, **{n: own(getattr(lw, n)) for n in FORWARD_ORDER})
+    other.layers = [dataclasses.replace(lw, **{n: own(getattr(lw, n)) for n in FORWARD_MATRICES})
                     for lw in other.layers]
     other.head, other.embed = own(other.head), own(other.embed)
     other.invalidate()

@@ -41,6 +41,7 @@ from fastspec.kernels._isa cimport share_table
 
 from fastspec.kernels._isa import bf16_tiles
 from fastspec.kernels.arena import WeightArena
+from fastspec.model.schema import FORWARD_MATRICES
 
 cnp.import_array()
 share_table()  # pack bf16 matrices for the path of fastspec.kernels.set_isa
@@ -48,9 +49,9 @@ share_table()  # pack bf16 matrices for the path of fastspec.kernels.set_isa
 __all__ = ["ModelWeights", "linear_weights", "packed_of", "forget_packed", "bf16_tiles"]
 
 _ACTS = {"swiglu": 0, "tanh": 1, "gelu": 2}
-_LAYER_FIELDS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "attn_norm", "mlp_norm",
-                 "q_norm", "k_norm", "q_bias", "k_bias", "v_bias")
-_N_MATRICES = 7  # _LAYER_FIELDS[:7] are stored in the weight dtype
+_LAYER_FIELDS = FORWARD_MATRICES + ("attn_norm", "mlp_norm", "q_norm", "k_norm", "q_bias",
+                                    "k_bias", "v_bias")
+_N_MATRICES = len(FORWARD_MATRICES)  # _LAYER_FIELDS[:_N_MATRICES]: in the weight dtype
 
 
 cdef inline void *_ptr(object a) except? NULL:

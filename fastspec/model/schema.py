@@ -14,9 +14,9 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-__all__ = ["LayerWeights", "WeightSpec", "LAYER_WEIGHTS", "MATRICES", "layer_attrs",
-           "layer_shapes", "random_layer", "layer_state", "layer_from_state", "check_layer",
-           "hf_layer_keys"]
+__all__ = ["LayerWeights", "WeightSpec", "LAYER_WEIGHTS", "MATRICES", "FORWARD_MATRICES",
+           "layer_attrs", "layer_shapes", "random_layer", "layer_state", "layer_from_state",
+           "check_layer", "hf_layer_keys"]
 
 
 @dataclass
@@ -93,6 +93,8 @@ LAYER_WEIGHTS: tuple[WeightSpec, ...] = (
 _SPECS = {s.attr: s for s in LAYER_WEIGHTS}
 #: Fields stored in ``ModelConfig.weight_dtype`` (with the embedding and the head).
 MATRICES: tuple[str, ...] = tuple(s.attr for s in LAYER_WEIGHTS if s.init == "matrix")
+#: The same fields in the order a forward reads them (csrc/fs_model.h's layer struct).
+FORWARD_MATRICES: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 def layer_attrs(*, swiglu: bool, rmsnorm: bool, qk_norm: bool, qkv_bias: bool) -> tuple[str, ...]:

@@ -19,7 +19,8 @@ from fastspec.model.output import ForwardOutput
 from fastspec.model.numpy_forward import NumpyForward
 from fastspec.model.functional import rope_tables
 from fastspec.model import quantized as _q
-from fastspec.model.schema import MATRICES, LayerWeights, check_layer, random_layer
+from fastspec.model.schema import (FORWARD_MATRICES, MATRICES, LayerWeights, check_layer,
+                                   random_layer)
 from fastspec.model.state import StateDict, layer_schema
 from fastspec.kernels.tree_shape import MAX_TREE_NODES, ancestor_mask, check_parents
 
@@ -33,8 +34,6 @@ __all__ = ["ModelConfig", "Transformer", "ForwardOutput", "LayerWeights"]
 
 #: LayerWeights fields stored in ``ModelConfig.weight_dtype`` (with ``embed`` and ``head``).
 _MATRICES = MATRICES
-#: The layer matrices in the order the forward reads them (csrc/fs_model.inc).
-_FORWARD_ORDER = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 def _is_transpose_of(a, b) -> bool:
     """Whether ndarray ``a`` is a view of ndarray ``b``'s transpose (same memory, same dtype)."""
@@ -135,7 +134,7 @@ class Transformer(ContextForward, NumpyForward, StateDict):
     def _gather(self) -> None:
         """Move the quantized matrices' bytes into one huge-page arena, in the order a step
         reads them (:func:`fastspec.kernels.quant.gather`): same bytes, a faster stream."""
-        names = [[n for n in _FORWARD_ORDER if getattr(lw, n, None) is not None]
+        names = [[n for n in FORWARD_MATRICES if getattr(lw, n, None) is not None]
                  for lw in self.layers]
         moved = iter(_gather_quant([getattr(lw, n) for lw, ns in zip(self.layers, names)
                                     for n in ns] + [self.head, self.embed]))

@@ -175,8 +175,8 @@ static int chunk_counts(void)
 }
 
 /* fs_pool_awake: 0 at one thread; seen right after a job when the workers spin (within up
- * to 1000 rounds of 100 jobs: a worker may be preempted); 0 once they sleep (FASTSPEC_SPIN_US=0 and 20 ms
- * after a job). */
+ * to 1000 rounds of 100 jobs: a worker may be preempted); 0 once they sleep
+ * (FASTSPEC_SPIN_US=0 and 20 ms after a job). */
 static int awake_hint(void)
 {
     int fails = 0;
