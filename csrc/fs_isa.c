@@ -116,7 +116,8 @@ static int fs_isa_auto(const fs_dispatch *t)
 
 /* The quantized products of path p (fs_quant_kern.h): the avx2 path runs vpmaddubsw (what
  * an AVX2-only CPU runs), or AVX-VNNI on a CPU that has it but no AVX-512 (where avx2 is the
- * widest path); the avx512 paths run AVX512-VNNI when the CPU has it; the amx path runs
+ * widest path); the avx512 paths run AVX512-VNNI when the CPU has it (ymm tiles, zmm tiles
+ * of panel pairs from FS_Q_X16_MIN_ROWS rows); the amx path runs
  * AMX-INT8 tiles for blocks of FS_Q_AMX_MIN_ROWS rows or more. Every choice gives the same
  * bits. */
 static fs_isa_features fs_q_feat;
@@ -140,8 +141,12 @@ static fs_q_choice fs_q_choose(int p)
         c.fn = c.big = vnni ? fs_qpart_avxvnni : fs_qpart_avx2;
         c.name = c.name_big = vnni ? "avx_vnni" : "avx2";
     } else if (p >= FS_ISA_AVX512) {
-        c.fn = c.big = fs_qpart_avx512vnni;
-        c.name = c.name_big = "avx512_vnni";
+        c.fn = fs_qpart_avx512vnni;
+        c.big = fs_qpart_avx512vnni16;
+        c.name = "avx512_vnni";
+        c.name_big = "avx512_vnni_x16";
+        c.rows = FS_Q_X16_MIN_ROWS;
+        c.rows4 = FS_Q_X16_MIN_ROWS_Q4;
     }
 #if FS_Q_AMX
     if (p == FS_ISA_AMX && f->amx_int8) {

@@ -217,7 +217,26 @@ size_t fs_quant_scratch_bytes(int kind, int n, int in)
 {
     (void)kind;
     size_t nb = (size_t)(in / FS_Q_BLOCK);
-    return 64 + 2 * fs_q_up64((size_t)n * in) + 3 * fs_q_up64((size_t)n * nb * 4);
+    return 64 + 4 * fs_q_up64((size_t)n * in) + 6 * fs_q_up64((size_t)n * nb * 4);
+}
+
+void fs_quant_interleave(const fs_qact *a)
+{
+    int n = a->n, in = a->in, nb = a->nb;
+    int8_t *qi = (int8_t *)a->qi;
+    uint8_t *qui = (uint8_t *)a->qui;
+    float *dt = (float *)a->dt, *dst = (float *)a->dst;
+    int32_t *st = (int32_t *)a->st;
+    for (int r = 0; r < n; r++)
+        for (int b = 0; b < nb; b++) {
+            size_t i = (size_t)b * n + r, k = (size_t)r * nb + b;
+            memcpy(qi + i * FS_Q_BLOCK, a->q + (size_t)r * in + (size_t)b * FS_Q_BLOCK, FS_Q_BLOCK);
+            memcpy(qui + i * FS_Q_BLOCK, a->qu + (size_t)r * in + (size_t)b * FS_Q_BLOCK,
+                   FS_Q_BLOCK);
+            dt[i] = a->d[k];
+            dst[i] = a->ds[k];
+            st[i] = a->s[k];
+        }
 }
 
 typedef struct {
@@ -256,12 +275,18 @@ void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, 
     float *d = (float *)(qu + fs_q_up64((size_t)n * in));
     float *ds = (float *)((uint8_t *)d + fs_q_up64((size_t)n * nb * 4));
     int32_t *s = (int32_t *)((uint8_t *)ds + fs_q_up64((size_t)n * nb * 4));
+    int8_t *qi = (int8_t *)((uint8_t *)s + fs_q_up64((size_t)n * nb * 4));
+    uint8_t *qui = (uint8_t *)qi + fs_q_up64((size_t)n * in);
+    float *dt = (float *)(qui + fs_q_up64((size_t)n * in));
+    float *dst = (float *)((uint8_t *)dt + fs_q_up64((size_t)n * nb * 4));
+    int32_t *st = (int32_t *)((uint8_t *)dst + fs_q_up64((size_t)n * nb * 4));
+    fs_qact a = {q, qu, d, ds, s, n, in, nb, qi, qui, dt, dst, st};
     if (x) { /* else: the previous call's activations, still in scratch */
         fs_quant_rows(x, n, in, q, d, s);
         for (size_t i = 0; i < (size_t)n * in; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
         for (size_t i = 0; i < (size_t)n * nb; i++) ds[i] = d[i] * (float)s[i];
+        fs_quant_interleave(&a);
     }
-    fs_qact a = {q, qu, d, ds, s, n, in, nb};
     fs_q_job job;
     job.kind = kind;
     job.out = out;

@@ -13,6 +13,7 @@
 #define FS_QATTR __attribute__((target("avx2,fma,f16c")))
 #define FS_QRT 4
 #define FS_QVNNI 0
+#define FS_QZMM 0
 #include "fs_quant_x86.inc"
 #endif
 

@@ -6,7 +6,8 @@
  *   fs_quant_avx2.c   AVX2: vpmaddubsw with the sign trick (q8_0), nibbles as the unsigned
  *                     operand (q4_*)                                   (fs_quant_x86.inc)
  *   fs_quant_vnni.c   vpdpbusd on 8-column ymm vectors: AVX-VNNI (VEX, 16 registers) and
- *                     AVX512-VNNI (EVEX, 32 registers)                 (fs_quant_x86.inc)
+ *                     AVX512-VNNI (EVEX, 32 registers); AVX512-VNNI on 16-column zmm
+ *                     vectors (pairs of panels, blocks of rows)        (fs_quant_x86.inc)
  *   fs_quant_amx.c    AMX-INT8 tiles (tdpbssd) for blocks of rows, AVX-512 for the scaling
  */
 #ifndef FS_QUANT_KERN_H
@@ -55,6 +56,21 @@
 #define FS_Q_AMX_MIN_ROWS_Q4 2
 #endif
 
+/* Fewest rows for which the AVX512-VNNI path runs its 16-column zmm tiles of panel pairs
+ * (fewer: the 8-column ymm tiles, whose stream of single panels keeps the weights coming
+ * better where the arithmetic is light). Measured on an AMD EPYC (Zen 5, 1 thread, the real
+ * SmolLM2 file, context 100, step medians in ms, ymm -> zmm, before the pairs' own prefetch):
+ * q4_1 1 row 3.3 -> 3.5-4.0, 4 rows 5.1-5.2 -> 4.9-5.7, 6 rows 6.8-6.9 -> 5.3-6.0, 8 rows
+ * 8.5-8.8 -> 5.7-7.0, 64 rows 62.6-63.3 -> 37-41; q8_0 1 row 3.9-4.3 -> 4.0-5.2, 4 rows
+ * 5.3-5.4 -> 4.9-5.5, 6 rows 6.9-8.0 -> 8.1-9.0, 8 rows 8.2-9.4 -> 6.2-6.6, 64 rows 60-61 ->
+ * 42-45. */
+#ifndef FS_Q_X16_MIN_ROWS
+#define FS_Q_X16_MIN_ROWS 8
+#endif
+#ifndef FS_Q_X16_MIN_ROWS_Q4
+#define FS_Q_X16_MIN_ROWS_Q4 6
+#endif
+
 /* The panels (or pairs of panels) of a call run in FS_QSTREAMS interleaved streams: unit 0,
  * then the first unit of the second part, ..., then unit 1, ...: a few sequential reads keep
  * the weight stream going better than one. Measured on the Xeon (1 thread, the real SmolLM2
@@ -83,7 +99,17 @@ typedef struct fs_qact {
     const float *ds;    /* (n, nb) d * (float)s, q4_1's min factor */
     const int32_t *s;   /* (n, nb) exact block sums */
     int n, in, nb;
+    /* The same, block-interleaved (fs_quant_interleave; the x86 variants read these): block b
+     * of row r at (b * n + r) * 32 of qi / qui, and at b * n + r of dt / dst / st. */
+    const int8_t *qi;
+    const uint8_t *qui;
+    const float *dt, *dst;
+    const int32_t *st;
 } fs_qact;
+
+/* Fill a's interleaved copies (qi ... st, n * in bytes and n * nb values each, which a's
+ * pointers must name) from its row-major arrays. */
+void fs_quant_interleave(const fs_qact *a);
 
 /* Panel layout (fs_quant.h): byte offsets inside a panel. */
 size_t fs_quant_panel_qs(int kind, int nb);  /* offset of qs */
@@ -105,6 +131,7 @@ FS_QPART_DECLARE(def)
 FS_QPART_DECLARE(avx2)
 FS_QPART_DECLARE(avxvnni)
 FS_QPART_DECLARE(avx512vnni)
+FS_QPART_DECLARE(avx512vnni16)
 #endif
 #if FS_Q_AMX
 FS_QPART_DECLARE(amx)

@@ -1,7 +1,13 @@
 /* fs_quant_vnni.c -- the VNNI variants of the quantized products (fs_quant_x86.inc with
- * vpdpbusd on 8-column ymm vectors): AVX-VNNI (VEX encoding, 16 registers: client cores
- * without AVX-512) and AVX512-VNNI (EVEX encoding with AVX512VL, 32 registers: larger row
- * tiles). */
+ * vpdpbusd): AVX-VNNI (VEX encoding, 16 registers: client cores without AVX-512) and
+ * AVX512-VNNI (EVEX encoding with AVX512VL, 32 registers: larger row tiles) on 8-column ymm
+ * vectors, and AVX512-VNNI on 16-column zmm vectors, a pair of panels at a time, for blocks of
+ * rows (fs_isa.c picks it from FS_Q_X16_MIN_ROWS rows).
+ *
+ * Measured on an AMD EPYC (Zen 5, 1 thread): vpdpbusd retires 2 a cycle on ymm and on zmm
+ * alike, and a block's float scaling (vcvtdq2ps, vmulps, vfmadd per row) competes with it for
+ * the same two pipes, so the ymm tiles stop near 40 int8 multiply-adds a cycle and the zmm
+ * tiles near 80 (weights hot in L2, 8-16 rows). */
 #include "fs_quant.h"
 #include "fs_quant_kern.h"
 
@@ -10,14 +16,26 @@
 #define FS_QATTR __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define FS_QRT 6
 #define FS_QVNNI 1
+#define FS_QZMM 0
 #define FS_QDP(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
 #include "fs_quant_x86.inc"
 
-#define FS_SFX avx512vnni
-#define FS_QATTR \
+#define FS_AVX512VNNI_ATTR \
     __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+#define FS_SFX avx512vnni
+#define FS_QATTR FS_AVX512VNNI_ATTR
 #define FS_QRT 8
 #define FS_QVNNI 1
+#define FS_QZMM 0
+#define FS_QDP(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#include "fs_quant_x86.inc"
+
+#define FS_SFX avx512vnni16
+#define FS_QATTR FS_AVX512VNNI_ATTR
+#define FS_QRT 8
+#define FS_QVNNI 1
+#define FS_QZMM 1
+#define FS_QRTZ 12
 #define FS_QDP(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
 #include "fs_quant_x86.inc"
 #endif

@@ -214,7 +214,8 @@ def test_isa_info_names_the_quantized_kernels():
                 names = {Q.kernel_name(k, n) for k in Q.QUANT_KINDS for n in (1, 16)}
             finally:
                 fs.kernels.set_isa(None)
-            assert names <= {"portable", "avx2", "avx_vnni", "avx512_vnni", "amx_int8"}
+            assert names <= {"portable", "avx2", "avx_vnni", "avx512_vnni", "avx512_vnni_x16",
+                             "amx_int8"}
             assert name != "portable" or names == {"portable"}
             assert "amx_int8" not in names or name == "amx"
 

@@ -140,5 +140,5 @@ def linear(str kind, x, packed, int in_features, int out_features, bias, out,
 
 def kernel_name(str kind, int n):
     """Return the name of the kernel a product of n rows of ``kind`` runs on the current path
-    ("portable", "avx2", "avx_vnni", "avx512_vnni", "amx_int8")."""
+    ("portable", "avx2", "avx_vnni", "avx512_vnni", "avx512_vnni_x16", "amx_int8")."""
     return fs_quant_kernel_name(_kind(kind), n).decode()

@@ -398,7 +398,8 @@ def linear_q(x: np.ndarray, W: QuantMatrix, bias: np.ndarray | None = None,
 
 def kernel_name(kind: str, n: int) -> str:
     """Return the kernel :func:`linear_q` runs for n rows of ``kind`` now: "numpy" (the twin),
-    or the compiled path's "portable", "avx2", "avx_vnni", "avx512_vnni" or "amx_int8"."""
+    or the compiled path's "portable", "avx2", "avx_vnni", "avx512_vnni", "avx512_vnni_x16"
+    (its zmm tiles of 16 columns, for blocks of rows) or "amx_int8"."""
     _check_kind(kind)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")

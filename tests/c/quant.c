@@ -106,6 +106,7 @@ int main(void)
     if (f.avx2 && f.fma && f.f16c) vs[nv++] = (variant){"avx2", fs_qpart_avx2};
     if (f.avx_vnni) vs[nv++] = (variant){"avx_vnni", fs_qpart_avxvnni};
     if (f.avx512vnni) vs[nv++] = (variant){"avx512_vnni", fs_qpart_avx512vnni};
+    if (f.avx512vnni) vs[nv++] = (variant){"avx512_vnni_x16", fs_qpart_avx512vnni16};
 #endif
 #if FS_Q_AMX
     if (f.amx_int8) vs[nv++] = (variant){"amx_int8", fs_qpart_amx};
@@ -181,7 +182,12 @@ int main(void)
                     fs_quant_rows(x, n, in, q, d, s);
                     for (int i = 0; i < n * in; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
                     for (int i = 0; i < n * nb; i++) ds[i] = d[i] * (float)s[i];
-                    fs_qact a = {q, qu, d, ds, s, n, in, nb};
+                    int8_t *qi = malloc((size_t)n * in);
+                    uint8_t *qui = malloc((size_t)n * in);
+                    float *dt = malloc(sizeof(float) * n * nb), *dst = malloc(sizeof(float) * n * nb);
+                    int32_t *st = malloc(sizeof(int32_t) * n * nb);
+                    fs_qact a = {q, qu, d, ds, s, n, in, nb, qi, qui, dt, dst, st};
+                    fs_quant_interleave(&a);
                     size_t ylen = (size_t)n * out;
                     float *y0 = malloc(sizeof(float) * ylen), *yr = malloc(sizeof(float) * ylen);
                     float *y = malloc(sizeof(float) * ylen), *yinit = malloc(sizeof(float) * ylen);
@@ -201,9 +207,13 @@ int main(void)
                             }
                             /* each row alone; and a split of the panels in two parts */
                             for (int r = 0; r < n && n <= 17; r++) {
+                                /* one row: the interleaved layout is the row's own */
                                 fs_qact a1 = {q + (size_t)r * in, qu + (size_t)r * in,
                                               d + (size_t)r * nb, ds + (size_t)r * nb,
-                                              s + (size_t)r * nb, 1, in, nb};
+                                              s + (size_t)r * nb, 1, in, nb,
+                                              q + (size_t)r * in, qu + (size_t)r * in,
+                                              d + (size_t)r * nb, ds + (size_t)r * nb,
+                                              s + (size_t)r * nb};
                                 float *y1 = malloc(sizeof(float) * out);
                                 memcpy(y1, yinit + (size_t)r * out, sizeof(float) * out);
                                 vs[v].fn(kind, &a1, P, y1, out, 0, ng / 2, acc);
@@ -258,6 +268,7 @@ int main(void)
                         }
                     }
                     free(x); free(bias); free(q); free(qu); free(d); free(ds); free(s);
+                    free(qi); free(qui); free(dt); free(dst); free(st);
                     free(y0); free(yr); free(y); free(yinit);
                 }
                 /* dequantized rows */
