@@ -59,16 +59,15 @@
 /* Fewest rows for which the AVX512-VNNI path runs its 16-column zmm tiles of panel pairs
  * (fewer: the 8-column ymm tiles, whose stream of single panels keeps the weights coming
  * better where the arithmetic is light). Measured on an AMD EPYC (Zen 5, 1 thread, the real
- * SmolLM2 file, context 100, step medians in ms, ymm -> zmm, before the pairs' own prefetch):
- * q4_1 1 row 3.3 -> 3.5-4.0, 4 rows 5.1-5.2 -> 4.9-5.7, 6 rows 6.8-6.9 -> 5.3-6.0, 8 rows
- * 8.5-8.8 -> 5.7-7.0, 64 rows 62.6-63.3 -> 37-41; q8_0 1 row 3.9-4.3 -> 4.0-5.2, 4 rows
- * 5.3-5.4 -> 4.9-5.5, 6 rows 6.9-8.0 -> 8.1-9.0, 8 rows 8.2-9.4 -> 6.2-6.6, 64 rows 60-61 ->
- * 42-45. */
+ * SmolLM2 file, context 100, step medians in ms, ymm -> zmm, builds alternated, 3 rounds):
+ * q4_1 1 row 3.9-4.6 -> 4.6-5.5, 3 rows 4.95-6.5 -> 4.7-4.9, 4 rows 5.3-5.6 -> 4.4-4.9, 5 rows
+ * 6.0-6.35 -> 4.7-5.25; q8_0 4 rows 5.4-5.5 -> 5.9-6.0, 5 rows 6.3-6.5 -> 6.85-7.0 (another
+ * round: equal), 6 rows 6.5-6.8 -> 5.6-6.0, 7 rows 7.4-7.6 -> 5.65-6.1. */
 #ifndef FS_Q_X16_MIN_ROWS
-#define FS_Q_X16_MIN_ROWS 8
+#define FS_Q_X16_MIN_ROWS 6
 #endif
 #ifndef FS_Q_X16_MIN_ROWS_Q4
-#define FS_Q_X16_MIN_ROWS_Q4 6
+#define FS_Q_X16_MIN_ROWS_Q4 3
 #endif
 
 /* The panels (or pairs of panels) of a call run in FS_QSTREAMS interleaved streams: unit 0,
