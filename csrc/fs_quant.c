@@ -275,17 +275,19 @@ void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, 
     float *d = (float *)(qu + fs_q_up64((size_t)n * in));
     float *ds = (float *)((uint8_t *)d + fs_q_up64((size_t)n * nb * 4));
     int32_t *s = (int32_t *)((uint8_t *)ds + fs_q_up64((size_t)n * nb * 4));
-    int8_t *qi = (int8_t *)((uint8_t *)s + fs_q_up64((size_t)n * nb * 4));
-    uint8_t *qui = (uint8_t *)qi + fs_q_up64((size_t)n * in);
-    float *dt = (float *)(qui + fs_q_up64((size_t)n * in));
-    float *dst = (float *)((uint8_t *)dt + fs_q_up64((size_t)n * nb * 4));
-    int32_t *st = (int32_t *)((uint8_t *)dst + fs_q_up64((size_t)n * nb * 4));
-    fs_qact a = {q, qu, d, ds, s, n, in, nb, qi, qui, dt, dst, st};
+    fs_qact a = {q, qu, d, ds, s, n, in, nb, q, qu, d, ds, s};
+    if (n > 1) { /* one row: the interleaved layout is the row's own, no copy (decode) */
+        a.qi = (int8_t *)((uint8_t *)s + fs_q_up64((size_t)n * nb * 4));
+        a.qui = (uint8_t *)a.qi + fs_q_up64((size_t)n * in);
+        a.dt = (float *)(a.qui + fs_q_up64((size_t)n * in));
+        a.dst = (float *)((uint8_t *)a.dt + fs_q_up64((size_t)n * nb * 4));
+        a.st = (int32_t *)((uint8_t *)a.dst + fs_q_up64((size_t)n * nb * 4));
+    }
     if (x) { /* else: the previous call's activations, still in scratch */
         fs_quant_rows(x, n, in, q, d, s);
         for (size_t i = 0; i < (size_t)n * in; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
         for (size_t i = 0; i < (size_t)n * nb; i++) ds[i] = d[i] * (float)s[i];
-        fs_quant_interleave(&a);
+        if (n > 1) fs_quant_interleave(&a);
     }
     fs_q_job job;
     job.kind = kind;

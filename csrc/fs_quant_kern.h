@@ -99,7 +99,8 @@ typedef struct fs_qact {
     const int32_t *s;   /* (n, nb) exact block sums */
     int n, in, nb;
     /* The same, block-interleaved (fs_quant_interleave; the x86 variants read these): block b
-     * of row r at (b * n + r) * 32 of qi / qui, and at b * n + r of dt / dst / st. */
+     * of row r at (b * n + r) * 32 of qi / qui, and at b * n + r of dt / dst / st. For one row
+     * that is the row-major layout: they may point at q ... s. */
     const int8_t *qi;
     const uint8_t *qui;
     const float *dt, *dst;
