@@ -114,6 +114,7 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     const int nb = a->nb, in = a->in, mm = M ? M : m;
     const size_t qoff = fs_quant_panel_qs(KIND, nb), moff = fs_quant_panel_m(nb);
     const size_t qb = KIND == FS_Q8_0 ? 256 : 128;
+    const size_t pstep = (psz + (size_t)nb - 1) / (size_t)nb; /* prefetched a block */
     const uint8_t *pan0 = P + (size_t)g * psz, *pan1 = two ? pan0 + psz : NULL;
     int col0 = g * FS_Q_COLS, nc = out - col0 < 2 * FS_Q_COLS ? out - col0 : 2 * FS_Q_COLS;
     __mmask16 mask = (__mmask16)((1u << nc) - 1u);
@@ -136,12 +137,15 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
                 fs_qa_widen(KIND, pan0 + qoff + (size_t)w * qb,
                             two ? pan1 + qoff + (size_t)w * qb : NULL,
                             ub + (size_t)(w % FS_QA_WRING) * 512);
-            /* the same block of the pair that runs next, while this pair computes */
-            const uint8_t *pf = pnext + qoff + (size_t)b * qb;
-            for (size_t l = 0; l < qb; l += 64) {
+            /* the same share of the pair that runs next (its scales and mins included: pstep
+             * bytes a block, as in fs_quant_x86.inc), while this pair computes */
+            const uint8_t *pf = pnext + (size_t)b * pstep;
+            for (size_t l = 0; l < pstep; l += 64) {
                 _mm_prefetch((const char *)(pf + l), _MM_HINT_T0);
                 _mm_prefetch((const char *)(pf + psz + l), _MM_HINT_T0);
             }
+            _mm_prefetch((const char *)(pf + pstep - 1), _MM_HINT_T0);
+            _mm_prefetch((const char *)(pf + psz + pstep - 1), _MM_HINT_T0);
             _tile_loadd(0, qa + (size_t)b * FS_Q_BLOCK, in);
             _tile_loadd(1, ub + (size_t)(b % FS_QA_WRING) * 512, 64);
             _tile_zero(4);

@@ -36,7 +36,13 @@
  * (512 bytes for q4_*, 1 KiB for q8_0) -> 4 KiB, q4_1 6.4-7.5 -> 3.9-4.4 ms, q8_0 5.0-5.6
  * -> 4.5-5.2 ms; 2 KiB: q4_1 4.3-4.5 against 3.8-4.2 ms at 4 KiB; 8 KiB the same as 4. On the
  * Xeon (before the weight arena) 2 KiB ahead gave nothing and 6 KiB cost 12% for q4_1: not
- * measured there since (docs/PERFORMANCE.md). */
+ * measured there since (docs/PERFORMANCE.md).
+ * What a block prefetches covers the panel's bytes, its scales and mins included (pstep bytes
+ * a block: fs_quant_x86.inc's fs_qpstep). Before, it covered the weights only, and a q4_1
+ * panel's scales and mins (a fifth of its bytes) came from memory on demand: measured on an
+ * AMD EPYC (Zen 4, 1 thread, pinned, builds alternated), one row of a 1536 x 576 product
+ * streamed from memory 48-51 -> 24-27 us (q8_0 42-61 -> 42-52), and the real SmolLM2 file's
+ * decode step 9.9-10.3 -> 5.7-5.9 ms (q4_1) and 10.9-11.9 -> 7.2-7.5 ms (q8_0) medians. */
 #ifndef FS_Q_PF_BYTES
 #define FS_Q_PF_BYTES 4096
 #endif
@@ -62,12 +68,18 @@
  * SmolLM2 file, context 100, step medians in ms, ymm -> zmm, builds alternated, 3 rounds):
  * q4_1 1 row 3.9-4.6 -> 4.6-5.5, 3 rows 4.95-6.5 -> 4.7-4.9, 4 rows 5.3-5.6 -> 4.4-4.9, 5 rows
  * 6.0-6.35 -> 4.7-5.25; q8_0 4 rows 5.4-5.5 -> 5.9-6.0, 5 rows 6.3-6.5 -> 6.85-7.0 (another
- * round: equal), 6 rows 6.5-6.8 -> 5.6-6.0, 7 rows 7.4-7.6 -> 5.65-6.1. */
+ * round: equal), 6 rows 6.5-6.8 -> 5.6-6.0, 7 rows 7.4-7.6 -> 5.65-6.1.
+ * Once the 8-column tiles prefetched their panels' scales and mins (FS_Q_PF_BYTES), q4_*
+ * moved from 3 rows to 5: measured on an AMD EPYC (Zen 4, 1 thread, pinned, the real SmolLM2
+ * file, context 64, verify cost in decode steps, two rounds, zmm from 3 rows -> ymm up to 16):
+ * 3 rows 1.55-1.65 -> 1.29-1.32, 4 rows 1.66-1.71 -> 1.55-1.57, 5 rows 1.73-1.85 ->
+ * 1.78-1.82, 6 rows 1.93-1.96 -> 2.01-2.09, 8 rows 2.12-2.25 -> 2.39-2.53. q8_0 there: 6 rows
+ * ymm 5% faster, 8 rows zmm 10% faster; left at 6. Not measured again on the Zen 5. */
 #ifndef FS_Q_X16_MIN_ROWS
 #define FS_Q_X16_MIN_ROWS 6
 #endif
 #ifndef FS_Q_X16_MIN_ROWS_Q4
-#define FS_Q_X16_MIN_ROWS_Q4 3
+#define FS_Q_X16_MIN_ROWS_Q4 5
 #endif
 
 /* The panels (or pairs of panels) of a call run in FS_QSTREAMS interleaved streams: unit 0,
