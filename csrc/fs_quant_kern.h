@@ -47,6 +47,18 @@
 #define FS_Q_PF_BYTES 4096
 #endif
 
+/* And this many bytes ahead into L2 (prefetcht1), the same share a block (fs_quant_x86.inc's
+ * fs_qpf and fs_qz_pf). Measured on the Zen 4 EPYC (1 thread, pinned, builds alternated, two
+ * rounds), without -> with: one 1536 x 576 product streamed from memory, q8_0 1 row 38.7-39.2
+ * -> 32.9-34.3 us (hot 24.8-25.2 -> 26.5-27.2), 4 rows 47.1-47.6 -> 40.2, 8 rows (zmm pairs)
+ * 76.2-77.4 -> 49.2 (hot 48.5-48.7), 16 rows 102.3-103.1 -> 96.5; q4_1 1 row 22.1-22.3 ->
+ * 21.1-21.4, 4 and 8 rows the same; the real SmolLM2 file (context 64), q8_0 verify_8 12.8-13.0
+ * -> 8.9-9.0 ms, decode the same; q4_1 decode 4.4 -> 4.0-4.1 ms, verify_8 10.1 -> 8.8 ms.
+ * 2 KiB into L1 with 8 KiB into L2 did as well as these for 8 and 16 rows. */
+#ifndef FS_Q_PF_FAR
+#define FS_Q_PF_FAR 12288
+#endif
+
 /* Fewest rows for which the amx path runs its tiles (fewer: AVX512-VNNI). Measured on a
  * Xeon (Sapphire Rapids class, 1 core, the real SmolLM2 file, context 300, verify cost in
  * decode steps, builds alternated): from 6 rows -> from 2 rows, q4_1 verify_2 1.12-1.16 ->
