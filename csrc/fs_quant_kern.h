@@ -49,12 +49,13 @@
 
 /* And this many bytes ahead into L2 (prefetcht1), the same share a block (fs_quant_x86.inc's
  * fs_qpf and fs_qz_pf). Measured on the Zen 4 EPYC (1 thread, pinned, builds alternated, two
- * rounds), without -> with: one 1536 x 576 product streamed from memory, q8_0 1 row 38.7-39.2
- * -> 32.9-34.3 us (hot 24.8-25.2 -> 26.5-27.2), 4 rows 47.1-47.6 -> 40.2, 8 rows (zmm pairs)
- * 76.2-77.4 -> 49.2 (hot 48.5-48.7), 16 rows 102.3-103.1 -> 96.5; q4_1 1 row 22.1-22.3 ->
- * 21.1-21.4, 4 and 8 rows the same; the real SmolLM2 file (context 64), q8_0 verify_8 12.8-13.0
- * -> 8.9-9.0 ms, decode the same; q4_1 decode 4.4 -> 4.0-4.1 ms, verify_8 10.1 -> 8.8 ms.
- * 2 KiB into L1 with 8 KiB into L2 did as well as these for 8 and 16 rows. */
+ * rounds), without -> with (and only a panel's first tile of rows prefetching): one 1536 x 576
+ * product streamed from memory, q8_0 1 row 40.3-44.8 -> 37.3-39.2 us, 4 rows 48.3 ->
+ * 41.3-41.6, 8 rows (zmm pairs) 77.7-81.6 -> 50.6-51.0 (hot 48.5-49.1), 16 rows 103.3-104.5
+ * -> 95.5-96.8; q4_1 1 row 22.1-24.3 -> 21.3-21.6; the real SmolLM2 file (context 64), q8_0
+ * verify_8 13.3-14.2 -> 8.95-9.1 ms and verify_16 18.5-20.6 -> 17.2-17.4 ms, decode the same;
+ * the forced AVX2 path the same within the noise. A build with 2 KiB into L1 and 8 KiB into
+ * L2 did as well for 8 and 16 rows. */
 #ifndef FS_Q_PF_FAR
 #define FS_Q_PF_FAR 12288
 #endif
