@@ -35,6 +35,12 @@ size_t fs_quant_panel_bytes(int kind, int in)
     return fs_quant_panel_qs(kind, nb) + (size_t)nb * (kind == FS_Q8_0 ? 256 : 128);
 }
 
+size_t fs_quant_panel_pstep(int kind, int in)
+{
+    size_t nb = (size_t)(in / FS_Q_BLOCK);
+    return (fs_quant_panel_bytes(kind, in) + nb - 1) / nb;
+}
+
 size_t fs_quant_packed_bytes(int kind, int in, int out)
 {
     return fs_quant_panel_bytes(kind, in) * (size_t)((out + FS_Q_COLS - 1) / FS_Q_COLS);

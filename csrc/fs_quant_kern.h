@@ -139,6 +139,8 @@ void fs_quant_interleave(const fs_qact *a);
 /* Panel layout (fs_quant.h): byte offsets inside a panel. */
 size_t fs_quant_panel_qs(int kind, int nb);  /* offset of qs */
 size_t fs_quant_panel_m(int nb);             /* offset of q4_1's mins */
+/* A panel's bytes over its blocks, rounded up: what a tile prefetches a block (FS_Q_PF_BYTES). */
+size_t fs_quant_panel_pstep(int kind, int in);
 
 /* The activation rule (fs_quant.h's fs_quant_rows): plain C, and AVX2 (the same bytes). */
 void fs_quant_rows_ref(const float *x, int n, int in, int8_t *q, float *d, int32_t *s);
