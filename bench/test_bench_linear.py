@@ -7,7 +7,7 @@ that W streams from memory as in a forward (or the 576 x 49152 head alone), for 
 a vector path (forced with set_isa) and a row count (1: a decode step; 2..16: a verification
 block). ``extra_info`` records the multiply-adds per call, the clock and the peak of
 ``fs.kernels.isa_info()["peak"]``, and, after the run, ``macs_per_cycle`` (from the median) and
-``of_peak`` (its fraction of lanes x 2 FMA units).
+``of_peak`` (its fraction of lanes x FMA units: two, one 512-bit unit on Zen 4).
 """
 import numpy as np
 import pytest

@@ -187,12 +187,26 @@ def test_product_rejects_bad_input():
 def test_isa_info_reports_the_fma_peak():
     peak = fs.kernels.isa_info()["peak"]
     assert peak["clock_source"] in ("calibration", "cpuinfo")
-    assert peak["fma_units"] == 2
+    cpu = peak["cpu"]
+    assert peak["fma_units"] == fs.kernels._isa.fma_units(cpu["vendor"], cpu["family"], SIMD)
     for path in SIMD:
         lanes = {"avx2": 8, "avx512": 16}[path]
-        assert peak["macs_per_cycle"][path] == 2 * lanes
-        assert peak["gmacs"][path] == pytest.approx(2 * lanes * peak["clock_ghz"])
+        units = peak["fma_units"][path]
+        assert peak["macs_per_cycle"][path] == units * lanes
+        assert peak["gmacs"][path] == pytest.approx(units * lanes * peak["clock_ghz"])
     assert peak["clock_ghz"] > 0.1 or peak["clock_source"] == "cpuinfo"
+
+
+def test_fma_units_count_zen4_avx512_as_one_unit():
+    units = fs.kernels._isa.fma_units
+    # Zen 4 (family 25) runs a 512-bit FMA as two 256-bit halves: 16 lanes a cycle either way
+    assert units("AuthenticAMD", 25, ["avx2", "avx512"]) == {"avx2": 2, "avx512": 1}
+    # Zen 5, Intel and an unknown CPU keep two units of each width
+    assert units("AuthenticAMD", 26, ["avx2", "avx512"]) == {"avx2": 2, "avx512": 2}
+    assert units("GenuineIntel", 6, ["avx2", "avx512"]) == {"avx2": 2, "avx512": 2}
+    assert units("", 0, ["avx2"]) == {"avx2": 2}
+    vendor, family, model = fs.kernels._isa.cpu_model()
+    assert isinstance(vendor, str) and family >= 0 and model >= 0
 
 
 @needs_c_harness

@@ -41,10 +41,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"matrix products: {path} kernels ({how}); paths on this CPU: "
           f"{', '.join(isa['available'])}; with kernels: {', '.join(isa['kernels'])}")
     peak = isa["peak"]
-    rates = "; ".join(f"{p} {m} multiply-adds/cycle = {peak['gmacs'][p]:.1f} G/s"
+    rates = "; ".join(f"{p} {m // peak['fma_units'][p]} lanes x {peak['fma_units'][p]} = {m} "
+                      f"multiply-adds/cycle = {peak['gmacs'][p]:.1f} G/s"
                       for p, m in peak["macs_per_cycle"].items())
-    print(f"float FMA peak (lanes x {peak['fma_units']} FMA units x {peak['clock_ghz']:.2f} GHz, "
-          f"clock from {peak['clock_source']}): {rates or 'no vector path'}")
+    print(f"float FMA peak (lanes x FMA units x {peak['clock_ghz']:.2f} GHz, clock from "
+          f"{peak['clock_source']}; one 512-bit FMA a cycle on Zen 4): "
+          f"{rates or 'no vector path'}")
     print(f"weight storage -> compute path (compiled backend, {path}):")
     print("  float32   packed float32 panels, float32 multiply-adds")
     print("  float16   binary16 panels widened to float32 in registers (F16C), float32 "

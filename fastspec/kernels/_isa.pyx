@@ -30,8 +30,8 @@ from fastspec.kernels._csrc cimport (
 from fastspec.kernels.checks import check_index
 
 __all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "quant_kernels", "available", "resolve",
-           "describe", "from_env", "set_isa", "isa_info", "fma_peak", "bf16_tiles", "set_threads",
-           "get_threads"]
+           "describe", "from_env", "set_isa", "isa_info", "cpu_model", "fma_units", "fma_peak",
+           "bf16_tiles", "set_threads", "get_threads"]
 
 #: Path names in fs_isa.h's order (FS_ISA_PORTABLE .. FS_ISA_AMX).
 NAMES = ("portable", "avx2", "avx512", "avx512bf16", "amx")
@@ -112,20 +112,58 @@ def describe(int selected, forced):
 _peak = None
 
 
+def cpu_model():
+    """Return ``(vendor, family, model)`` of this CPU from ``/proc/cpuinfo`` (``vendor_id``,
+    ``cpu family``, ``model``), or ``("", 0, 0)`` where it cannot be read (not Linux)."""
+    vendor, family, model = "", 0, 0
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "vendor_id" and not vendor:
+                    vendor = value
+                elif key == "cpu family" and not family:
+                    family = int(value)
+                elif key == "model" and not model:
+                    model = int(value)
+                elif not line.strip() and vendor:
+                    break  # the first processor's block is enough
+    except (OSError, ValueError):
+        return "", 0, 0
+    return vendor, family, model
+
+
+def fma_units(str vendor, int family, paths):
+    """Return ``{path: FMA instructions of that width per cycle}`` for ``paths`` (avx2, avx512).
+
+    Two for every path, except AVX-512 on AMD family 25 (Zen 4; Zen 3 has no AVX-512): its
+    two FMA pipes are 256 bits wide and run a 512-bit operation as two halves, so one zmm FMA
+    a cycle, the same 16 float32 multiply-adds as avx2 (measured on a Zen 4 EPYC: 15.8 lanes
+    a cycle with ymm, 15.5 with zmm, 12 independent chains). Zen 5 (family 26) and Intel's
+    server cores are counted with two 512-bit units.
+    """
+    halves = vendor == "AuthenticAMD" and family == 25
+    return {p: (1 if p == "avx512" and halves else 2) for p in paths}
+
+
 def fma_peak():
-    """Return the float FMA peak of this core: lanes x 2 FMA units x clock, per vector path.
+    """Return the float FMA peak of this core: lanes x FMA units x clock, per vector path.
 
     The clock is measured (``fs_clock_hz``: a loop of dependent integer adds, one per cycle;
     best of 8 bursts, cached) and read from ``/proc/cpuinfo`` (``cpu MHz``, the highest) only
-    where the loop is not built. Two FMA units is an assumption (Zen 3: two 256-bit FMA pipes;
-    Intel server cores: two FMA ports, the 512-bit ones fused on some parts).
+    where the loop is not built. The FMA units are :func:`fma_units` of the CPU's vendor and
+    family (two, except AVX-512 on Zen 4: one); two is an assumption for CPUs not named there
+    (Zen 3: two 256-bit FMA pipes; Intel server cores: two FMA ports, the 512-bit ones fused on
+    some parts).
 
     Returns
     -------
     dict
-        ``clock_ghz`` (float), ``clock_source`` ("calibration" or "cpuinfo"), ``fma_units``
-        (2), and for each vector path the CPU runs (avx2, avx512): ``macs_per_cycle`` {path:
-        lanes x 2} and ``gmacs`` {path: multiply-adds per second / 1e9}.
+        ``clock_ghz`` (float), ``clock_source`` ("calibration" or "cpuinfo"), ``cpu`` (vendor,
+        family and model), and for each vector path the CPU runs (avx2, avx512): ``fma_units``
+        {path: units}, ``macs_per_cycle`` {path: lanes x units} and ``gmacs`` {path:
+        multiply-adds per second / 1e9}.
     """
     global _peak
     if _peak is None:
@@ -141,9 +179,13 @@ def fma_peak():
                 hz = 0.0
         have = available()
         lanes = {p: n for p, n in (("avx2", 8), ("avx512", 16)) if p in have}
-        _peak = {"clock_ghz": hz / 1e9, "clock_source": source, "fma_units": 2,
-                 "macs_per_cycle": {p: 2 * n for p, n in lanes.items()},
-                 "gmacs": {p: 2 * n * hz / 1e9 for p, n in lanes.items()}}
+        vendor, family, model = cpu_model()
+        units = fma_units(vendor, family, lanes)
+        _peak = {"clock_ghz": hz / 1e9, "clock_source": source,
+                 "cpu": {"vendor": vendor, "family": family, "model": model},
+                 "fma_units": units,
+                 "macs_per_cycle": {p: units[p] * n for p, n in lanes.items()},
+                 "gmacs": {p: units[p] * n * hz / 1e9 for p, n in lanes.items()}}
     return {k: dict(v) if isinstance(v, dict) else v for k, v in _peak.items()}
 
 
@@ -175,11 +217,8 @@ def isa_info():
         for only when the CPU has AMX) and ``amx_cpu`` (AMX in CPUID, granted or not);
         ``available``: the paths this CPU could run, best first; ``kernels``: the paths this
         build has kernels for; ``selected``: the path every product runs now; ``forced``: the
-from fastspec.kernels.checks import check_index
-
-__all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "quant_kernels", "available", "resolve",
-           "describe", "from_env", "set_isa", "isa_info", "fma_peak", "bf16_tiles", "set_threads",
-           "get_threads"]
+        name forced by ``FASTSPEC_ISA`` or :func:`set_isa`, else None; ``quant_kernels``:
+        {path: the quantized products' kernel}; ``peak``: :func:`fma_peak`.
     """
     info = describe(fs_linear_get_path(), _forced)
     info["peak"] = fma_peak()
