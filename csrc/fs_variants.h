@@ -134,6 +134,38 @@
 #ifndef FS_LIN_PF_BYTES_F32_AVX2
 #define FS_LIN_PF_BYTES_F32_AVX2 384
 #endif
+/* Measured on an AMD EPYC (Zen 4, forced AVX2 path, 1 thread, pinned; builds alternated; the
+ * seven SmolLM2-shape products of a layer over 6 copies streamed from memory, best of 15, five
+ * rounds; and a random SmolLM-135M-shape bf16 model, verify cost at context 64, two rounds):
+ *
+ * FS_LIN_PAIR_MIN_ROWS: tiles of one row, or of at least this many rows, load bfloat16 weights
+ * in pairs of vectors (FS_LOADV2: one load and one 16-bit unpack per 8 weights, instead of a
+ * zero-extension and a shift). 4 x 3 tiles: hot 12.5-12.9 -> 13.2-14.4 multiply-adds a cycle
+ * at 4-16 rows, streamed 16 rows 8.2-8.9 -> 7.6-8.1 ms; the SmolLM shape's verify_16 53.9-54.2
+ * -> 48.7-49.2 ms and verify_4 17.9-18.0 -> 15.4-15.7 ms (with the two below). The 2 x 6 tile
+ * lost (hot 10.6 -> 6.6), and on the Intel Xeon (Sapphire Rapids class, whose AVX2 path runs
+ * only when forced) the 4 x 3 and 2 x 6 tiles lost 25% (their shuffles share port 5). */
+#ifndef FS_LIN_PAIR_MIN_ROWS
+#define FS_LIN_PAIR_MIN_ROWS 3
+#endif
+/* FS_LIN_PF_BYTES_BLOCK_AVX2: the AVX2 kernels' distance for blocks of rows (one row keeps
+ * FS_LIN_PF_BYTES). 1 KiB -> 4 KiB: 2 rows 1.71-1.90 -> 1.52-1.65 ms (bf16), 1.69-2.03 ->
+ * 1.41-1.57 (f16), 3.89-4.46 -> 3.53-4.01 (f32); 4 rows 2.70-2.89 -> 2.35-2.58 (bf16),
+ * 2.57-2.85 -> 2.32-2.58 (f16); 8 and 16 rows of 16-bit weights the same; not measured on a
+ * Zen 3. */
+#ifndef FS_LIN_PF_BYTES_BLOCK_AVX2
+#define FS_LIN_PF_BYTES_BLOCK_AVX2 4096
+#endif
+/* FS_LIN_PF_LAST: 1, a tile of several rows also prefetches the last weight of each k step
+ * (fs_linear_f32.inc); 0, one prefetch a line from the step's first vector only. float32
+ * (AVX2): 8 rows 8.2-9.1 -> 6.6-7.3 ms, 16 rows 11.1-12.3 -> 10.0-11.2 ms, although in its 4 x 3
+ * tiles that line was already asked for; 16-bit weights within 5% either way (the gap it fills:
+ * a 4 x 3 tile's step reads 48 bytes at 96 k or 96 k + 48, and every other step crosses into a
+ * line the first vector's prefetch does not name). AVX-512 the same within the noise (float32
+ * 16 rows 7.99-8.25 -> 7.67-8.01 ms). */
+#ifndef FS_LIN_PF_LAST
+#define FS_LIN_PF_LAST 1
+#endif
 /* Full unrolling keeps every accumulator in a register. */
 #define FS_LIN_UNROLL _Pragma("GCC unroll 16")
 
