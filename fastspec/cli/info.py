@@ -45,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
                       f"multiply-adds/cycle = {peak['gmacs'][p]:.1f} G/s"
                       for p, m in peak["macs_per_cycle"].items())
     print(f"float FMA peak (lanes x FMA units x {peak['clock_ghz']:.2f} GHz, clock from "
-          f"{peak['clock_source']}; one 512-bit FMA a cycle on Zen 4): "
-          f"{rates or 'no vector path'}")
+          f"{peak['clock_source']}): {rates or 'no vector path'}")
     print(f"weight storage -> compute path (compiled backend, {path}):")
     print("  float32   packed float32 panels, float32 multiply-adds")
     print("  float16   binary16 panels widened to float32 in registers (F16C), float32 "
