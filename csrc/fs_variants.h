@@ -158,7 +158,7 @@
 #endif
 /* FS_LIN_PF_LAST: 1, a tile of several rows also prefetches the last weight of each k step
  * (fs_linear_f32.inc); 0, one prefetch a line from the step's first vector only. float32
- * (AVX2): 8 rows 8.2-9.1 -> 6.6-7.3 ms, 16 rows 11.1-12.3 -> 10.0-11.2 ms, although in its 4 x 3
+ * (AVX2): 8 rows 8.5-9.2 -> 6.6-7.3 ms, 16 rows 11.6-13.2 -> 10.0-11.2 ms, although in its 4 x 3
  * tiles that line was already asked for; 16-bit weights within 5% either way (the gap it fills:
  * a 4 x 3 tile's step reads 48 bytes at 96 k or 96 k + 48, and every other step crosses into a
  * line the first vector's prefetch does not name). AVX-512 the same within the noise (float32
