@@ -38,7 +38,7 @@
  * Xeon (before the weight arena) 2 KiB ahead gave nothing and 6 KiB cost 12% for q4_1: not
  * measured there since (docs/PERFORMANCE.md).
  * What a block prefetches covers the panel's bytes, its scales and mins included (pstep bytes
- * a block: fs_quant_x86.inc's fs_qpstep). Before, it covered the weights only, and a q4_1
+ * a block: fs_quant_panel_pstep). Before, it covered the weights only, and a q4_1
  * panel's scales and mins (a fifth of its bytes) came from memory on demand: measured on an
  * AMD EPYC (Zen 4, 1 thread, pinned, builds alternated), one row of a 1536 x 576 product
  * streamed from memory 48-51 -> 24-27 us (q8_0 42-61 -> 42-52), and the real SmolLM2 file's
