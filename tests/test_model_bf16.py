@@ -278,6 +278,8 @@ def test_info_prints_storage_and_path(capsys):
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
     assert "bfloat16" in out and "float16" in out
+    from fastspec.tools.environment import cpu_name
+    assert f"CPU: {cpu_name()}\n" in out
     if "cython" in BACKENDS:
         assert f"matrix products: {fs.kernels.isa_info()['selected']}" in out
 

@@ -8,6 +8,7 @@ from fastspec.cli.args import add_threads_option
 
 from fastspec import kernels
 from fastspec.kernels import available_backends, backend
+from fastspec.tools.environment import cpu_name
 from fastspec.version import __version__
 
 __all__ = ["add_parser", "run"]
@@ -25,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the build information; return the exit status (0)."""
     print(f"fastspec {__version__}; backend {backend()}; "
           f"available {', '.join(available_backends())}")
+    print(f"CPU: {cpu_name()}")
     isa = kernels.isa_info()
     threads = kernels.threads_info()
     source = (f"set by --threads or set_threads; default {threads['default']}: "

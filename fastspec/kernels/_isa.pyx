@@ -28,6 +28,7 @@ from fastspec.kernels._csrc cimport (
 )
 
 from fastspec.kernels.checks import check_index
+from fastspec.kernels.cpuinfo import cpuinfo
 
 __all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "quant_kernels", "available", "resolve",
            "describe", "from_env", "set_isa", "isa_info", "cpu_model", "fma_units", "fma_peak",
@@ -114,24 +115,10 @@ _peak = None
 
 def cpu_model():
     """Return ``(vendor, family, model)`` of this CPU from ``/proc/cpuinfo`` (``vendor_id``,
-    ``cpu family``, ``model``), or ``("", 0, 0)`` where it cannot be read (not Linux)."""
-    vendor, family, model = "", 0, 0
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key, value = key.strip(), value.strip()
-                if key == "vendor_id" and not vendor:
-                    vendor = value
-                elif key == "cpu family" and not family:
-                    family = int(value)
-                elif key == "model" and not model:
-                    model = int(value)
-                elif not line.strip() and vendor:
-                    break  # the first processor's block is enough
-    except (OSError, ValueError):
-        return "", 0, 0
-    return vendor, family, model
+    ``cpu family``, ``model``: :func:`fastspec.kernels.cpuinfo.cpuinfo`), or ``("", 0, 0)``
+    where it cannot be read (not Linux)."""
+    info = cpuinfo()
+    return info["vendor"], info["family"], info["model"]
 
 
 def fma_units(str vendor, int family, paths):
@@ -171,12 +158,7 @@ def fma_peak():
         source = "calibration"
         if hz <= 0:
             source = "cpuinfo"
-            try:
-                with open("/proc/cpuinfo") as f:
-                    mhz = [float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")]
-                hz = max(mhz) * 1e6 if mhz else 0.0
-            except (OSError, ValueError):
-                hz = 0.0
+            hz = cpuinfo()["mhz"] * 1e6
         have = available()
         lanes = {p: n for p, n in (("avx2", 8), ("avx512", 16)) if p in have}
         vendor, family, model = cpu_model()

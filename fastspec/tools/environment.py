@@ -8,21 +8,25 @@ import time
 import numpy as np
 
 from fastspec.kernels import available_backends, backend, isa_info, threads_info
+from fastspec.kernels.cpuinfo import cpuinfo
 from fastspec.version import __version__
 
 __all__ = ["environment", "cpu_name"]
 
 
 def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what :mod:`platform` knows."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    """The CPU's model name with its family and model numbers (``/proc/cpuinfo`` on Linux:
+    "AMD EPYC (family 25, model 17)"), else what :mod:`platform` knows.
+
+    The numbers tell apart CPUs that share a name: the AMD EPYC guests of a Zen 3, a Zen 4 and
+    a Zen 5 all read "AMD EPYC", and a report from one must not pass for another's
+    (:func:`fastspec.tools.markdown.keep_dated`).
+    """
+    info = cpuinfo()
+    name = info["name"] or platform.processor() or platform.machine()
+    if info["family"] or info["model"]:
+        name += f" (family {info['family']}, model {info['model']})"
+    return name
 
 
 def environment() -> dict:

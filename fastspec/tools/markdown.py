@@ -7,7 +7,8 @@ from pathlib import Path
 
 from fastspec.tools.rounds import storage_costs_text
 
-__all__ = ["summary_text", "performance_markdown", "replace_section", "keep_dated"]
+__all__ = ["summary_text", "performance_markdown", "replace_section", "supersede_section",
+           "keep_dated"]
 
 
 def summary_text(report: dict) -> str:
@@ -195,6 +196,45 @@ def replace_section(text: str, heading: str, body: str) -> str:
     return text + sep + section
 
 
+#: The run line of a section that ``fastspec eval --model`` writes: "... at T UTC on CPU (N CPUs".
+_SECTION_RUN = re.compile(r" at (?P<when>[^\n]+?) UTC on (?P<cpu>[^\n]+?) \(\d+ CPUs")
+
+
+def supersede_section(text: str, heading: str, body: str) -> str:
+    """:func:`replace_section`, except that a section measured on another CPU is kept.
+
+    The old ``## heading`` section's run line (``at T UTC on CPU (N CPUs``) names where it was
+    measured. When that CPU is not the one in ``body``'s run line, the new section takes the
+    old one's place and the old one moves to the end of ``text`` as a dated section, ``##
+    heading (measured T UTC, CPU)``, which :func:`keep_dated` keeps. The same CPU, or a run
+    line missing from either, replaces it as :func:`replace_section` does.
+
+    Parameters
+    ----------
+    text : str
+        The markdown file as it is.
+    heading, body : str
+        The section's level-2 heading (without ``## ``) and its new body.
+
+    Returns
+    -------
+    str
+    """
+    pieces = _split(text)
+    for piece in pieces:
+        if not piece.startswith(f"## {heading}\n"):
+            continue
+        was, now = _SECTION_RUN.search(piece), _SECTION_RUN.search(body)
+        if was and now and was["cpu"].strip() != now["cpu"].strip():
+            rest = piece.split("\n", 1)[1]
+            dated = f"## {heading} (measured {was['when'].strip()} UTC, {was['cpu'].strip()})\n"
+            text = "".join(f"## {heading}\n\n{body.rstrip()}\n\n" if p is piece else p
+                           for p in pieces)
+            return text.rstrip("\n") + "\n\n" + dated + rest.rstrip("\n") + "\n"
+        break
+    return replace_section(text, heading, body)
+
+
 #: The run line of a generated file: "... 2 CPUs[ (x86_64)][, CPU: NAME; ...], run at T UTC".
 _RUN_LINE = re.compile(r"CPUs(?: \([^)]*\))?(?:, CPU: (?P<cpu>[^;]+);[^\n]*?)?, run at "
                        r"(?P<when>[^\n]+?) UTC")
@@ -208,9 +248,9 @@ def keep_dated(old: str, new: str, keep: tuple[str, ...] = ()) -> str:
     """A fresh generated file (``new``: ``docs/PERFORMANCE.md``, ``docs/RESULTS.md``) with what
     ``old`` measured elsewhere kept.
 
-    The sections of ``old`` whose heading starts with a ``keep`` prefix follow ``new`` as they
-    are (another command writes them), then its dated sections (level-2 headings with
-    ``(measured ...)``) in their order. ``old``'s own headline tables (its other sections)
+    The sections of ``old`` whose heading starts with a ``keep`` prefix (and is not dated)
+    follow ``new`` as they are (another command writes them), then its dated sections
+    (level-2 headings with ``(measured ...)``) in their order. ``old``'s own headline tables (its other sections)
     come between them as one more dated section, headings demoted a level and its plots left
     out (the plot files are the new run's), unless ``old`` was generated on the same CPU as
     ``new``: then ``new`` supersedes them.
@@ -231,7 +271,7 @@ def keep_dated(old: str, new: str, keep: tuple[str, ...] = ()) -> str:
     if not pieces or not pieces[0].startswith("# "):
         return new
     head, rest = pieces[0], pieces[1:]
-    kept = [p for p in rest if any(p.startswith(f"## {k}") for k in keep)]
+    kept = [p for p in rest if any(p.startswith(f"## {k}") for k in keep) and not _is_dated(p)]
     rest = [p for p in rest if p not in kept]
     dated = [p for p in rest if _is_dated(p)]
     generated = [p for p in rest if not _is_dated(p) and not p.startswith("## Plots")]

@@ -22,7 +22,7 @@ from fastspec.models.pretrained import load_pretrained
 from fastspec.tools.demo import run_methods, summary_stats
 from fastspec.tools.environment import environment
 from fastspec.tools.eval_suites import Request, suite
-from fastspec.tools.markdown import replace_section
+from fastspec.tools.markdown import supersede_section
 from fastspec.tools.progress import Progress
 from fastspec.version import __version__
 
@@ -148,9 +148,10 @@ def eval_model_main(args) -> int:
     with open(args.out, "w") as f:
         json_io.dump(report, f, indent=1)
     if args.markdown:  # its own section: the file may hold the embedded models' tables
+        # (and another CPU's section of the same name stays, dated)
         md = Path(args.markdown)
         old = md.read_text() if md.is_file() else ""
-        md.write_text(replace_section(old, *_section(report, args, path.name, text)))
+        md.write_text(supersede_section(old, *_section(report, args, path.name, text)))
     bad = [s for s in summary if s["identical"] is False]
     if bad:
         print(f"greedy outputs differ from vanilla: {[s['method'] for s in bad]}",
