@@ -73,7 +73,8 @@ def context_scaling(target, draft, contexts: Sequence[int], new_tokens: int = 33
     """Decode cost per token vs context length, vanilla and speculative, per backend.
 
     The prompt's prefill is excluded (``stats.decode_s``, see :func:`_per_token`), so the
-    figures are the cost of decoding at that context length.
+    figures are the cost of decoding at that context length; ``tau`` (tokens a target call,
+    of the fastest speculative run) tells a drafter that stops predicting from slow kernels.
     """
     target = _with_context(target, max(contexts) + new_tokens + 16)
     draft = _with_context(draft, max(contexts) + new_tokens + 16)
@@ -84,11 +85,12 @@ def context_scaling(target, draft, contexts: Sequence[int], new_tokens: int = 33
                 ids = prompt_tokens(ctx, target.config.vocab_size)
                 van, _ = _per_token(lambda n: generate(target, ids, n), new_tokens,
                                     vanilla=True)
-                spec, _ = _per_token(lambda n: speculative_generate(
+                spec, stats = _per_token(lambda n: speculative_generate(
                     target, DraftModelDrafter(draft), ids, n, gamma=gamma), new_tokens)
                 rows.append({"backend": name, "context": ctx,
                              "vanilla_ms_per_token": 1e3 * van,
-                             "speculative_ms_per_token": 1e3 * spec, "speedup": van / spec})
+                             "speculative_ms_per_token": 1e3 * spec, "speedup": van / spec,
+                             "tau": stats.mean_accepted_length})
                 if progress:
                     progress.update(f"{name} context {ctx}")
     return rows
