@@ -78,6 +78,25 @@ def test_ngram_max_proposal_and_min_ngram():
     assert d.propose(seq, 4, GREEDY, rng).tokens.tolist() == [3, 4]
 
 
+def test_ngram_tuned_drafts_from_three_tokens_of_suffix_or_more():
+    from fastspec.drafters.ngram import TUNED_NGRAM
+
+    d = fs.NgramDrafter.tuned()
+    assert (d.max_ngram, d.min_ngram, d.tree) == (TUNED_NGRAM["max_ngram"],
+                                                  TUNED_NGRAM["min_ngram"], False) == (8, 3, False)
+    rng = np.random.default_rng(0)
+    seq = arr([1, 2, 3, 4, 5, 9, 2, 3])  # the suffix [2, 3] matches, no longer one
+    d.reset(seq, None)
+    assert len(d.propose(seq, 4, GREEDY, rng)) == 0
+    assert fs.NgramDrafter().propose(seq, 4, GREEDY, rng).tokens.tolist() == [4, 5, 9, 2]
+    seq = arr([7, 1, 2, 3, 4, 5, 0, 7, 1, 2, 3])  # a 4-token suffix: the longest match wins
+    d.reset(seq, None)
+    assert d.propose(seq, 4, GREEDY, rng).tokens.tolist() == [4, 5, 0, 7]
+    assert fs.NgramDrafter.tuned(min_ngram=1, max_proposal=2).max_gamma == 2
+    with pytest.raises(ValueError):
+        fs.NgramDrafter.tuned(max_ngram=2)  # below the tuned min_ngram
+
+
 @pytest.mark.parametrize("kwargs", [dict(max_ngram=0), dict(min_ngram=4, max_ngram=3),
                                     dict(max_proposal=0), dict(max_ngram=2.5)])
 def test_ngram_bad_arguments(kwargs):

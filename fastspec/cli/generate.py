@@ -185,7 +185,7 @@ def load_drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype
     if spec.kind == "none":
         return NoDrafter()
     if spec.kind == "ngram":
-        return NgramDrafter(max_ngram=3)
+        return NgramDrafter.tuned()
     if spec.kind == "draft":
         draft = bundle.draft if spec.path is None else Transformer.load(
             spec.path, weight_dtype=_folder_weight_dtype(

@@ -77,7 +77,7 @@ def _runner(bundle, method: str, gamma, eos_token_id: int | None = None) -> Call
     if method == "draft":
         make = lambda: DraftModelDrafter(bundle.draft)  # noqa: E731
     elif method == "ngram":
-        make = lambda: NgramDrafter(max_ngram=3)  # noqa: E731
+        make = NgramDrafter.tuned
     elif method == "ngram_tree":
         make = lambda: NgramDrafter(max_ngram=3, tree=True)  # noqa: E731
     elif method == "dflash":

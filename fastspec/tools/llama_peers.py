@@ -141,7 +141,7 @@ def llama_peers(path=None, threads: int = 1, requests: int = 4, new_tokens: int 
                 rates[name].append(_llama_rate(lm, ids, new_tokens))
             rates["fastspec_vanilla"].append(_fastspec_rate(model, None, ids, new_tokens,
                                                             eos)[0])
-            rate, tau = _fastspec_rate(model, NgramDrafter(), ids, new_tokens, eos)
+            rate, tau = _fastspec_rate(model, NgramDrafter.tuned(), ids, new_tokens, eos)
             rates["fastspec_ngram"].append(rate)
             taus.append(tau)
             load.append(os.getloadavg()[0])
