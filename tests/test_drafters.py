@@ -93,6 +93,11 @@ def test_ngram_tuned_drafts_from_three_tokens_of_suffix_or_more():
     d.reset(seq, None)
     assert d.propose(seq, 4, GREEDY, rng).tokens.tolist() == [4, 5, 0, 7]
     assert fs.NgramDrafter.tuned(min_ngram=1, max_proposal=2).max_gamma == 2
+    tree = fs.NgramDrafter.tuned(tree=True)
+    assert (tree.max_ngram, tree.min_ngram, tree.tree) == (8, 3, True)
+    seq = arr([1, 2, 3, 4, 5, 9, 2, 3])
+    tree.reset(seq, None)
+    assert len(tree.propose(seq, 4, GREEDY, rng).tokens) == 0  # no branch from [2, 3]
     with pytest.raises(ValueError):
         fs.NgramDrafter.tuned(max_ngram=2)  # below the tuned min_ngram
 
