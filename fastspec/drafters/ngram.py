@@ -80,7 +80,7 @@ class NgramDrafter:
         held-out prompts 1.14x -> 1.24x. Trees (``tree=True``, gamma 7) gained more, as
         every weak match adds a branch: SmolLM2 grounded 0.75x -> 1.17x, open 0.89x -> 1.32x,
         embedded 0.50x -> 0.80x. Where verification is nearly free (AMX), the weak matches
-        were worth about as much as they cost (not re-measured).
+        should be worth about what they cost (an estimate; not measured there).
 
         Parameters
         ----------
