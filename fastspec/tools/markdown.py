@@ -226,19 +226,13 @@ def supersede_section(text: str, heading: str, body: str) -> str:
     -------
     str
     """
-    pieces = _split(text)
-    for piece in pieces:
-        if not piece.startswith(f"## {heading}\n"):
-            continue
-        was, now = _SECTION_RUN.search(piece), _SECTION_RUN.search(body)
-        if was and now and was["cpu"].strip() != now["cpu"].strip():
-            rest = piece.split("\n", 1)[1]
-            dated = f"## {heading} (measured {was['when'].strip()} UTC, {was['cpu'].strip()})\n"
-            text = "".join(f"## {heading}\n\n{body.rstrip()}\n\n" if p is piece else p
-                           for p in pieces)
-            return text.rstrip("\n") + "\n\n" + dated + rest.rstrip("\n") + "\n"
-        break
-    return replace_section(text, heading, body)
+    old = next((p for p in _split(text) if p.startswith(f"## {heading}\n")), None)
+    was, now = (_SECTION_RUN.search(old) if old else None), _SECTION_RUN.search(body)
+    out = replace_section(text, heading, body)  # the new section in the old one's place
+    if not (old and was and now) or was["cpu"].strip() == now["cpu"].strip():
+        return out
+    dated = f"## {heading} (measured {was['when'].strip()} UTC, {was['cpu'].strip()})\n"
+    return out.rstrip("\n") + "\n\n" + dated + old.split("\n", 1)[1].rstrip("\n") + "\n"
 
 
 #: The run line of a generated file: "... 2 CPUs[ (x86_64)][, CPU: NAME; ...], run at T UTC".
