@@ -88,7 +88,7 @@ int fs_isa_supported(const fs_isa_features *f, int p)
 
 /* Until fs_isa_init: the baseline variants and this copy's pool, valid on any CPU. */
 static fs_dispatch fs_own = {
-    0, FS_ISA_PORTABLE, &fs_pool_local, 0, fs_linf_part_f32_def, fs_linf_part_f32h_def,
+    0, FS_ISA_PORTABLE, &fs_pool_local, 0, 0, fs_linf_part_f32_def, fs_linf_part_f32h_def,
     fs_linf_part_f32b_def,
 #if FS_HAVE_VEC
     fs_f32_block_def, fs_f32_keys_def,
@@ -104,6 +104,7 @@ static int fs_isa_auto(const fs_dispatch *t)
 {
 #if FS_LINF_SIMD
     if (t->amx) return FS_ISA_AMX;
+    if (t->bf16dp) return FS_ISA_AVX512BF16;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c")) return FS_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
         && __builtin_cpu_supports("f16c"))
@@ -212,6 +213,7 @@ void fs_isa_init(void)
     fs_isa_features f;
     fs_isa_detect(&f);  /* asks Linux for the tile data once */
     t->amx = f.amx_bf16;
+    t->bf16dp = FS_BF16DP_BUILD && f.avx512bf16 && f.avx512f;
 #endif
 #if FS_ATTN_VARIANTS
     __builtin_cpu_init();
@@ -242,7 +244,10 @@ int fs_linear_set_path(int p)
 {
     fs_dispatch *t = fs_isa_table();
     int best = fs_isa_auto(t);
-    if (p == FS_ISA_AMX ? !t->amx : (p < -1 || p > FS_ISA_AVX512 || p > best))
+    int ok = p == FS_ISA_AMX ? t->amx
+             : p == FS_ISA_AVX512BF16 ? t->bf16dp
+             : p >= -1 && p <= FS_ISA_AVX512 && p <= best;
+    if (!ok)
         return -1;
     fs_isa_select(t, p < 0 ? best : p);
     return 0;
@@ -250,9 +255,14 @@ int fs_linear_set_path(int p)
 
 int fs_linear_get_path(void) { return fs_isa_table()->path; }
 
-int fs_linear_bf16_amx(void) { return fs_disp->path == FS_ISA_AMX; }
+int fs_linear_bf16_amx(void)
+{
+    return fs_disp->path == FS_ISA_AMX || fs_disp->path == FS_ISA_AVX512BF16;
+}
 
 int fs_linear_amx_built(void) { return FS_AMX_BUILD; }
+
+int fs_linear_bf16dp_built(void) { return FS_BF16DP_BUILD; }
 
 void fs_linear_set_threads(int n) { fs_pool_set_threads(n); }
 

@@ -73,6 +73,7 @@ typedef struct {
     int path;        /* FS_ISA_* of the packed float products (AMX: bf16 on tiles) */
     const fs_pool_ops *pool;  /* the process's thread pool (the owner copy's fs_pool_local) */
     int amx;         /* the CPU runs AMX tiles and Linux granted them (built in too) */
+    int bf16dp;      /* the CPU runs AVX512-BF16 (and the kernel is built in) */
     fs_linf_f32_fn linf_f32;
     fs_linf_u16_fn linf_f32h, linf_f32b;
     /* The widest variant the CPU runs, whatever the path (its choice never depends on n, and
@@ -102,11 +103,14 @@ void fs_isa_share(fs_dispatch *owner);
 int fs_linear_set_path(int p);
 /* The path the next product runs. */
 int fs_linear_get_path(void);
-/* 1 when the bf16 products run on AMX tiles now: their weights must then be packed by
- * fs_pack_bf16_amx (fs_amx_packed_len), else by fs_pack_f32h (fs_packed_len). */
+/* 1 when the bf16 products run in the tile layout now (the AMX or the AVX512-BF16 path): their
+ * weights must then be packed by fs_pack_bf16_amx (fs_amx_packed_len), else by fs_pack_f32h
+ * (fs_packed_len). */
 int fs_linear_bf16_amx(void);
 /* 1 when this build has the AMX kernel (GCC >= 11 on x86-64 Linux). */
 int fs_linear_amx_built(void);
+/* 1 when this build has the AVX512-BF16 kernel (the same compilers). */
+int fs_linear_bf16dp_built(void);
 /* The pool's thread count (aliases of fs_pool_set_threads and fs_pool_threads): 1 until set
  * (the Python layer sets the CPUs the process may run on at import). */
 void fs_linear_set_threads(int n);

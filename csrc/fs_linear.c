@@ -290,7 +290,11 @@ void fs_linear_part_f32b(const float *x, const uint16_t *W, float *y, int n, int
 #include "fs_linear_api.inc"
 
 #if FS_AMX_BUILD
+typedef void (*fs_tiles_fn)(const uint16_t *xa, int kp, const uint16_t *P, float *y, int n,
+                            int out, int t_lo, int t_hi, int accumulate);
+
 typedef struct {
+    fs_tiles_fn part;
     const uint16_t *xa, *P;
     float *y;
     int kp, n, out, nt, accumulate, units, nchunks;
@@ -303,26 +307,28 @@ static void fs_amx_chunk(void *arg, int c)
     fs_lin_chunk_range(c, j->nchunks, j->units, &lo, &hi);
     lo *= FS_AMX_G;
     hi = hi * FS_AMX_G < j->nt ? hi * FS_AMX_G : j->nt;
-    if (lo < hi) fs_amx_part(j->xa, j->kp, j->P, j->y, j->n, j->out, lo, hi, j->accumulate);
+    if (lo < hi) j->part(j->xa, j->kp, j->P, j->y, j->n, j->out, lo, hi, j->accumulate);
 }
 
-/* y (n, out) [+]= round_bf16(x) @ W [+ bias] on AMX tiles, W packed by fs_pack_bf16_amx; the
- * rows are rounded once into xa (n * fs_amx_kp(in) bf16 bits), then the column tiles are
- * cut into pool chunks of whole groups of FS_AMX_G tiles (each thread configures its own
- * tiles). */
+/* y (n, out) [+]= round_bf16(x) @ W [+ bias] in the tile layout, W packed by
+ * fs_pack_bf16_amx: on AMX tiles (fs_amx_part) or with AVX512-BF16 (fs_bf16dp_part), by the
+ * path. The rows are rounded once into xa (n * fs_amx_kp(in) bf16 bits), then the column
+ * tiles are cut into pool chunks of whole groups of FS_AMX_G tiles (on AMX each thread
+ * configures its own tiles). */
 static void fs_linear_f32b_amx(const float *x, const uint16_t *P, const float *bias, float *y,
                                int n, int in, int out, int accumulate, uint16_t *xa)
 {
     int kp = fs_amx_kp(in), nt = (out + 15) / 16;
+    fs_tiles_fn part = fs_disp->path == FS_ISA_AMX ? fs_amx_part : fs_bf16dp_part;
     if (x)
         fs_amx_round_rows(x, n, in, kp, xa);
     int nchunks = fs_lin_chunks(in, out, n, 16 * FS_AMX_G,
                                 FS_LIN_CHUNK_PANELS * FS_LIN_CHUNK_ALIGN);
     if (nchunks <= 1) {
-        fs_amx_part(xa, kp, P, y, n, out, 0, nt, accumulate);
+        part(xa, kp, P, y, n, out, 0, nt, accumulate);
     } else {
-        fs_amx_job job = {xa, P, y, kp, n, out, nt, accumulate, (nt + FS_AMX_G - 1) / FS_AMX_G,
-                          nchunks};
+        fs_amx_job job = {part, xa, P, y, kp, n, out, nt, accumulate,
+                          (nt + FS_AMX_G - 1) / FS_AMX_G, nchunks};
         fs_pool_run(fs_amx_chunk, &job, nchunks);
     }
     if (bias != NULL)

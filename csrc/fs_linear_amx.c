@@ -82,7 +82,9 @@ static FS_AMX_ATTR void fs_amx_configure(int m)
     _tile_loadconfig(&c);
 }
 
-FS_AMX_ATTR void fs_amx_round_rows(const float *x, int m, int in, int kp, uint16_t *xa)
+/* (AVX-512 only: the AVX512-BF16 path, on CPUs without AMX, rounds its rows here too.) */
+__attribute__((target("avx512f,avx512bw"))) void fs_amx_round_rows(const float *x, int m, int in,
+                                                                    int kp, uint16_t *xa)
 {
     const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
     const __m512i quiet = _mm512_set1_epi32(0x00400000), half = _mm512_set1_epi32(0x7fff);

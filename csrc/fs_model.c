@@ -32,8 +32,8 @@ static inline int fs_model_pos(const int32_t *positions, int pos0, int i)
 }
 
 /* Widest input of a product, and at least 16: the rows of xb, the bf16-rounded copy of a
- * product's input (on the AMX path fs_amx_kp(in) bf16 bits a row, which fit in
- * max(in, 16) floats). */
+ * product's input (on the tile paths, amx and avx512bf16, fs_amx_kp(in) bf16 bits a row,
+ * which fit in max(in, 16) floats). */
 static inline size_t fs_scratch_in(const fs_dims *d)
 {
     size_t w = (size_t)d->dim, hd = (size_t)d->n_heads * d->head_dim;

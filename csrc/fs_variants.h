@@ -36,6 +36,9 @@
 #else
 #define FS_AMX_BUILD 0
 #endif
+/* The AVX512-BF16 kernel (fs_linear_bf16dp.c): the same compilers; it runs only when fs_isa.h
+ * reports AVX512-BF16. */
+#define FS_BF16DP_BUILD FS_AMX_BUILD
 
 /* AVX2 and AVX-512 float attention blocks (else the build's own target only: 8 lanes when it
  * is AVX2 without AVX-512, 16 otherwise). */
@@ -190,7 +193,7 @@ void fs_linear_part_f32h(const float *x, const uint16_t *P, float *y, int n, int
 void fs_linear_part_f32b(const float *x, const uint16_t *P, float *y, int n, int in, int out,
                          int lo, int hi, int accumulate);
 
-/* ---- AMX tiles (fs_linear_amx.c) --------------------------------------------------------- */
+/* ---- bf16 in the tile layout: AMX (fs_linear_amx.c), AVX512-BF16 (fs_linear_bf16dp.c) -- */
 
 /* Column tiles that share one input tile per k step (4 sums + 1 input + 3 weight tiles of the
  * 8 tile registers). */
@@ -202,6 +205,12 @@ void fs_amx_round_rows(const float *x, int m, int in, int kp, uint16_t *xa);
  * passes of up to 16 rows; configures this thread's tiles and releases them. */
 void fs_amx_part(const uint16_t *xa, int kp, const uint16_t *P, float *y, int n, int out,
                  int t_lo, int t_hi, int accumulate);
+#endif
+#if FS_BF16DP_BUILD
+/* fs_amx_part's product with VDPBF16PS (fs_linear_bf16dp.c): the same layout, inputs and
+ * column tiles, any t_lo. */
+void fs_bf16dp_part(const uint16_t *xa, int kp, const uint16_t *P, float *y, int n, int out,
+                    int t_lo, int t_hi, int accumulate);
 #endif
 /* 1 when the bf16 products run on AMX tiles in this process (built, detected, granted). */
 int fs_linf_amx(void);

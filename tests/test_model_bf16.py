@@ -258,7 +258,7 @@ def test_set_isa_errors_name_the_isa():
 
 
 @needs_cython
-@pytest.mark.parametrize("value", ["portable", "amx", "nonsense"])
+@pytest.mark.parametrize("value", ["portable", "avx512bf16", "amx", "nonsense"])
 def test_fastspec_isa_environment_variable(value):
     info = fs.kernels.isa_info()
     code = "import fastspec as fs; print(fs.kernels.isa_info()['selected'])"
@@ -294,36 +294,40 @@ def test_c_kernels_bf16_equal_f32_on_widened_weights(tmp_path, flags):
 
 @needs_c_harness
 def test_c_kernels_amx_tiles(tmp_path):
-    # tests/c/linear_amx.c: the tile products against a double product of the rounded inputs,
-    # each row alone == the same row inside a block, passes of 16 rows, remainders of 16
-    # columns and 32 inputs; on a CPU without AMX it checks that the path is refused.
+    # tests/c/linear_amx.c: the tile-layout products (AMX tiles and AVX512-BF16) against a
+    # double product of the rounded inputs, each row alone == the same row inside a block,
+    # passes and groups of rows, remainders of 16 columns and 32 inputs; on a CPU without a
+    # path it checks that the path is refused.
     run_c_harness("linear_amx", [], tmp_path)
 
 
 @needs_cython
-def test_runners_repack_bf16_weights_when_the_path_changes():
-    # The tile layout of the AMX path and the panels of the others differ: a runner packed for
-    # one must not run on the other. Transformer rebuilds its runner; a bare runner refuses.
+@pytest.mark.parametrize("tile_path", ["amx", "avx512bf16"])
+def test_runners_repack_bf16_weights_when_the_path_changes(tile_path):
+    # The tile layout of the AMX and AVX512-BF16 paths and the panels of the others differ: a
+    # runner packed for one must not run on the other. Transformer rebuilds its runner; a bare
+    # runner refuses.
     from fastspec.kernels import _isa
     info = _isa.isa_info()
-    if "amx" not in info["available"] or "amx" not in info["kernels"]:
-        pytest.skip("needs the amx path")
+    if tile_path not in info["available"] or tile_path not in info["kernels"]:
+        pytest.skip(f"needs the {tile_path} path")
     m = bf16_model()
     ids = np.arange(12) % m.config.vocab_size
     prev = info["forced"]
     try:
         with fs.using_backend("cython"):
-            _isa.set_isa("amx")
+            _isa.set_isa(tile_path)
+            assert _isa.bf16_tiles()
             tiles = m.forward(ids).logits
             runner = m._fused()
             _isa.set_isa("avx512")
-            assert runner.stale
+            assert runner.stale and not _isa.bf16_tiles()
             with pytest.raises(RuntimeError, match="set_isa"):
                 cache = m.new_cache()
                 runner.forward(ids, cache.k, cache.v, 0)
             panels = m.forward(ids).logits  # a new runner, packed in panels
             assert not m._fused().stale and m._fused() is not runner
-            _isa.set_isa("amx")
+            _isa.set_isa(tile_path)
             again = m.forward(ids).logits
     finally:
         _isa.set_isa(prev)

@@ -37,8 +37,8 @@ def _model(dtype="float32", weight_dtype=None, seed=0):
 
 
 def _paths_for(weight_dtype):
-    """The compiled paths worth a run: every path with kernels on this CPU for bf16 (AMX runs
-    only its products on tiles), the automatic one otherwise."""
+    """The compiled paths worth a run: every path with kernels on this CPU for bf16 (amx and
+    avx512bf16 run only their bf16 products in the tile layout), the automatic one otherwise."""
     if weight_dtype != "bfloat16":
         return [None]
     info = fs.kernels.isa_info()

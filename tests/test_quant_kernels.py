@@ -23,7 +23,7 @@ def _paths():
     if "cython" not in BACKENDS:
         return [pytest.param(None, marks=pytest.mark.skip(reason="Cython extension not built"))]
     info = fs.kernels.isa_info()
-    return [n for n in ("portable", "avx2", "avx512", "amx")
+    return [n for n in ("portable", "avx2", "avx512", "avx512bf16", "amx")
             if n in info["available"] and n in info["kernels"]]
 
 

@@ -52,8 +52,14 @@ def run(args: argparse.Namespace) -> int:
     print("  float32   packed float32 panels, float32 multiply-adds")
     print("  float16   binary16 panels widened to float32 in registers (F16C), float32 "
           "multiply-adds; bit-identical to float32 on the widened weights")
-    print("  bfloat16  bf16 bit patterns widened by a 16-bit shift in registers; every product's "
-          "input rounded to bf16 (nearest even), float32 multiply-adds")
+    if path in ("amx", "avx512bf16"):
+        how = "AMX tiles (TDPBF16PS)" if path == "amx" else "AVX512-BF16 dot products (VDPBF16PS)"
+        print(f"  bfloat16  bf16 bit patterns in the tile layout (pairs of inputs); every "
+              f"product's input rounded to bf16 (nearest even), {how} summing in float32; "
+              f"equal to the FMA paths within float32 rounding, not bit for bit")
+    else:
+        print("  bfloat16  bf16 bit patterns widened by a 16-bit shift in registers; every "
+              "product's input rounded to bf16 (nearest even), float32 multiply-adds")
     quant = isa.get("quant_kernels", {})
     if path in quant:
         print(f"  q8_0/q4_0/q4_1  GGUF blocks x rows quantized to int8, exact integer block "

@@ -21,6 +21,7 @@ cdef extern from "fs_isa.h" nogil:
     void fs_isa_share(fs_dispatch *owner)
     int fs_linear_bf16_amx()
     int fs_linear_amx_built()
+    int fs_linear_bf16dp_built()
     void fs_linear_set_threads(int n)
     int fs_linear_get_threads()
     int fs_linear_set_path(int p)

@@ -19,6 +19,7 @@ from fastspec.kernels._csrc cimport (
     fs_isa_supported,
     fs_isa_table,
     fs_linear_amx_built,
+    fs_linear_bf16dp_built,
     fs_linear_bf16_amx,
     fs_linear_get_path,
     fs_linear_set_path,
@@ -37,8 +38,11 @@ __all__ = ["NAMES", "KERNELS", "MAX_THREADS", "features", "quant_kernels", "avai
 #: Path names in fs_isa.h's order (FS_ISA_PORTABLE .. FS_ISA_AMX).
 NAMES = ("portable", "avx2", "avx512", "avx512bf16", "amx")
 #: Paths with kernels in this build (the others are detected and reported only). ``amx`` runs
-#: the bf16 products on AMX tiles and the others as ``avx512``.
-KERNELS = ("portable", "avx2", "avx512") + (("amx",) if fs_linear_amx_built() else ())
+#: the bf16 products on AMX tiles, ``avx512bf16`` with VDPBF16PS, and both the others as
+#: ``avx512``.
+KERNELS = (("portable", "avx2", "avx512")
+           + (("avx512bf16",) if fs_linear_bf16dp_built() else ())
+           + (("amx",) if fs_linear_amx_built() else ()))
 #: The most threads :func:`set_threads` accepts (FS_POOL_MAX).
 MAX_THREADS = FS_POOL_MAX
 
@@ -214,11 +218,13 @@ def set_isa(name):
     ----------
     name : {"amx", "avx512bf16", "avx512", "avx2", "portable"} or None
         ``portable`` is the baseline build (no AVX); ``amx`` runs the bf16 products on AMX
-        tiles (the others as ``avx512``); None (or ``"auto"``) picks the widest path the CPU
-        runs. Process-wide; do not call while another thread runs a forward. bf16 weights are
-        packed for the path: runners built before a change between ``amx`` and another path
-        are :attr:`fastspec.model._model.TransformerRunner.stale` (a
-        :class:`fastspec.Transformer` rebuilds its own).
+        tiles and ``avx512bf16`` with AVX512-BF16 dot products (both: the others as
+        ``avx512``); None (or ``"auto"``) picks the widest path the CPU runs. Process-wide; do
+        not call while another thread runs a forward. bf16 weights are packed for the path
+        (``amx`` and ``avx512bf16`` share the tile layout): runners built before a change
+        between a tile path and another path are
+        :attr:`fastspec.model._model.TransformerRunner.stale` (a :class:`fastspec.Transformer`
+        rebuilds its own).
 
     Raises
     ------
@@ -226,7 +232,8 @@ def set_isa(name):
         For an unknown name.
     RuntimeError
         When the CPU (or the OS) lacks the instructions of ``name``, or when this build has no
-        kernel for it (``avx512bf16``; ``amx`` without GCC >= 11); the message names the ISA.
+        kernel for it (``amx`` and ``avx512bf16`` without GCC >= 11); the message names the
+        ISA.
     """
     global _forced
     cdef int path = resolve(name)
@@ -236,8 +243,8 @@ def set_isa(name):
 
 
 def bf16_tiles():
-    """Whether the bf16 products run on AMX tiles now (the ``amx`` path), so that bf16 weights
-    are packed in the tile layout."""
+    """Whether the bf16 products run in the tile layout now (the ``amx`` or ``avx512bf16``
+    path), so that bf16 weights are packed in it."""
     return bool(fs_linear_bf16_amx())
 
 

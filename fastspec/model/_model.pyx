@@ -124,8 +124,9 @@ cdef class TransformerRunner:
     @property
     def stale(self):
         """True when the bf16 products now run on a path whose packed layout differs from the
-        one this runner's weights were packed in (the AMX tiles against panels, after
-        :func:`set_isa`): the runner refuses to run, and a new one must be built."""
+        one this runner's weights were packed in (the tile layout of the amx and avx512bf16
+        paths against panels, after :func:`set_isa`): the runner refuses to run, and a new one
+        must be built."""
         return self._stale()
 
     cdef inline bint _stale(self):

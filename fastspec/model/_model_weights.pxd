@@ -18,7 +18,7 @@ cdef class ModelWeights:
     cdef bint is64
     cdef bint half  # 16-bit matrices (float16 or bfloat16), in m16 / layers16
     cdef bint bf16  # ... bfloat16 (m16 read as the identical fs_model_f32b)
-    cdef readonly bint tiles  # ... packed for the AMX tiles (fs_linear_bf16_amx() at build)
+    cdef readonly bint tiles  # ... packed in the tile layout (fs_linear_bf16_amx() at build)
     cdef fs_model_f32 m32
     cdef fs_model_f64 m64
     cdef fs_model_f32h m16

@@ -78,7 +78,8 @@ def linear_weights(object a):
 
 
 cdef inline bint _tile_layout(object a, bint tiles):
-    """Whether matrix ``a`` is packed for the AMX tiles: bf16 bits (uint16) and ``tiles``."""
+    """Whether matrix ``a`` is packed in the tile layout (the amx and avx512bf16 paths): bf16
+    bits (uint16) and ``tiles``."""
     return tiles and a.dtype == np.uint16
 
 
@@ -201,8 +202,8 @@ cdef class ModelWeights:
         Its weight arrays must stay alive and keep their shapes; this object holds references.
         float64 models are read in place; float32 and 16-bit matrices are copied once into the
         packed layout, so updates of those arrays are seen only by new weights. bf16 matrices
-        are packed for the path the products run when the weights are built (AMX tiles or
-        panels): see :attr:`tiles`.
+        are packed for the path the products run when the weights are built (the tile layout
+        of the amx and avx512bf16 paths, or panels): see :attr:`tiles`.
     """
 
     def __cinit__(self):

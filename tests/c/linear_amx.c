@@ -1,12 +1,15 @@
-/* Checks fs_linear_amx.h's bf16 products on AMX tiles, through fs_linear.h's public entry point
- * forced onto FS_ISA_AMX: against a double-precision product of the bf16-rounded inputs and the
- * weights (which catches a packing error), over row counts 1..16, 17, 23 and 40 (passes of 16
- * rows), widths with and without remainders of 16 columns and of 32 inputs, with and without
- * accumulation and bias, on one and two threads; every row alone gives the bits it gets inside
- * the block (the decode == verification guarantee); the rounded rows equal fs_f2bf_bits; a
- * NaN or an infinity in one input row stays in that row. On a CPU without AMX (or without the
- * Linux tile-data grant) it checks that the path is refused and reports 0 failures. Built and
- * run by tests/test_model_bf16.py; exit status = failures. */
+/* Checks the bf16 products in the tile layout on both paths that read it: AMX tiles
+ * (fs_linear_amx.c, FS_ISA_AMX) and AVX512-BF16 dot products (fs_linear_bf16dp.c,
+ * FS_ISA_AVX512BF16), through fs_linear.h's public entry point forced onto each: against a
+ * double-precision product of the bf16-rounded inputs and the weights (which catches a
+ * packing error), over row counts 1..16, 17, 23, 25 and 40 (passes of 16 rows on AMX; groups
+ * of up to 12 rows, tiles of 4 and 2 column tiles with AVX512-BF16), widths with and without
+ * remainders of 16 columns and of 32 inputs, with and without accumulation and bias, on one
+ * and two threads; every row alone gives the bits it gets inside the block (the decode ==
+ * verification guarantee); the rounded rows equal fs_f2bf_bits; a NaN or an infinity in one
+ * input row stays in that row. On a CPU without a path (or, for AMX, without the Linux
+ * tile-data grant) it checks that the path is refused. Built and run by
+ * tests/test_model_bf16.py; exit status = failures. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -24,21 +27,14 @@ static float uniform(void)
     return (float)((state >> 8) / 16777216.0) * 2.0f - 1.0f;
 }
 
-int main(void)
+/* The checks on the path set now; returns the failures. */
+static int check_path(void)
 {
     int fails = 0;
-    if (fs_linear_set_path(FS_ISA_AMX) != 0) {
-        if (fs_linf_amx()) {
-            printf("AMX granted but fs_linear_set_path(FS_ISA_AMX) refused\n");
-            fails++;
-        }
-        printf("no AMX here: path refused as it should be\n%d failures\n", fails);
-        return fails;
-    }
 #if FS_AMX_BUILD
     const int shapes[][2] = {{32, 16}, {33, 17}, {5, 3}, {64, 64}, {100, 70}, {77, 129},
                              {576, 192}, {40, 300}};
-    const int rows[] = {1, 2, 3, 5, 8, 13, 16, 17, 23, 40};
+    const int rows[] = {1, 2, 3, 5, 7, 8, 12, 13, 16, 17, 23, 25, 40};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int in = shapes[s][0], out = shapes[s][1], kp = fs_amx_kp(in);
         uint16_t *W = malloc(sizeof(uint16_t) * in * out);
@@ -129,7 +125,38 @@ int main(void)
             }
     }
 #endif
-    fs_linear_set_path(-1);
+    return fails;
+}
+
+int main(void)
+{
+    int fails = 0;
+    const int paths[] = {FS_ISA_AMX, FS_ISA_AVX512BF16};
+    const char *names[] = {"amx", "avx512bf16"};
+    fs_isa_features f;
+    fs_isa_detect(&f);
+    for (int i = 0; i < 2; i++) {
+        int can = i == 0 ? fs_linf_amx()
+                         : fs_linear_bf16dp_built() && fs_isa_supported(&f, FS_ISA_AVX512BF16);
+        if (fs_linear_set_path(paths[i]) != 0) {
+            if (can) {
+                printf("%s: the CPU runs it but fs_linear_set_path refused\n", names[i]);
+                fails++;
+            } else {
+                printf("%s: not here, path refused as it should be\n", names[i]);
+            }
+            continue;
+        }
+        if (!can) {
+            printf("%s: path accepted on a CPU or build without it\n", names[i]);
+            fails++;
+            continue;
+        }
+        int n = check_path();
+        printf("%s: %d failures\n", names[i], n);
+        fails += n;
+        fs_linear_set_path(-1);
+    }
     printf("%d failures\n", fails);
     return fails;
 }

@@ -5,9 +5,9 @@
  * widths with and without column remainders, with and without accumulation. Also:
  * fs_f2bf_bits (round to nearest even) on known values and against a wide-integer reference
  * on a sweep of bit patterns; fs_linear_set_path picks the variant the public entry point runs
- * and refuses one the CPU lacks. With -DFS_TEST_PORTABLE the header is compiled as by a compiler
- * without GNU C (scalar kernels only). Built and run by tests/test_model_bf16.py; exit status =
- * failures. */
+ * and refuses one the CPU (or the build) lacks. With -DFS_TEST_PORTABLE the header is
+ * compiled as by a compiler without GNU C (scalar kernels only). Built and run by
+ * tests/test_model_bf16.py; exit status = failures. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -165,9 +165,18 @@ int main(void)
                         free(Pf); free(Pb); free(ref);
                     }
 #ifndef FS_TEST_PORTABLE
-    if (fs_linear_set_path(FS_ISA_AVX512BF16) != -1 || fs_linear_set_path(7) != -1) {
-        printf("fs_linear_set_path accepted a path without kernels\n");
+    if (fs_linear_set_path(7) != -1) {
+        printf("fs_linear_set_path accepted a path that does not exist\n");
         fails++;
+    }
+    {
+        fs_isa_features f;
+        fs_isa_detect(&f);
+        int bf16dp = fs_linear_bf16dp_built() && fs_isa_supported(&f, FS_ISA_AVX512BF16);
+        if ((fs_linear_set_path(FS_ISA_AVX512BF16) == 0) != bf16dp) {
+            printf("fs_linear_set_path(FS_ISA_AVX512BF16) disagrees with the CPU and build\n");
+            fails++;
+        }
     }
     if ((fs_linear_set_path(FS_ISA_AMX) == 0) != fs_linf_amx()) {
         printf("fs_linear_set_path(FS_ISA_AMX) disagrees with the CPU's AMX grant\n");
