@@ -15,12 +15,16 @@
  *
  * Register tiles: R rows x NT column tiles of sums (zmm), the NT weight vectors of a pair loaded
  * once and used by every row, each row's pair broadcast once: up to 6 rows with 4 tiles (24
- * sums; the weights stream as 4 sequential reads, as on AMX), 7-12 rows with 2; more rows run
- * in groups of at most 12, as even as possible, every group over one strip of tiles before the
- * next strip (a prefill streams the weights once). Measured on the Zen 4 (SmolLM-135M shape,
- * bf16, 1 thread, the decode step against a read of its bytes, paired): 8 streams for one row
- * reached 0.69-0.72 of the stream bound, 4 streams 0.78-0.79 (the avx512 path's panels:
- * 0.79-0.80).
+ * sums; the weights stream as 4 sequential reads, as on AMX), 7-8 rows with 3, 9-12 with 2;
+ * more rows run in groups of at most 12, as even as possible, every group over one strip of
+ * tiles before the next strip (a prefill streams the weights once). Measured on the Zen 4
+ * (SmolLM-135M shape, bf16, 1 thread, random weights, builds alternated):
+ *   - one row, the decode step against a read of its bytes (paired): 8 streams reached
+ *     0.69-0.72 of the stream bound, 4 streams 0.78-0.79 (the avx512 path's panels: 0.79-0.80);
+ *   - 8 rows as 8 x 3 tiles rather than 8 x 2: 15.9-16.7 -> 15.0-15.3 ms a step of 8 rows, and
+ *     16 rows (two groups of 8) 28.7-28.9 -> 27.0-27.5 ms;
+ *   - 8 rows as two groups of 4 x 4 tiles: 19.7-20.3 ms (the strip read twice);
+ *   - groups of up to 16 rows, one tile wide, and every group prefetching: no change.
  *
  * Numerics: each output is one chain of VDPBF16PS over the pairs in k order, starting from +0
  * (or from y when accumulating), whatever the rows, tiles or groups: a row gives the same bits
@@ -108,6 +112,8 @@ FS_DP_INL void fs_dp_strip(const uint16_t *xa, int kp, const uint16_t *P, float 
     } while (0)
         if (R <= 6 && w >= 4)
             FS_DP_TILE(4);
+        else if (R <= 8 && w >= 3)
+            FS_DP_TILE(3);
         else if (w >= 2)
             FS_DP_TILE(2);
         else
@@ -122,7 +128,7 @@ FS_DP_ATTR void fs_bf16dp_part(const uint16_t *xa, int kp, const uint16_t *P, fl
     /* rows in groups of at most 12, as even as possible; strips of the widest group's tile
      * width outside, so that every group reads a strip while it is in cache */
     const int groups = (n + 11) / 12, most = (n + groups - 1) / groups;
-    const int width = most <= 6 ? 4 : 2;
+    const int width = most <= 6 ? 4 : most <= 8 ? 3 : 2;
     for (int t = t_lo; t < t_hi; t += width) {
         const int te = t + width < t_hi ? t + width : t_hi;
         for (int g = 0, r0 = 0; g < groups; g++) {
