@@ -283,8 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         print("goals: needs the compiled backend", file=sys.stderr)
         return 2
     m = machine()
-    print(f"CPU: {m['cpu']}; paths {', '.join(m['paths'])} (native {m['native']}); "
-          f"{'an AVX2-only CPU: the goals machine' if m['goal_machine'] else 'not an AVX2-only CPU: the avx2 rows are a proxy (AVX2 instructions on this core)'}; "
+    which = ("an AVX2-only CPU: the goals' machine" if m["goal_machine"] else
+             "not an AVX2-only CPU: the avx2 rows are a proxy (AVX2 instructions on this core)")
+    print(f"CPU: {m['cpu']}; paths {', '.join(m['paths'])} (native {m['native']}); {which}; "
           f"load average {m['load_average']:.1f}", file=sys.stderr)
     rows: list[Row] = []
     t0 = time.perf_counter()
