@@ -198,7 +198,8 @@ def demo(rows: list[Row], quick: bool) -> None:
     """Issues 30 (float16) and 29 (q8_0): ``fastspec demo``'s greedy speedups of the n-gram
     drafter and DFlash over vanilla, at the default thread count."""
     import fastspec as fs
-    from fastspec.tools.demo import _default_prompt, run_methods
+    from fastspec.text.corpus import heldout_prompts
+    from fastspec.tools.demo import run_methods
 
     if not fs.pretrained.available():
         return
@@ -207,7 +208,7 @@ def demo(rows: list[Row], quick: bool) -> None:
     threads = fs.get_threads()
     for dtype, (issue, bounds) in goals.items():
         bundle = fs.pretrained.load(weight_dtype=dtype)
-        ids = bundle.tokenizer.encode(_default_prompt(), add_bos=True)
+        ids = bundle.tokenizer.encode(heldout_prompts(1)[0], add_bos=True)  # demo's prompt
         for p in paths():
             with on_path(p):
                 res = run_methods(bundle, ids, 256, 0.0, ("vanilla",) + tuple(bounds),
@@ -251,14 +252,14 @@ def peers(rows: list[Row], quick: bool) -> None:
         print("goals: llama_cpp is not installed ([peers] extra): no llama.cpp rows",
               file=sys.stderr)
         return
-    from fastspec.tools.llama_peers import llama_peers
+    from fastspec.tools.llama_peers import goal_ratios, llama_peers
 
     for threads in (1, 2):
-        r = llama_peers(threads=threads, requests=2 if quick else 4)
-        for key, goal, bound in (("vanilla_ratio", "vanilla / llama.cpp vanilla", 2.0),
-                                 ("ngram_over_llama_vanilla", "n-gram / llama.cpp vanilla", 4.0),
-                                 ("ngram_over_llama_lookup", "n-gram / llama.cpp lookup", 3.0)):
-            rows.append(Row(29, f"real q4_1 {goal}", "native", threads, r[key], ">=", bound))
+        report = llama_peers(threads=threads, requests=2 if quick else 4)
+        for name, value, goal in goal_ratios(report):
+            op, bound = goal.split()
+            rows.append(Row(29, f"real q4_1 {name}", "native", threads, value, op,
+                            float(bound)))
 
 
 PARTS = {"quantized": quantized, "floats": floats, "demo": demo, "threads": threads_rows,

@@ -213,7 +213,7 @@ void fs_isa_init(void)
     fs_isa_features f;
     fs_isa_detect(&f);  /* asks Linux for the tile data once */
     t->amx = f.amx_bf16;
-    t->bf16dp = FS_BF16DP_BUILD && f.avx512bf16 && f.avx512f;
+    t->bf16dp = FS_BF16DP_BUILD && f.avx512bf16;  /* (fs_isa_detect: implies avx512f) */
 #endif
 #if FS_ATTN_VARIANTS
     __builtin_cpu_init();

@@ -298,11 +298,11 @@ typedef struct {
     const uint16_t *xa, *P;
     float *y;
     int kp, n, out, nt, accumulate, units, nchunks;
-} fs_amx_job;
+} fs_tiles_job;
 
-static void fs_amx_chunk(void *arg, int c)
+static void fs_tiles_chunk(void *arg, int c)
 {
-    const fs_amx_job *j = (const fs_amx_job *)arg;
+    const fs_tiles_job *j = (const fs_tiles_job *)arg;
     int lo, hi;
     fs_lin_chunk_range(c, j->nchunks, j->units, &lo, &hi);
     lo *= FS_AMX_G;
@@ -315,8 +315,8 @@ static void fs_amx_chunk(void *arg, int c)
  * path. The rows are rounded once into xa (n * fs_amx_kp(in) bf16 bits), then the column
  * tiles are cut into pool chunks of whole groups of FS_AMX_G tiles (on AMX each thread
  * configures its own tiles). */
-static void fs_linear_f32b_amx(const float *x, const uint16_t *P, const float *bias, float *y,
-                               int n, int in, int out, int accumulate, uint16_t *xa)
+static void fs_linear_f32b_tiles(const float *x, const uint16_t *P, const float *bias,
+                                 float *y, int n, int in, int out, int accumulate, uint16_t *xa)
 {
     int kp = fs_amx_kp(in), nt = (out + 15) / 16;
     fs_tiles_fn part = fs_disp->path == FS_ISA_AMX ? fs_amx_part : fs_bf16dp_part;
@@ -327,9 +327,9 @@ static void fs_linear_f32b_amx(const float *x, const uint16_t *P, const float *b
     if (nchunks <= 1) {
         part(xa, kp, P, y, n, out, 0, nt, accumulate);
     } else {
-        fs_amx_job job = {part, xa, P, y, kp, n, out, nt, accumulate,
+        fs_tiles_job job = {part, xa, P, y, kp, n, out, nt, accumulate,
                           (nt + FS_AMX_G - 1) / FS_AMX_G, nchunks};
-        fs_pool_run(fs_amx_chunk, &job, nchunks);
+        fs_pool_run(fs_tiles_chunk, &job, nchunks);
     }
     if (bias != NULL)
         for (int r = 0; r < n; r++)
@@ -342,7 +342,7 @@ void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, 
 {
 #if FS_AMX_BUILD
     if (fs_linear_bf16_amx()) {  /* W in the tile layout; xr holds the rows as bf16 bits */
-        fs_linear_f32b_amx(x, W, bias, y, n, in, out, accumulate, (uint16_t *)(void *)xr);
+        fs_linear_f32b_tiles(x, W, bias, y, n, in, out, accumulate, (uint16_t *)(void *)xr);
         return;
     }
 #endif

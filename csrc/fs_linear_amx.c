@@ -4,7 +4,7 @@
  * fs_amx_part: y (n, out) [+]= xa (n, kp) @ W (in, out) on column tiles [t_lo, t_hi), W bf16
  * bits packed by fs_pack_bf16_amx and xa the input rows rounded to bf16 bits (nearest even,
  * the integer rule of fs_f2bf_bits) by fs_amx_round_rows; the tiles accumulate in float32.
- * fs_linear.c's fs_linear_f32b_amx is the entry point (threads, bias).
+ * fs_linear.c's fs_linear_f32b_tiles is the entry point (threads, bias).
  *
  * Why tiles: one TDPBF16PS multiplies up to 16 rows of 32 inputs by a 32 x 16 weight tile, so
  * a block of up to 16 rows (a verification or a DFlash block) streams the weights once for

@@ -6,7 +6,7 @@
  * exactly fs_amx_part's terms: W bf16 bits packed by fs_pack_bf16_amx (the AMX tile layout,
  * which is also VDPBF16PS's: pair q of column tile t, (W[2q][16t + c], W[2q + 1][16t + c]) for
  * its 16 columns c, is one 64-byte vector at P + 16 t kp + 32 q) and xa the input rows rounded
- * to bf16 bits (fs_amx_round_rows). fs_linear.c's fs_linear_f32b_amx is the entry point of
+ * to bf16 bits (fs_amx_round_rows). fs_linear.c's fs_linear_f32b_tiles is the entry point of
  * both tile paths (threads, bias).
  *
  * Why: one VDPBF16PS does 32 multiply-adds (16 columns x a pair of inputs), twice a float32
@@ -51,6 +51,13 @@
 #define FS_DP_PF 1024
 #endif
 
+/* The lanes of column tile j holding real columns, of `cols` from the tile group's start. */
+FS_DP_INL __mmask16 fs_dp_live(int cols, int j)
+{
+    int live = cols - 16 * j;
+    return live >= 16 ? (__mmask16)0xffff : live > 0 ? (__mmask16)((1u << live) - 1) : 0;
+}
+
 /* R rows (xa, kp bf16 each) x NT column tiles from B (tile j at B + j * len), columns c0 ..
  * c0 + cols of y (rows out floats apart). */
 FS_DP_INL void fs_dp_tile(const uint16_t *xa, int kp, const uint16_t *B, size_t len, float *y,
@@ -59,9 +66,7 @@ FS_DP_INL void fs_dp_tile(const uint16_t *xa, int kp, const uint16_t *B, size_t 
 {
     __m512 acc[12][4];
     FS_DP_UNROLL for (int j = 0; j < NT; j++) {
-        int live = cols - 16 * j;
-        __mmask16 m = live >= 16 ? (__mmask16)0xffff
-                      : live > 0 ? (__mmask16)((1u << live) - 1) : (__mmask16)0;
+        const __mmask16 m = fs_dp_live(cols, j);
         FS_DP_UNROLL for (int r = 0; r < R; r++)
             acc[r][j] = accumulate ? _mm512_maskz_loadu_ps(m, y + (size_t)r * out + c0 + 16 * j)
                                    : _mm512_setzero_ps();
@@ -87,9 +92,7 @@ FS_DP_INL void fs_dp_tile(const uint16_t *xa, int kp, const uint16_t *B, size_t 
         }
     }
     FS_DP_UNROLL for (int j = 0; j < NT; j++) {
-        int live = cols - 16 * j;
-        __mmask16 m = live >= 16 ? (__mmask16)0xffff
-                      : live > 0 ? (__mmask16)((1u << live) - 1) : (__mmask16)0;
+        const __mmask16 m = fs_dp_live(cols, j);
         FS_DP_UNROLL for (int r = 0; r < R; r++)
             _mm512_mask_storeu_ps(y + (size_t)r * out + c0 + 16 * j, m, acc[r][j]);
     }

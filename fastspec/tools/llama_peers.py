@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-__all__ = ["llama_peers", "llama_peers_text", "llama_peers_markdown", "METHODS"]
+__all__ = ["llama_peers", "llama_peers_text", "llama_peers_markdown", "goal_ratios", "METHODS"]
 
 #: The compared methods, in the order each request runs them.
 METHODS = ("llama_vanilla", "llama_lookup", "fastspec_vanilla", "fastspec_ngram")
@@ -158,7 +158,9 @@ def llama_peers(path=None, threads: int = 1, requests: int = 4, new_tokens: int 
             "extra_bufts": extra_bufts, "load_average": load}
 
 
-def _ratios(report: dict) -> list[tuple[str, float, str]]:
+def goal_ratios(report: dict) -> list[tuple[str, float, str]]:
+    """``(name, value, goal)`` of each ratio of a :func:`llama_peers` report and its issue-29
+    goal (``">= 2"``...): the one place those goals are written."""
     return [("fastspec vanilla / llama.cpp vanilla", report["vanilla_ratio"], ">= 2"),
             ("fastspec n-gram / llama.cpp vanilla", report["ngram_over_llama_vanilla"], ">= 4"),
             ("fastspec n-gram / llama.cpp prompt lookup", report["ngram_over_llama_lookup"],
@@ -170,7 +172,7 @@ def llama_peers_text(report: dict) -> list[str]:
     out = [f"llama.cpp peers {r['method']:<17} threads {report['threads']}: "
            f"{r['tokens_per_s']:6.1f} tok/s" for r in report["rows"]]
     out += [f"llama.cpp peers {name}: {value:.2f}x (goal {goal})"
-            for name, value, goal in _ratios(report)]
+            for name, value, goal in goal_ratios(report)]
     return out
 
 
@@ -186,5 +188,5 @@ def llama_peers_markdown(report: dict) -> list[str]:
            f"{max(report['load_average']):.1f}.", "", "| method | tokens/s |", "|---|---|"]
     out += [f"| {r['method']} | {r['tokens_per_s']:.1f} |" for r in report["rows"]]
     out += ["", "| ratio | measured | goal |", "|---|---|---|"]
-    out += [f"| {name} | {value:.2f}x | {goal} |" for name, value, goal in _ratios(report)]
+    out += [f"| {name} | {value:.2f}x | {goal} |" for name, value, goal in goal_ratios(report)]
     return out
