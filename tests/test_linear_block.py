@@ -5,6 +5,9 @@ accumulate, bias); a row alone gives the same bits as inside any block, on every
 weight kind; f16 == f32 on the widened weights and bf16 == f32 on the widened weights and
 bf16-rounded rows; the AVX2 and AVX-512 paths agree bit for bit; the packed layout; the FMA
 peak of isa_info. tests/c/linear_block.c checks every variant against a scalar fmaf chain.
+The tile layout of the amx and avx512bf16 paths (product_tiles): the bf16 rule's twin within
+float32 rounding, and a row alone == the same row in a block, where the CPU has such a path
+(tests/c/linear_amx.c checks them in C).
 """
 import numpy as np
 import pytest
@@ -19,6 +22,8 @@ PW = 48
 SIMD = [p for p in ("avx2", "avx512") if p in fs.kernels.isa_info()["available"]
         and p in fs.kernels.isa_info()["kernels"]]
 PATHS = ["portable", *SIMD]
+TILE_PATHS = [p for p in ("avx512bf16", "amx") if p in fs.kernels.isa_info()["available"]
+              and p in fs.kernels.isa_info()["kernels"]]
 
 
 @pytest.fixture
@@ -161,6 +166,80 @@ def test_simd_paths_agree(kind):
                     got.append((_run(kind, p, x, n_out), _run(kind, p, x, n_out, y0=y0)))
                 np.testing.assert_array_equal(got[0][0], got[1][0])
                 np.testing.assert_array_equal(got[0][1], got[1][1])
+    finally:
+        fs.kernels.set_isa(prev)
+
+
+def _run_tiles(p, x, n_out, y0=None, bias=None):
+    y = np.zeros((x.shape[0], n_out), np.float32) if y0 is None else y0.copy()
+    lin.product_tiles(x, p, n_out, y, accumulate=y0 is not None, bias=bias)
+    return y
+
+
+@pytest.mark.parametrize("on_path", TILE_PATHS, indirect=True)
+def test_tiles_numpy_twin(on_path):
+    # the bf16 rule: round_bf16(x) @ W in float32; the tile paths sum pairs in the hardware's
+    # order, so within float32 rounding of the float64 product, not bit for bit
+    assert lin.tile_layout()
+    rng = np.random.default_rng(5)
+    for n_in, n_out in [(1, 5), (5, 47), (31, 16), (70, 48), (129, 49), (300, 100), (577, 97)]:
+        stored, wf = _weights("bf16", n_in, n_out, rng)
+        p = lin.pack(stored, tiles=True)
+        bias = rng.standard_normal(n_out).astype(np.float32)
+        for n in (1, 2, 3, 5, 6, 7, 8, 12, 13, 16, 17, 25):
+            x = rng.standard_normal((n, n_in)).astype(np.float32)
+            xb = _bf16_float(_bf16_bits(x)).reshape(n, n_in).astype(np.float64)
+            ref = xb @ wf.astype(np.float64)
+            scale = np.abs(xb) @ np.abs(wf).astype(np.float64) + 1.0
+            got = _run_tiles(p, x, n_out)
+            assert np.all(np.abs(got - ref) <= 1e-5 * scale), (n_in, n_out, n)
+            y0 = rng.standard_normal((n, n_out)).astype(np.float32)
+            got = _run_tiles(p, x, n_out, y0=y0, bias=bias)
+            want = ref + y0 + bias
+            assert np.all(np.abs(got - want) <= 1e-5 * (scale + np.abs(y0) + np.abs(bias))), \
+                (n_in, n_out, n)
+            # a wrong product (the last input dropped) is caught at this tolerance
+            if n_in > 1 and n == 1:
+                assert not np.all(np.abs(_run_tiles(lin.pack(stored[:-1], tiles=True),
+                                                    x[:, :-1], n_out) - ref) <= 1e-5 * scale)
+
+
+@pytest.mark.parametrize("on_path", TILE_PATHS, indirect=True)
+def test_tiles_row_alone_equals_row_in_block(on_path):
+    rng = np.random.default_rng(6)
+    for n_in, n_out in [(70, 49), (576, 192)]:
+        stored, _ = _weights("bf16", n_in, n_out, rng)
+        p = lin.pack(stored, tiles=True)
+        x = rng.standard_normal((17, n_in)).astype(np.float32)
+        alone = np.concatenate([_run_tiles(p, x[i:i + 1], n_out) for i in range(17)])
+        for n in range(1, 18):
+            np.testing.assert_array_equal(_run_tiles(p, x[:n], n_out), alone[:n])
+            np.testing.assert_array_equal(_run_tiles(p, x[17 - n:], n_out), alone[17 - n:])
+
+
+def test_product_tiles_rejects_bad_input():
+    w = np.ones((4, 5), np.uint16)
+    p = lin.pack(w, tiles=True)
+    assert p.dtype == np.uint16 and p.shape[0] >= 4 * 16
+    with pytest.raises(TypeError, match="uint16"):
+        lin.pack(np.ones((4, 5), np.float32), tiles=True)
+    x, y = np.ones((2, 4), np.float32), np.zeros((2, 5), np.float32)
+    prev = fs.kernels.isa_info()["forced"]
+    try:
+        fs.kernels.set_isa("portable")
+        assert not lin.tile_layout()
+        with pytest.raises(RuntimeError, match="tile layout"):
+            lin.product_tiles(x, p, 5, y)
+        if TILE_PATHS:
+            fs.kernels.set_isa(TILE_PATHS[0])
+            with pytest.raises(ValueError, match="tile layout of"):
+                lin.product_tiles(x, p[:-1].copy(), 5, y)
+            with pytest.raises(TypeError, match="uint16"):
+                lin.product_tiles(x, p.astype(np.float32), 5, y)
+            with pytest.raises(ValueError, match="y must have shape"):
+                lin.product_tiles(x, p, 5, np.zeros((3, 5), np.float32))
+            with pytest.raises(ValueError, match="bias"):
+                lin.product_tiles(x, p, 5, y, bias=np.ones(4, np.float32))
     finally:
         fs.kernels.set_isa(prev)
 

@@ -42,6 +42,8 @@ cdef extern from "fs_linear.h" nogil:
                         int rows, int cols, int accumulate)
     void fs_linear_f32b(const float *x, const uint16_t *W, const float *bias, float *y, int n,
                         int rows, int cols, int accumulate)
+    void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, float *y,
+                              int n, int rows, int cols, int accumulate, float *xr)
     double fs_clock_hz(int bursts)
     size_t fs_packed_len(int rows, int cols)
     void fs_pack_f32(const float *W, int rows, int cols, float *P)
