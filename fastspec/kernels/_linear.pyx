@@ -100,6 +100,20 @@ def pack(w, bint tiles=False):
     return out
 
 
+cdef int _check_call(int n, int n_in, int n_out, float[:, ::1] y, const float[::1] bias,
+                     p) except -1:
+    """The checks :func:`product` and :func:`product_tiles` share: shapes, bias, p an array."""
+    if n < 1 or n_in < 1 or n_out < 1:
+        raise ValueError(f"x must be non-empty and n_out positive, got ({n}, {n_in}), {n_out}")
+    if y.shape[0] != n or y.shape[1] != n_out:
+        raise ValueError(f"y must have shape ({n}, {n_out}), got ({y.shape[0]}, {y.shape[1]})")
+    if bias is not None and bias.shape[0] != n_out:
+        raise ValueError(f"bias must have shape ({n_out},), got ({bias.shape[0]},)")
+    if not isinstance(p, np.ndarray) or p.ndim != 1 or not p.flags.c_contiguous:
+        raise ValueError("p must be a 1-D C-contiguous numpy array (pack's result)")
+    return 0
+
+
 def product(const float[:, ::1] x, p, str kind, int n_out, float[:, ::1] y, bint accumulate=False,
             const float[::1] bias=None):
     """``y (n, out) [+]= x (n, in) @ W [+ bias]`` with W packed by :func:`pack`.
@@ -123,15 +137,8 @@ def product(const float[:, ::1] x, p, str kind, int n_out, float[:, ::1] y, bint
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     cdef int n = x.shape[0], n_in = x.shape[1], acc = accumulate
     cdef bint half
-    if n < 1 or n_in < 1 or n_out < 1:
-        raise ValueError(f"x must be non-empty and n_out positive, got ({n}, {n_in}), {n_out}")
-    if y.shape[0] != n or y.shape[1] != n_out:
-        raise ValueError(f"y must have shape ({n}, {n_out}), got ({y.shape[0]}, {y.shape[1]})")
-    if bias is not None and bias.shape[0] != n_out:
-        raise ValueError(f"bias must have shape ({n_out},), got ({bias.shape[0]},)")
+    _check_call(n, n_in, n_out, y, bias, p)
     want = np.float32 if kind == "f32" else np.uint16
-    if not isinstance(p, np.ndarray) or p.ndim != 1 or not p.flags.c_contiguous:
-        raise ValueError("p must be a 1-D C-contiguous numpy array (pack's result)")
     if kind == "f16" and p.dtype == np.float16:
         p = p.view(np.uint16)
     if p.dtype != want:
@@ -167,12 +174,8 @@ def product_tiles(const float[:, ::1] x, p, int n_out, float[:, ::1] y, bint acc
     x : float32 array, shape (n, in), C-contiguous
         Any float32 values; they are rounded to bf16 into scratch, ``x`` is not written.
     p : numpy.ndarray of uint16, shape (fs_amx_packed_len(in, out),)
-    n_out : int
-        Columns of W.
-    y : float32 array, shape (n, out), C-contiguous
-        Written in place (added to when ``accumulate``).
-    accumulate : bool
-    bias : float32 array, shape (out,), optional
+    n_out, y, accumulate, bias
+        As in :func:`product`.
 
     Raises
     ------
@@ -183,14 +186,7 @@ def product_tiles(const float[:, ::1] x, p, int n_out, float[:, ::1] y, bint acc
         raise RuntimeError("the selected path does not read the tile layout (tile_layout() is "
                            "False): select amx or avx512bf16 with set_isa")
     cdef int n = x.shape[0], n_in = x.shape[1], acc = accumulate
-    if n < 1 or n_in < 1 or n_out < 1:
-        raise ValueError(f"x must be non-empty and n_out positive, got ({n}, {n_in}), {n_out}")
-    if y.shape[0] != n or y.shape[1] != n_out:
-        raise ValueError(f"y must have shape ({n}, {n_out}), got ({y.shape[0]}, {y.shape[1]})")
-    if bias is not None and bias.shape[0] != n_out:
-        raise ValueError(f"bias must have shape ({n_out},), got ({bias.shape[0]},)")
-    if not isinstance(p, np.ndarray) or p.ndim != 1 or not p.flags.c_contiguous:
-        raise ValueError("p must be a 1-D C-contiguous numpy array (pack's result)")
+    _check_call(n, n_in, n_out, y, bias, p)
     if p.dtype != np.uint16:
         raise TypeError(f"p must be uint16 (bfloat16 bits in the tile layout), got {p.dtype}")
     if p.shape[0] != fs_amx_packed_len(n_in, n_out):
