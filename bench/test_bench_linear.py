@@ -11,9 +11,9 @@ block). ``extra_info`` records the multiply-adds per call, the clock and the pea
 
 The tile paths (avx512bf16, amx) run bf16 weights from the tile layout (``pack(w,
 tiles=True)``, ``product_tiles``, which rounds the rows to bf16 itself); ``test_*_tiles`` runs
-them where the CPU has them. Their peak: avx512bf16's ``VDPBF16PS`` does two multiply-adds a
-float32 lane, issued at the rate of the 512-bit FMA (measured on a Zen 4: 31.6 against 15.9 a
-cycle), so twice the avx512 peak; amx records no peak.
+them where the CPU has them. Their peak: avx512bf16's, ``isa_info()["peak"]["dot_bf16"]`` (one
+``VDPBF16PS`` a cycle, 32 multiply-adds: measured on a Zen 4, 31.6 against 15.9 a cycle for
+the float32 FMA); amx records no peak.
 """
 import numpy as np
 import pytest
@@ -33,9 +33,9 @@ ROWS = [1, 2, 4, 8, 16]
 
 
 def tile_peak(path):
-    """Multiply-adds a cycle of a tile path's bf16 products, or None where not known."""
-    per = INFO["peak"]["macs_per_cycle"]
-    return 2 * per["avx512"] if path == "avx512bf16" and "avx512" in per else None
+    """Multiply-adds a cycle of a tile path's bf16 products (``isa_info()["peak"]["dot_bf16"]``),
+    or None where not known (amx)."""
+    return INFO["peak"]["dot_bf16"].get(path, {}).get("macs_per_cycle")
 
 
 def _packed(kind, shapes, copies, rng, tiles=False):

@@ -274,6 +274,12 @@ def test_isa_info_reports_the_fma_peak():
         assert peak["macs_per_cycle"][path] == units * lanes
         assert peak["gmacs"][path] == pytest.approx(units * lanes * peak["clock_ghz"])
     assert peak["clock_ghz"] > 0.1 or peak["clock_source"] == "cpuinfo"
+    # the bf16 dot-product peak: exactly where the CPU runs avx512bf16
+    have = "avx512bf16" in fs.kernels.isa_info()["available"]
+    assert set(peak["dot_bf16"]) == ({"avx512bf16"} if have else set())
+    for d in peak["dot_bf16"].values():
+        assert d["macs_per_cycle"] == 32
+        assert d["gmacs"] == pytest.approx(32 * peak["clock_ghz"])
 
 
 def test_fma_units_count_zen4_avx512_as_one_unit():
