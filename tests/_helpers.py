@@ -29,15 +29,17 @@ RTOL = {np.float32: 1e-5, np.float64: 1e-10}
 #: The seed experiment's prompt (the audits use the same one).
 PREFIX = [0, 1, 3, 2, 4, 1, 5, 6]
 
-def isa_params(skipped=("avx2",)) -> list:
-    """Every matrix-product path (best first) as pytest params, skipped with a reason where
-    this CPU or build lacks it; ``skipped``: the names to list when nothing is built."""
+def isa_params(skipped=("avx2",),
+               names=("amx", "avx512bf16", "avx512", "avx2", "portable")) -> list:
+    """The matrix-product paths ``names`` (by default every one, best first) as pytest params,
+    skipped with a reason where this CPU or build lacks it; ``skipped``: the names to list
+    when nothing is built."""
     if "cython" not in BACKENDS:
         return [pytest.param(n, marks=pytest.mark.skip(reason="Cython extension not built"))
                 for n in skipped]
     info = fs.kernels.isa_info()
     out = []
-    for name in ("amx", "avx512bf16", "avx512", "avx2", "portable"):
+    for name in names:
         if name not in info["available"]:
             out.append(pytest.param(name, marks=pytest.mark.skip(
                 reason=f"this CPU lacks {name}")))

@@ -14,7 +14,7 @@ import pytest
 
 import fastspec as fs
 
-from _helpers import needs_c_harness, run_c_harness
+from _helpers import isa_params, needs_c_harness, run_c_harness
 
 lin = pytest.importorskip("fastspec.kernels._linear")
 
@@ -22,8 +22,10 @@ PW = 48
 SIMD = [p for p in ("avx2", "avx512") if p in fs.kernels.isa_info()["available"]
         and p in fs.kernels.isa_info()["kernels"]]
 PATHS = ["portable", *SIMD]
-TILE_PATHS = [p for p in ("avx512bf16", "amx") if p in fs.kernels.isa_info()["available"]
-              and p in fs.kernels.isa_info()["kernels"]]
+#: the tile paths (amx, avx512bf16): params skipped with a reason where absent, and the names
+#: this CPU and build run
+TILE_PARAMS = isa_params(skipped=("avx512bf16", "amx"), names=("avx512bf16", "amx"))
+TILE_PATHS = [p for p in TILE_PARAMS if isinstance(p, str)]
 
 
 @pytest.fixture
@@ -65,8 +67,12 @@ def _rows(kind, n, n_in, rng):
 
 
 def _run(kind, p, x, n_out, y0=None, bias=None):
+    """lin.product, or lin.product_tiles for kind "tiles" (bf16 weights in the tile layout)."""
     y = np.zeros((x.shape[0], n_out), np.float32) if y0 is None else y0.copy()
-    lin.product(x, p, kind, n_out, y, accumulate=y0 is not None, bias=bias)
+    if kind == "tiles":
+        lin.product_tiles(x, p, n_out, y, accumulate=y0 is not None, bias=bias)
+    else:
+        lin.product(x, p, kind, n_out, y, accumulate=y0 is not None, bias=bias)
     return y
 
 
@@ -170,13 +176,7 @@ def test_simd_paths_agree(kind):
         fs.kernels.set_isa(prev)
 
 
-def _run_tiles(p, x, n_out, y0=None, bias=None):
-    y = np.zeros((x.shape[0], n_out), np.float32) if y0 is None else y0.copy()
-    lin.product_tiles(x, p, n_out, y, accumulate=y0 is not None, bias=bias)
-    return y
-
-
-@pytest.mark.parametrize("on_path", TILE_PATHS, indirect=True)
+@pytest.mark.parametrize("on_path", TILE_PARAMS, indirect=True)
 def test_tiles_numpy_twin(on_path):
     # the bf16 rule: round_bf16(x) @ W in float32; the tile paths sum pairs in the hardware's
     # order, so within float32 rounding of the float64 product, not bit for bit
@@ -191,30 +191,30 @@ def test_tiles_numpy_twin(on_path):
             xb = _bf16_float(_bf16_bits(x)).reshape(n, n_in).astype(np.float64)
             ref = xb @ wf.astype(np.float64)
             scale = np.abs(xb) @ np.abs(wf).astype(np.float64) + 1.0
-            got = _run_tiles(p, x, n_out)
+            got = _run("tiles", p, x, n_out)
             assert np.all(np.abs(got - ref) <= 1e-5 * scale), (n_in, n_out, n)
             y0 = rng.standard_normal((n, n_out)).astype(np.float32)
-            got = _run_tiles(p, x, n_out, y0=y0, bias=bias)
+            got = _run("tiles", p, x, n_out, y0=y0, bias=bias)
             want = ref + y0 + bias
             assert np.all(np.abs(got - want) <= 1e-5 * (scale + np.abs(y0) + np.abs(bias))), \
                 (n_in, n_out, n)
             # a wrong product (the last input dropped) is caught at this tolerance
             if n_in > 1 and n == 1:
-                assert not np.all(np.abs(_run_tiles(lin.pack(stored[:-1], tiles=True),
+                assert not np.all(np.abs(_run("tiles", lin.pack(stored[:-1], tiles=True),
                                                     x[:, :-1], n_out) - ref) <= 1e-5 * scale)
 
 
-@pytest.mark.parametrize("on_path", TILE_PATHS, indirect=True)
+@pytest.mark.parametrize("on_path", TILE_PARAMS, indirect=True)
 def test_tiles_row_alone_equals_row_in_block(on_path):
     rng = np.random.default_rng(6)
     for n_in, n_out in [(70, 49), (576, 192)]:
         stored, _ = _weights("bf16", n_in, n_out, rng)
         p = lin.pack(stored, tiles=True)
         x = rng.standard_normal((17, n_in)).astype(np.float32)
-        alone = np.concatenate([_run_tiles(p, x[i:i + 1], n_out) for i in range(17)])
+        alone = np.concatenate([_run("tiles", p, x[i:i + 1], n_out) for i in range(17)])
         for n in range(1, 18):
-            np.testing.assert_array_equal(_run_tiles(p, x[:n], n_out), alone[:n])
-            np.testing.assert_array_equal(_run_tiles(p, x[17 - n:], n_out), alone[17 - n:])
+            np.testing.assert_array_equal(_run("tiles", p, x[:n], n_out), alone[:n])
+            np.testing.assert_array_equal(_run("tiles", p, x[17 - n:], n_out), alone[17 - n:])
 
 
 def test_product_tiles_rejects_bad_input():
