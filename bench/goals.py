@@ -5,7 +5,7 @@ verification at the FMA peak, threads on a shared machine) write their goals for
 AVX2-only CPU (an AMD EPYC Zen 3). This script measures every one of them in one run, with
 the measurement helpers the benches already use, and prints one table::
 
-    python bench/goals.py [--quick] [--no-peers] [--json OUT]
+    python bench/goals.py [--quick] [--no-peers] [--repeat N] [--json OUT]
 
 (from the source tree, or from a copy of ``bench/`` beside an installed fastspec; about 8
 minutes on a 2-vCPU Zen 4, 3 with ``--quick``). Each figure is a ratio measured in one run:
@@ -21,17 +21,24 @@ AVX2, again forced onto AVX2 (``avx2``: the instructions an AVX2-only CPU runs, 
 core; attention keeps this CPU's best variant). Only on a CPU without AVX-512 are the avx2
 rows the goals' machine; elsewhere they are a proxy, and the table's first line says which.
 The AMX goals apply where the native path is ``amx``.
+
+On a shared machine one run can land in a noisy minute (on a 2-vCPU Zen 4 guest the same
+2-thread verify_8 read 1.28 and 1.57 steps within the hour). ``--repeat N`` measures every
+part N times, one pass after another, and reports each goal's median over the passes, its
+verdict, and the range of the passes.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import math
 import operator
 import os
+import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,6 +56,7 @@ class Row:
     value: float
     op: str
     bound: float
+    values: list[float] = field(default_factory=list)  # every pass's value (``--repeat``)
 
     @property
     def verdict(self) -> str:
@@ -62,11 +70,37 @@ class Row:
 
 
 def table(rows: list[Row]) -> list[str]:
-    """Markdown lines of ``rows``: issue, goal, path, threads, value, bound and verdict."""
-    out = ["| issue | goal | path | threads | measured | goal | verdict |",
-           "|---|---|---|---|---|---|---|"]
-    out += [f"| {r.issue} | {r.goal} | {r.path} | {r.threads} | {r.value:.2f} | "
-            f"{r.op} {r.bound:g} | {r.verdict} |" for r in rows]
+    """Markdown lines of ``rows``: issue, goal, path, threads, value, bound and verdict; and
+    the range of the passes where a row has more than one."""
+    passes = any(len(r.values) > 1 for r in rows)
+    out = ["| issue | goal | path | threads | measured | goal | verdict |"
+           + (" passes (min-max) |" if passes else ""),
+           "|---|---|---|---|---|---|---|" + ("---|" if passes else "")]
+    for r in rows:
+        line = (f"| {r.issue} | {r.goal} | {r.path} | {r.threads} | {r.value:.2f} | "
+                f"{r.op} {r.bound:g} | {r.verdict} |")
+        if passes:
+            v = [x for x in r.values if not math.isnan(x)]
+            line += (f" {len(r.values)} ({min(v):.2f}-{max(v):.2f}) |" if v else
+                     f" {len(r.values)} (not measured) |")
+        out.append(line)
+    return out
+
+
+def combine(passes: list[list[Row]]) -> list[Row]:
+    """One row a goal from several passes: the median of its measured values (``nan`` where
+    no pass measured it), with every pass's value in ``values``; in the order the goals first
+    appear."""
+    seen: dict[tuple, list[Row]] = {}
+    for rows in passes:
+        for r in rows:
+            seen.setdefault((r.issue, r.goal, r.path, r.threads, r.op, r.bound), []).append(r)
+    out = []
+    for same in seen.values():
+        values = [r.value for r in same]
+        measured = [v for v in values if not math.isnan(v)]
+        out.append(replace(same[0], value=statistics.median(measured) if measured else math.nan,
+                           values=values))
     return out
 
 
@@ -276,8 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", action="store_true", help="skip llama.cpp")
     ap.add_argument("--only", nargs="+", choices=sorted(PARTS), metavar="PART",
                     help=f"measure only these parts ({', '.join(sorted(PARTS))})")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="measure every part N times (one pass after another) and report "
+                         "each goal's median and the range of the passes (default 1)")
     ap.add_argument("--json", metavar="OUT", help="write the machine and the rows as JSON")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat must be at least 1, not {args.repeat}")
     import fastspec as fs
 
     if "cython" not in fs.available_backends():
@@ -288,14 +327,19 @@ def main(argv: list[str] | None = None) -> int:
              "not an AVX2-only CPU: the avx2 rows are a proxy (AVX2 instructions on this core)")
     print(f"CPU: {m['cpu']}; paths {', '.join(m['paths'])} (native {m['native']}); {which}; "
           f"load average {m['load_average']:.1f}", file=sys.stderr)
-    rows: list[Row] = []
+    passes: list[list[Row]] = []
     t0 = time.perf_counter()
-    for name, part in PARTS.items():
-        if (args.only and name not in args.only) or (name == "peers" and args.no_peers):
-            continue
-        print(f"goals: {name} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
-        part(rows, args.quick)
+    for n in range(args.repeat):
+        passes.append([])
+        for name, part in PARTS.items():
+            if (args.only and name not in args.only) or (name == "peers" and args.no_peers):
+                continue
+            tag = f"pass {n + 1} of {args.repeat}, " if args.repeat > 1 else ""
+            print(f"goals: {name} ({tag}{time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+            part(passes[-1], args.quick)
+    rows = passes[0] if args.repeat == 1 else combine(passes)
     m["elapsed_s"] = time.perf_counter() - t0
+    m["passes"] = args.repeat
     print("\n".join(table(rows)))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -5,7 +5,7 @@ import math
 import pytest
 
 import fastspec as fs
-from goals import Row, main, table
+from goals import Row, combine, main, table
 
 
 def test_verdicts():
@@ -21,6 +21,31 @@ def test_table():
     lines = table([Row(29, "real q8_0 verify_8 (steps)", "avx512", 2, 1.234, "<=", 1.3)])
     assert lines[0].startswith("| issue | goal |")
     assert lines[2] == "| 29 | real q8_0 verify_8 (steps) | avx512 | 2 | 1.23 | <= 1.3 | met |"
+
+
+def test_combine_passes():
+    a = [Row(29, "v8", "avx2", 2, 1.6, "<=", 1.3), Row(29, "v16", "avx2", 2, 2.4, "<=", 2.0)]
+    b = [Row(29, "v8", "avx2", 2, 1.2, "<=", 1.3), Row(29, "v16", "avx2", 2, 2.1, "<=", 2.0)]
+    c = [Row(29, "v8", "avx2", 2, 1.25, "<=", 1.3), Row(29, "v16", "avx2", 2, math.nan, "<=", 2.0),
+         Row(30, "new", "avx2", 1, math.nan, ">=", 1.5)]
+    rows = combine([a, b, c])
+    assert [(r.goal, r.value) for r in rows[:2]] == [("v8", 1.25), ("v16", 2.25)]
+    assert rows[0].verdict == "met" and rows[1].verdict == "missed by 12%"
+    assert rows[0].values == [1.6, 1.2, 1.25]
+    assert rows[2].goal == "new" and math.isnan(rows[2].value)
+    assert rows[2].verdict == "not measured"
+    lines = table(rows)
+    assert lines[0].endswith("| verdict | passes (min-max) |") and lines[1].count("|") == 9
+    assert lines[2] == "| 29 | v8 | avx2 | 2 | 1.25 | <= 1.3 | met | 3 (1.20-1.60) |"
+    assert lines[3].endswith("| 3 (2.10-2.40) |")
+    assert lines[4].endswith("| 1 (not measured) |")
+    assert "passes" not in table(a)[0]  # one pass: the table as before
+
+
+def test_repeat_rejects_zero(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--repeat", "0", "--only", "demo"])
+    assert exc.value.code == 2 and "--repeat must be at least 1" in capsys.readouterr().err
 
 
 @pytest.mark.skipif("cython" not in fs.available_backends() or not fs.pretrained.available(),
