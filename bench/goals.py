@@ -88,9 +88,9 @@ def table(rows: list[Row]) -> list[str]:
 
 
 def combine(passes: list[list[Row]]) -> list[Row]:
-    """One row a goal from several passes: the median of its measured values (``nan`` where
-    no pass measured it), with every pass's value in ``values``; in the order the goals first
-    appear."""
+    """One row a goal from one or more passes: the median of its measured values (``nan``
+    where no pass measured it), with every pass's value in ``values``; in the order the goals
+    first appear."""
     seen: dict[tuple, list[Row]] = {}
     for rows in passes:
         for r in rows:
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             tag = f"pass {n + 1} of {args.repeat}, " if args.repeat > 1 else ""
             print(f"goals: {name} ({tag}{time.perf_counter() - t0:.0f} s)", file=sys.stderr)
             part(passes[-1], args.quick)
-    rows = passes[0] if args.repeat == 1 else combine(passes)
+    rows = combine(passes)
     m["elapsed_s"] = time.perf_counter() - t0
     m["passes"] = args.repeat
     print("\n".join(table(rows)))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
+from fastspec.kernels import bf16
 
 from _helpers import isa_params, needs_c_harness, run_c_harness
 
@@ -37,16 +38,6 @@ def on_path(request):
     fs.kernels.set_isa(prev)
 
 
-def _bf16_bits(a):
-    """float32 -> bfloat16 bits, round to nearest even (finite values)."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def _bf16_float(bits):
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
 def _weights(kind, n_in, n_out, rng):
     """(stored W for pack, its float32 value)"""
     w = (rng.standard_normal((n_in, n_out)) * 0.5).astype(np.float32)
@@ -55,15 +46,15 @@ def _weights(kind, n_in, n_out, rng):
         h = w.astype(np.float16)
         return h, h.astype(np.float32)
     if kind == "bf16":
-        b = _bf16_bits(w)
-        return b, _bf16_float(b)
+        b = bf16.to_bits(w)
+        return b, bf16.from_bits(b)
     return w, w
 
 
 def _rows(kind, n, n_in, rng):
     x = rng.standard_normal((n, n_in)).astype(np.float32)
     x[rng.random(x.shape) < 0.05] = -0.0
-    return _bf16_float(_bf16_bits(x)).reshape(n, n_in) if kind == "bf16" else x
+    return bf16.round_values(x).reshape(n, n_in) if kind == "bf16" else x
 
 
 def _run(kind, p, x, n_out, y0=None, bias=None):
@@ -188,8 +179,8 @@ def test_tiles_numpy_twin(on_path):
         bias = rng.standard_normal(n_out).astype(np.float32)
         for n in (1, 2, 3, 5, 6, 7, 8, 12, 13, 16, 17, 25):
             x = rng.standard_normal((n, n_in)).astype(np.float32)
-            xb = _bf16_float(_bf16_bits(x)).reshape(n, n_in).astype(np.float64)
-            ref = xb @ wf.astype(np.float64)
+            ref = x @ bf16.RoundingMatrix(wf.astype(np.float64))  # the rule's NumPy twin
+            xb = bf16.round_values(x).astype(np.float64)
             scale = np.abs(xb) @ np.abs(wf).astype(np.float64) + 1.0
             got = _run("tiles", p, x, n_out)
             assert np.all(np.abs(got - ref) <= 1e-5 * scale), (n_in, n_out, n)
