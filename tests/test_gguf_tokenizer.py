@@ -269,6 +269,27 @@ def test_unknown_model_names_it(tmp_path):
         build_gguf_tokenizer(meta)
 
 
+@pytest.mark.parametrize("which", ["left", "right", "merged"])
+def test_merge_out_of_vocabulary_names_it(tmp_path, which):
+    """A merge whose piece (or merged token) is not a token: a ValueError naming the merge, not
+    the plain Exception of tokenizers' BPE (found by corrupting bytes of the SmolLM2 file)."""
+    meta = gguf_metadata(write_tokenizer_gguf(tmp_path / "x.gguf"))
+    merges = list(meta["tokenizer.ggml.merges"])
+    tokens = set(meta["tokenizer.ggml.tokens"])
+    i = next(i for i, m in enumerate(merges) if len(m.split(" ")[0]) > 1)
+    left, right = merges[i].split(" ")
+    assert {left, right, left + right} <= tokens  # the file as written is valid
+    if which == "merged":  # two tokens whose concatenation is not one
+        left, right = next((a, b) for a in sorted(tokens) for b in sorted(tokens)
+                           if " " not in a + b and a + b not in tokens)
+    merges[i] = {"left": f"{left}\x7f {right}", "right": f"{left} \x7f{right}",
+                 "merged": f"{left} {right}"}[which]
+    meta["tokenizer.ggml.merges"] = merges
+    with pytest.raises(ValueError, match=rf"merges\[{i}\].*is not in tokenizer\.ggml\.tokens"):
+        build_gguf_tokenizer(meta)
+    assert build_gguf_tokenizer(gguf_metadata(tmp_path / "x.gguf"))  # negative control
+
+
 def test_missing_pre_is_default(tmp_path):
     """No tokenizer.ggml.pre: llama.cpp's default regexes (punctuation runs, then GPT-2, then
     digit runs cut into threes)."""

@@ -139,15 +139,29 @@ def _flag(meta: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def _pairs(merges: list[str]) -> list[tuple[str, str]]:
+def _pairs(merges: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """Split each merge into its two tokens; both, and the token they merge into, must be in
+    ``vocab`` (what ``tokenizers``' BPE requires; checked here so that a bad file is named)."""
     out = []
     for i, merge in enumerate(merges):
         left, sep, right = merge.partition(" ")
         if not sep or not left or not right or " " in right:
             raise ValueError(f"GGUF {_KEY}merges[{i}] must be two tokens separated by one "
                              f"space, got {merge!r}")
+        for piece in (left, right, left + right):
+            if piece not in vocab:
+                raise ValueError(f"GGUF {_KEY}merges[{i}] {merge!r}: {piece!r} is not in "
+                                 f"{_KEY}tokens")
         out.append((left, right))
     return out
+
+
+def _bpe(tk, **kwargs):
+    """``tokenizers.models.BPE(**kwargs)``; its errors (plain ``Exception``) as ValueError."""
+    try:
+        return tk.models.BPE(**kwargs)
+    except Exception as e:  # tokenizers raises Exception itself, not a subclass
+        raise ValueError(f"GGUF tokenizer: the BPE model cannot be built: {e}") from e
 
 
 def merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
@@ -182,9 +196,9 @@ def _gpt2_model(tk, meta: dict[str, Any], vocab: dict[str, int], pre: str):
     if pre not in PRE_TOKENIZERS:
         raise ValueError(f"GGUF {_KEY}pre {pre!r} is not supported (its split rules are "
                          f"unknown here); supported: {', '.join(sorted(PRE_TOKENIZERS))}")
-    merges = _pairs(_string_list(meta, _KEY + "merges"))
-    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=merges, fuse_unk=False,
-                                     byte_fallback=False, ignore_merges=pre in _LLAMA3_FAMILY))
+    merges = _pairs(_string_list(meta, _KEY + "merges"), vocab)
+    tok = tk.Tokenizer(_bpe(tk, vocab=vocab, merges=merges, fuse_unk=False,
+                            byte_fallback=False, ignore_merges=pre in _LLAMA3_FAMILY))
     split = [tk.pre_tokenizers.Split(tk.Regex(rx), behavior="isolated")
              for rx in PRE_TOKENIZERS[pre]]
     # the regexes did the splitting; ByteLevel only maps bytes to its printable alphabet
@@ -200,14 +214,14 @@ def _spm_model(tk, meta: dict[str, Any], tokens: list[str], vocab: dict[str, int
     """SentencePiece-style BPE with byte fallback, as ``transformers`` builds it for GGUF."""
     merges = _string_list(meta, _KEY + "merges", required=False)
     if merges is not None:
-        pairs = _pairs(merges)
+        pairs = _pairs(merges, vocab)
     else:
         scores = _number_list(meta, _KEY + "scores", len(tokens), float)
         if scores is None:
             raise ValueError(f"GGUF tokenizer 'llama' needs {_KEY}merges or {_KEY}scores")
         pairs = merges_from_scores(vocab, dict(zip(tokens, scores)))
-    tok = tk.Tokenizer(tk.models.BPE(
-        vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True,
+    tok = tk.Tokenizer(_bpe(
+        tk, vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True,
         unk_token=tokens[unk_id] if unk_id is not None else None))
     add_space = _flag(meta, "add_space_prefix", True)
     tok.pre_tokenizer = tk.pre_tokenizers.Metaspace(
