@@ -103,6 +103,20 @@ def test_sandbox_violations_raise(source):
         ChatTemplate(source, origin="evil.gguf: chat template").render([])
 
 
+@pytest.mark.parametrize("source, error", [
+    ("{{ '%d' % 'text' }}", "TypeError"),  # found by corrupting the SmolLM2 file's template
+    ("{{ messages[0]['content'] + 1 }}", "TypeError"),
+    ("{{ 1 // 0 }}", "ZeroDivisionError"),
+])
+def test_template_code_failing_is_a_template_error(source, error):
+    """An exception the template's own code raises is the file's fault: ChatTemplateError (a
+    ValueError, so the CLI exits 2), naming the exception; a working template still renders."""
+    with pytest.raises(ChatTemplateError, match=rf"bad\.gguf: chat template failed: {error}"):
+        ChatTemplate(source, origin="bad.gguf: chat template").render(
+            [{"role": "user", "content": "hi"}])
+    assert ChatTemplate("{{ '%s' % 'ok' }}").render([]) == "ok"
+
+
 def test_bad_template_and_messages():
     with pytest.raises(ChatTemplateError, match=r"evil: chat template does not compile"):
         ChatTemplate("{% for %}", origin="evil: chat template")

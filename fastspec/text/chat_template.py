@@ -170,7 +170,8 @@ class ChatTemplate:
         ------
         ChatTemplateError
             The template called ``raise_exception`` (its message is kept), tried an unsafe
-            operation (sandbox), or failed otherwise.
+            operation (sandbox), or failed otherwise (an exception its own code raised, such
+            as a TypeError: a template is the file's code, not the caller's).
         """
         jinja2 = _import_jinja2()
         if isinstance(messages, (str, bytes)) or not all(
@@ -187,6 +188,9 @@ class ChatTemplate:
                                     f"{exc}") from None
         except jinja2.exceptions.TemplateError as exc:
             raise ChatTemplateError(f"{self.origin} raised an error: {exc}") from None
+        except Exception as exc:  # the template's own code failed (e.g. '%d' % 'text')
+            raise ChatTemplateError(f"{self.origin} failed: {type(exc).__name__}: {exc}"
+                                    ) from None
 
     def __repr__(self) -> str:
         return f"ChatTemplate({len(self.source)} characters, origin={self.origin!r})"
