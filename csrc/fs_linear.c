@@ -310,44 +310,57 @@ static void fs_tiles_chunk(void *arg, int c)
     if (lo < hi) j->part(j->xa, j->kp, j->P, j->y, j->n, j->out, lo, hi, j->accumulate);
 }
 
-/* y (n, out) [+]= round_bf16(x) @ W [+ bias] in the tile layout, W packed by
- * fs_pack_bf16_amx: on AMX tiles (fs_amx_part) or with AVX512-BF16 (fs_bf16dp_part), by the
- * path. The rows are rounded once into xa (n * fs_amx_kp(in) bf16 bits), then the column
- * tiles are cut into pool chunks of whole groups of FS_AMX_G tiles (on AMX each thread
- * configures its own tiles). */
-static void fs_linear_f32b_tiles(const float *x, const uint16_t *P, const float *bias,
-                                 float *y, int n, int in, int out, int accumulate, uint16_t *xa)
+/* The job of y (n, out) [+]= xa @ W in the tile layout (no bias) for fs_pool_run_jobs: the
+ * column tiles cut into chunks of whole groups of FS_AMX_G tiles (on AMX each thread
+ * configures its own tiles); the part is fs_amx_part on AMX tiles, fs_bf16dp_part with
+ * AVX512-BF16, by the path. */
+static fs_pool_job fs_tiles_plan(fs_tiles_job *j, const uint16_t *xa, const uint16_t *P,
+                                 float *y, int n, int in, int out, int accumulate)
 {
-    int kp = fs_amx_kp(in), nt = (out + 15) / 16;
-    fs_tiles_fn part = fs_disp->path == FS_ISA_AMX ? fs_amx_part : fs_bf16dp_part;
-    if (x)
-        fs_amx_round_rows(x, n, in, kp, xa);
-    int nchunks = fs_lin_chunks(in, out, n, 16 * FS_AMX_G,
-                                FS_LIN_CHUNK_PANELS * FS_LIN_CHUNK_ALIGN);
-    if (nchunks <= 1) {
-        part(xa, kp, P, y, n, out, 0, nt, accumulate);
-    } else {
-        fs_tiles_job job = {part, xa, P, y, kp, n, out, nt, accumulate,
-                          (nt + FS_AMX_G - 1) / FS_AMX_G, nchunks};
-        fs_pool_run(fs_tiles_chunk, &job, nchunks);
-    }
-    if (bias != NULL)
-        for (int r = 0; r < n; r++)
-            for (int c = 0; c < out; c++) y[(size_t)r * out + c] += bias[c];
+    j->part = fs_disp->path == FS_ISA_AMX ? fs_amx_part : fs_bf16dp_part;
+    j->xa = xa, j->P = P, j->y = y, j->kp = fs_amx_kp(in), j->n = n, j->out = out;
+    j->nt = (out + 15) / 16, j->accumulate = accumulate;
+    j->units = (j->nt + FS_AMX_G - 1) / FS_AMX_G;
+    j->nchunks = out > 0 ? fs_lin_chunks(in, out, n, 16 * FS_AMX_G,
+                                         FS_LIN_CHUNK_PANELS * FS_LIN_CHUNK_ALIGN)
+                         : 0;
+    return (fs_pool_job){fs_tiles_chunk, j, j->nchunks};
 }
 #endif
 
-void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, float *y,
-                                 int n, int in, int out, int accumulate, float *xr)
+void fs_linear_f32b_round_many(int count, const float *x, const uint16_t *const *W,
+                               const float *const *bias, float *const *y, int n, int in,
+                               const int *out, int accumulate, float *xr)
 {
+    if (count < 1 || count > FS_POOL_JOBS_MAX || n <= 0) return;
 #if FS_AMX_BUILD
     if (fs_linear_bf16_amx()) {  /* W in the tile layout; xr holds the rows as bf16 bits */
-        fs_linear_f32b_tiles(x, W, bias, y, n, in, out, accumulate, (uint16_t *)(void *)xr);
+        uint16_t *xa = (uint16_t *)(void *)xr;
+        if (x)
+            fs_amx_round_rows(x, n, in, fs_amx_kp(in), xa);
+        fs_tiles_job j[FS_POOL_JOBS_MAX];
+        fs_pool_job run[FS_POOL_JOBS_MAX] = {{0}};
+        int parallel = 0;  /* as in fs_linear_many */
+        for (int i = 0; i < count; i++) {
+            run[i] = fs_tiles_plan(&j[i], xa, W[i], y[i], n, in, out[i], accumulate);
+            parallel |= run[i].nchunks > 1;
+        }
+        fs_pool_run_jobs(run, count, parallel);
+        for (int i = 0; i < count; i++)
+            if (bias != NULL && bias[i] != NULL)
+                for (int r = 0; r < n; r++)
+                    for (int c = 0; c < out[i]; c++)
+                        y[i][(size_t)r * out[i] + c] += bias[i][c];
         return;
     }
 #endif
     if (x)
         fs_round_bf16(x, xr, (size_t)n * in);
-    fs_linear_f32b(xr, W, bias, y, n, in, out, accumulate);
+    fs_linear_many_f32b(count, xr, W, bias, y, n, in, out, accumulate);
 }
 
+void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, float *y,
+                                 int n, int in, int out, int accumulate, float *xr)
+{
+    fs_linear_f32b_round_many(1, x, &W, &bias, &y, n, in, &out, accumulate, xr);
+}

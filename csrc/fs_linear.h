@@ -78,6 +78,27 @@ void fs_linear_f32b(const float *x, const uint16_t *W, const float *bias, float 
 void fs_linear_f32b_round(const float *x, const uint16_t *W, const float *bias, float *y,
                           int n, int in, int out, int accumulate, float *xr);
 
+/* The products of one x (n, in) with `count` matrices (1 <= count <= FS_POOL_JOBS_MAX): y[i]
+ * (n, out[i]) [+]= x @ W[i] [+ bias[i]] (bias NULL, or bias[i] NULL: none), the bits each
+ * single call above gives, run as one pool job (fs_pool_run_jobs): one wait for the threads
+ * instead of `count`, and products too small to split alone (a layer's k and v at one row)
+ * run beside the others. The bf16 one rounds x once. */
+void fs_linear_many_f64(int count, const double *x, const double *const *W,
+                        const double *const *bias, double *const *y, int n, int in,
+                        const int *out, int accumulate);
+void fs_linear_many_f32(int count, const float *x, const float *const *W,
+                        const float *const *bias, float *const *y, int n, int in,
+                        const int *out, int accumulate);
+void fs_linear_many_f32h(int count, const float *x, const uint16_t *const *W,
+                         const float *const *bias, float *const *y, int n, int in,
+                         const int *out, int accumulate);
+void fs_linear_many_f32b(int count, const float *x, const uint16_t *const *W,
+                         const float *const *bias, float *const *y, int n, int in,
+                         const int *out, int accumulate);
+void fs_linear_f32b_round_many(int count, const float *x, const uint16_t *const *W,
+                               const float *const *bias, float *const *y, int n, int in,
+                               const int *out, int accumulate, float *xr);
+
 /* xr[i] = x[i] rounded to bf16 (fs_f2bf_bits), i < count (xr may be x). */
 void fs_round_bf16(const float *x, float *xr, size_t count);
 

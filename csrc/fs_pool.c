@@ -425,6 +425,40 @@ void fs_pool_run(fs_pool_fn fn, void *ctx, int nchunks)
     fs_disp->pool->run(fn, ctx, nchunks);
 }
 
+/* The jobs as one: chunk c of the whole is chunk c - first[i] of job i. */
+typedef struct {
+    const fs_pool_job *jobs;
+    int first[FS_POOL_JOBS_MAX + 1];
+} fs_pool_jobs_ctx;
+
+static void fs_pool_jobs_chunk(void *ctx, int c)
+{
+    const fs_pool_jobs_ctx *j = (const fs_pool_jobs_ctx *)ctx;
+    int i = 0;
+    while (c >= j->first[i + 1]) i++;
+    j->jobs[i].fn(j->jobs[i].ctx, c - j->first[i]);
+}
+
+void fs_pool_run_jobs(const fs_pool_job *jobs, int count, int parallel)
+{
+    if (!parallel) {
+        for (int i = 0; i < count; i++)
+            for (int c = 0; c < jobs[i].nchunks; c++) jobs[i].fn(jobs[i].ctx, c);
+        return;
+    }
+    if (count > FS_POOL_JOBS_MAX) { /* not the contract: run them one after another */
+        for (int i = 0; i < count; i++) fs_pool_run(jobs[i].fn, jobs[i].ctx, jobs[i].nchunks);
+        return;
+    }
+    fs_pool_jobs_ctx ctx = {jobs, {0}};
+    for (int i = 0; i < count; i++)
+        ctx.first[i + 1] = ctx.first[i] + (jobs[i].nchunks > 0 ? jobs[i].nchunks : 0);
+    if (count == 1)
+        fs_pool_run(jobs[0].fn, jobs[0].ctx, jobs[0].nchunks);
+    else if (count > 1)
+        fs_pool_run(fs_pool_jobs_chunk, &ctx, ctx.first[count]);
+}
+
 int fs_pool_threads(void) { return fs_disp->pool->threads(); }
 
 void fs_pool_set_threads(int n) { fs_disp->pool->set_threads(n); }

@@ -269,10 +269,11 @@ static void fs_q_chunk(void *ctx, int c)
     }
 }
 
-void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, float *y, int n,
-                 int in, int out, int accumulate, void *scratch)
+void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t *const *P,
+                      const float *const *bias, float *const *y, int n, int in, const int *out,
+                      int accumulate, void *scratch)
 {
-    if (n <= 0 || out <= 0) return;
+    if (n <= 0 || count <= 0 || count > FS_Q_MANY_MAX) return;
     int nb = in / FS_Q_BLOCK;
     uint8_t *base = (uint8_t *)scratch;
     base += (64 - (uintptr_t)base % 64) % 64;
@@ -295,24 +296,38 @@ void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, 
         for (size_t i = 0; i < (size_t)n * nb; i++) ds[i] = d[i] * (float)s[i];
         if (n > 1) fs_quant_interleave(&a);
     }
-    fs_q_job job;
-    job.kind = kind;
-    job.out = out;
-    job.accumulate = accumulate;
-    job.ng = (out + FS_Q_COLS - 1) / FS_Q_COLS;
-    job.a = &a;
-    job.P = P;
-    job.bias = bias;
-    job.y = y;
-    job.fn = n >= fs_disp->qbig_rows[kind] ? fs_disp->qpart_big : fs_disp->qpart;
-    int parts = fs_pool_threads();
-    if (!FS_LIN_PARALLEL(in, out, n) || parts < 1) parts = 1;
-    /* chunks of whole groups of FS_LIN_CHUNK_ALIGN columns */
+    /* Each matrix is cut as fs_linear_q alone would cut it (threads when FS_LIN_PARALLEL finds
+     * it worth them, chunks of whole groups of FS_LIN_CHUNK_ALIGN columns), so a column's bits
+     * do not depend on its neighbours; the job runs on the threads when one of them is cut. A
+     * matrix too small to split (k or v at one row) is one chunk, run beside the others. */
+    int threads = fs_pool_threads(), parallel = 0;
+    if (threads < 1) threads = 1;
     int align = FS_LIN_CHUNK_ALIGN / FS_Q_COLS > 0 ? FS_LIN_CHUNK_ALIGN / FS_Q_COLS : 1;
-    int units = (job.ng + align - 1) / align;
-    if (parts > units) parts = units;
-    job.chunk = (units + parts - 1) / parts * align;
-    fs_pool_run(fs_q_chunk, &job, (job.ng + job.chunk - 1) / job.chunk);
+    fs_q_job job[FS_Q_MANY_MAX];
+    fs_pool_job run[FS_Q_MANY_MAX] = {{0}};
+    for (int i = 0; i < count; i++) {
+        job[i].kind = kind[i];
+        job[i].out = out[i];
+        job[i].accumulate = accumulate;
+        job[i].ng = out[i] > 0 ? (out[i] + FS_Q_COLS - 1) / FS_Q_COLS : 0;
+        job[i].a = &a;
+        job[i].P = P[i];
+        job[i].bias = bias ? bias[i] : NULL;
+        job[i].y = y[i];
+        job[i].fn = n >= fs_disp->qbig_rows[kind[i]] ? fs_disp->qpart_big : fs_disp->qpart;
+        int units = (job[i].ng + align - 1) / align;
+        int parts = FS_LIN_PARALLEL(in, out[i], n) ? (threads < units ? threads : units) : 1;
+        job[i].chunk = parts > 0 ? (units + parts - 1) / parts * align : 1;
+        run[i] = (fs_pool_job){fs_q_chunk, &job[i], (job[i].ng + job[i].chunk - 1) / job[i].chunk};
+        parallel |= run[i].nchunks > 1;
+    }
+    fs_pool_run_jobs(run, count, parallel);
+}
+
+void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, float *y, int n,
+                 int in, int out, int accumulate, void *scratch)
+{
+    fs_linear_q_many(1, &kind, x, &P, &bias, &y, n, in, &out, accumulate, scratch);
 }
 
 const char *fs_quant_kernel_name(int kind, int n)

@@ -39,6 +39,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fs_pool.h"
+
 enum { FS_Q8_0 = 0, FS_Q4_0 = 1, FS_Q4_1 = 2 };
 
 /* Inputs per block, output columns per packed panel. */
@@ -73,6 +75,16 @@ size_t fs_quant_scratch_bytes(int kind, int n, int in);
  * depend on the kind), so products of one input quantize it once. */
 void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, float *y, int n,
                  int in, int out, int accumulate, void *scratch);
+
+/* The products of one x (n, in) with `count` matrices (1 <= count <= FS_Q_MANY_MAX; matrix i
+ * of kind kind[i], packed P[i], out[i] columns, bias NULL or bias[i] NULL for none, output
+ * y[i] (n, out[i])) in one pool job: each y[i] gets the bits fs_linear_q gives it, with one
+ * quantization of x (x NULL: the previous call's, as above) and one wait for the threads
+ * instead of `count` (q, k and v of a layer; its gate and up). */
+#define FS_Q_MANY_MAX FS_POOL_JOBS_MAX
+void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t *const *P,
+                      const float *const *bias, float *const *y, int n, int in, const int *out,
+                      int accumulate, void *scratch);
 
 /* The activation rule alone: q (n, in) int8, d (n, in/32) float, s (n, in/32) int32. A block
  * holding NaN or an infinity gets d = NaN and q = s = 0 (its row's outputs are NaN); a block

@@ -2,7 +2,7 @@
  * thread count (1 to more than the CPUs, changed between jobs), for nchunks 0, 1, 2, small
  * and huge; many tiny jobs in a row; two threads submitting jobs at once (one gets the
  * workers, the other runs serially); a nested call (serial); the pool in the child of a fork;
- * fs_pool_chunks' bounds; fs_pool_awake. The whole run is done twice at once: by the parent with the
+ * fs_pool_chunks' bounds; fs_pool_awake; fs_pool_run_jobs. The whole run is done twice at once: by the parent with the
  * default spin and by a child forked before any use with FASTSPEC_SPIN_US=0 (every wait
  * blocks at once: the sleeping paths). With -DFS_TEST_PORTABLE the pool waits on condition
  * variables instead of futexes. Built and run by tests/test_pool_c.py; exit status = failures.
@@ -215,6 +215,43 @@ static int awake_hint(void)
     return fails;
 }
 
+/* fs_pool_run_jobs: every chunk of every job once, with its own job's context and index,
+ * for 1-4 jobs (some of 0 or 1 chunks), together or (parallel 0) on the caller; and more
+ * jobs than FS_POOL_JOBS_MAX (run one after another). */
+static int run_jobs(void)
+{
+    static const int threads[] = {1, 2, 3};
+    static const int sizes[][5] = {{3, 0, 0, 0, 0}, {1, 1, 1, 0, 0}, {5, 0, 2, 0, 0},
+                                   {0, 0, 0, 0, 0}, {7, 1, 64, 3, 0}, {2, 2, 2, 2, 9}};
+    static const int counts_of[] = {1, 3, 3, 2, 4, 5};
+    static _Atomic int c[5][70];
+    int fails = 0;
+    for (size_t t = 0; t < sizeof threads / sizeof *threads; t++) {
+        fs_pool_set_threads(threads[t]);
+        for (int parallel = 0; parallel < 2; parallel++)
+            for (size_t s = 0; s < sizeof counts_of / sizeof *counts_of; s++)
+                for (int rep = 0; rep < 200; rep++) {
+                    int count = counts_of[s];
+                    job j[5];
+                    fs_pool_job jobs[5];
+                    for (int i = 0; i < count; i++) {
+                        for (int k = 0; k < 70; k++) atomic_store(&c[i][k], 0);
+                        j[i] = (job){c[i], 0, NULL};
+                        jobs[i] = (fs_pool_job){chunk, &j[i], sizes[s][i]};
+                    }
+                    fs_pool_run_jobs(jobs, count, parallel);
+                    int bad = 0;
+                    for (int i = 0; i < count; i++)
+                        for (int k = 0; k < 70; k++)
+                            bad += atomic_load(&c[i][k]) != (k < sizes[s][i]);
+                    if (bad && fails++ < 5)
+                        printf("FAIL run_jobs: %d jobs (case %zu), parallel %d, threads %d: "
+                               "%d chunks wrong\n", count, s, parallel, threads[t], bad);
+                }
+    }
+    return fails;
+}
+
 static int all(void)
 {
     int fails = sizes_and_threads();
@@ -225,6 +262,7 @@ static int all(void)
     fails += after_fork();
     fails += chunk_counts();
     fails += awake_hint();
+    fails += run_jobs();
     fails += run_and_check(counts, MAXC, 0, "last");
     return fails;
 }
