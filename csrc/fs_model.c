@@ -95,6 +95,19 @@ size_t fs_scratch_row(const fs_dims *d)
 #include "fs_model.inc"
 
 
+/* fs_linear_q_many over the model's quantized matrices (each its own kind), no accumulation;
+ * the quantized variant's FS_LINEAR_MANY. */
+static void fs_linear_qmat_many(int count, const float *x, const fs_qmat *const *W,
+                                const float *const *bias, float *const *y, int n, int in,
+                                const int *out, void *qs)
+{
+    int kind[FS_Q_MANY_MAX];
+    const uint8_t *P[FS_Q_MANY_MAX];
+    if (count < 1 || count > FS_Q_MANY_MAX) return;
+    for (int i = 0; i < count; i++) kind[i] = W[i]->kind, P[i] = W[i]->p;
+    fs_linear_q_many(count, kind, x, P, bias, y, n, in, out, 0, qs);
+}
+
 /* float compute on quantized weights (Q8_0/Q4_0/Q4_1 blocks, each matrix its own kind):
  * integer block products (fs_linear_q), so a row's bits do not depend on its block. */
 #define FS_T float
