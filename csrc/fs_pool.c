@@ -112,6 +112,18 @@ static void fs_pool_set_threads_impl(int n)
 #ifndef FS_POOL_WAKE_GAP_NS
 #define FS_POOL_WAKE_GAP_NS 1000000L
 #endif
+/* fs_pool_awake answers 0 for this long after a job whose caller, its own chunks done, waited
+ * for the workers longer than those chunks took plus a spin: a worker preempted inside a chunk
+ * (another process holds its CPU), which every further job may wait on too. Work that is worth
+ * threads only when they answer at once (a prompt's row-wise phases, small attention) then
+ * stays on the caller. The 256-row prefill of the real SmolLM2 file at 2 threads beside a busy
+ * loop (in-process A/B, Zen 4 EPYC, 2 vCPUs) took 1.04-1.09x as long with the row-wise phases
+ * on the threads as on the caller without this hold, and 0.96-0.99x with it (idle: 0.90-0.96
+ * without, 0.95-0.96 with); decode and 8- and 16-row steps, hold against none, 0.98-1.03
+ * idle and beside the busy loop. */
+#ifndef FS_POOL_STALL_HOLD_NS
+#define FS_POOL_STALL_HOLD_NS 20000000L
+#endif
 
 static struct {
     /* the job; written by the owner of `busy` while no chunk of the previous job is claimable */
@@ -131,6 +143,7 @@ static struct {
     long spin_ns;              /* -1 until read from FASTSPEC_SPIN_US */
     long last_wake;            /* when a job last found every worker asleep and woke them */
     long last_end;             /* when the last job of the pool ended */
+    _Atomic long last_stall;   /* when a job's caller last waited long for a worker (awake) */
     pthread_t tid[FS_POOL_MAX];
 #if !FS_POOL_FUTEX
     pthread_mutex_t mu;
@@ -384,10 +397,16 @@ static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
     int sleeping = atomic_load(&fs_pool.sleepers);
     if (sleeping > 0) fs_pool_wake(&fs_pool.seq, sleeping < nchunks - 1 ? sleeping : nchunks - 1);
     fs_pool_inside = 1;
+    long t0 = fs_pool_now_ns();
     fs_pool_work(g);
+    long t1 = fs_pool_now_ns();
     fs_pool_inside = 0;
     fs_pool_wait_done((uint32_t)nchunks);
     fs_pool.last_end = fs_pool_now_ns();
+    /* the caller waited for the workers longer than its own share took, and more than a spin:
+     * a worker was preempted inside a chunk (FS_POOL_STALL_HOLD_NS) */
+    if (fs_pool.last_end - t1 > (t1 - t0) + fs_pool.spin_ns)
+        atomic_store_explicit(&fs_pool.last_stall, fs_pool.last_end, memory_order_relaxed);
     fs_pool_release();
 }
 
@@ -397,7 +416,9 @@ static int fs_pool_awake_impl(void)
 {
     int want = atomic_load_explicit(&fs_pool.want, memory_order_relaxed);
     return want > 1 && atomic_load_explicit(&fs_pool.live, memory_order_relaxed) == want - 1 &&
-           atomic_load_explicit(&fs_pool.sleepers, memory_order_relaxed) == 0;
+           atomic_load_explicit(&fs_pool.sleepers, memory_order_relaxed) == 0 &&
+           fs_pool_now_ns() - atomic_load_explicit(&fs_pool.last_stall, memory_order_relaxed) >=
+               FS_POOL_STALL_HOLD_NS;
 }
 
 static void fs_pool_set_threads_impl(int n)

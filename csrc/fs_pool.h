@@ -59,8 +59,9 @@ int fs_pool_threads(void);
 void fs_pool_set_threads(int n);
 /* 1 when the pool has its workers and none of them sleeps (they spin after a recent job), so
  * a job handed out now starts on every thread at once; 0 otherwise (one thread, workers not
- * started, asleep, or a build without threads). A hint for work that pays off in parallel only
- * when no worker must be woken: it may be stale by the time the caller acts on it. */
+ * started, asleep, a build without threads, or a worker lately preempted inside a chunk:
+ * FS_POOL_STALL_HOLD_NS in fs_pool.c). A hint for work that pays off in parallel only when no
+ * worker must be woken: it may be stale by the time the caller acts on it. */
 int fs_pool_awake(void);
 
 /* The most threads a pool runs (fs_pool_set_threads clamps to it). */

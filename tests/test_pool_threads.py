@@ -105,6 +105,45 @@ def test_attention_is_the_same_bits_at_every_thread_count(keep_threads, n, n_hea
                 assert np.array_equal(g, w), t
 
 
+# A prompt (48 rows) and a 40-node tree after it, at 1, 2 and 3 threads, with the workers kept
+# awake (FASTSPEC_SPIN_US: 1 s), so that the layers' row-wise phases (norms, RoPE and the
+# cache write, the activation) run on the threads from FS_ROWS_PARALLEL_MIN rows (fs_model.inc).
+_PROMPT_SCRIPT = r"""
+import sys
+import numpy as np
+import fastspec as fs
+dtype, weight_dtype = sys.argv[1], None if sys.argv[2] == "none" else sys.argv[2]
+cfg = fs.ModelConfig(vocab_size=2999, dim=192, n_layers=2, n_heads=6, n_kv_heads=2,
+                     ffn_dim=1408, max_seq_len=128, dtype=dtype, weight_dtype=weight_dtype)
+model = fs.Transformer.random(cfg, seed=5)
+ids = np.arange(1, 49) * 131 % 2999
+nodes = np.arange(7, 47) * 37 % 2999
+parents = np.array([-1] + [(i - 1) // 2 for i in range(1, 40)], dtype=np.int32)
+runs = {}
+with fs.using_backend("cython"):
+    for t in (1, 2, 3, 1, 2, 3):
+        fs.set_threads(t)
+        cache = model.new_cache()
+        prompt = model.step(ids, cache).logits
+        tree = model.step(nodes, cache, tree_parents=parents).logits
+        runs.setdefault(t, []).append((prompt, tree))
+want = runs[1][0]
+assert all(np.isfinite(w).all() for w in want)
+same = [np.array_equal(g, w) for outs in runs.values() for got in outs for g, w in zip(got, want)]
+sys.exit(0 if all(same) else 1)
+"""
+
+
+@needs_cython
+@pytest.mark.parametrize("dtype,weight_dtype", CASES + [("float32", "q8_0")],
+                         ids=["f32", "f16", "bf16", "f64", "q8_0"])
+def test_prompt_and_tree_rows_are_the_same_bits_at_every_thread_count(dtype, weight_dtype):
+    env = {**os.environ, "FASTSPEC_SPIN_US": "1000000"}
+    run = subprocess.run([sys.executable, "-c", _PROMPT_SCRIPT, dtype, weight_dtype or "none"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
 @needs_cython
 @pytest.mark.parametrize("weight_dtype", [None, "bfloat16"], ids=["f32", "bf16"])
 def test_greedy_generation_is_the_same_at_every_thread_count(keep_threads, weight_dtype):

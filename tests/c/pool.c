@@ -174,9 +174,11 @@ static int chunk_counts(void)
     return fails;
 }
 
-/* fs_pool_awake: 0 at one thread; seen right after a job when the workers spin (within up
- * to 1000 rounds of 100 jobs: a worker may be preempted); 0 once they sleep
- * (FASTSPEC_SPIN_US=0 and 20 ms after a job). */
+/* fs_pool_awake: 0 at one thread; seen right after a job when the worker spins (2 threads,
+ * within up to 1000 rounds of 100 jobs: the worker may be preempted, and a job that waited on
+ * it holds the hint at 0 for FS_POOL_STALL_HOLD_NS, 20 ms: the rounds are 25 ms apart; with
+ * more threads than CPUs that is most jobs); 0 once they sleep (FASTSPEC_SPIN_US=0 and 20 ms
+ * after a job). */
 static int awake_hint(void)
 {
     int fails = 0;
@@ -198,14 +200,16 @@ static int awake_hint(void)
             fails++;
         }
     } else {
+        fs_pool_set_threads(2);
         /* a pause every 100 jobs: workers found asleep right after a job (preempted on a
          * loaded machine) are woken at most once a millisecond (fs_pool.c's wake gap), but
-         * always after the caller was away longer than their spin */
+         * always after the caller was away longer than their spin; and the stall hold of a
+         * job that waited on a preempted worker has run out */
         int seen = 0;
         for (int i = 0; i < 100000 && !seen; i++) {
             fs_pool_run(chunk, &j, 64);
             seen = fs_pool_awake();
-            if (i % 100 == 99) usleep(2000);
+            if (i % 100 == 99) usleep(25000);
         }
         if (!seen) {
             printf("FAIL fs_pool_awake never 1 right after a job (workers spinning)\n");
