@@ -340,12 +340,9 @@ void fs_linear_f32b_round_many(int count, const float *x, const uint16_t *const 
             fs_amx_round_rows(x, n, in, fs_amx_kp(in), xa);
         fs_tiles_job j[FS_POOL_JOBS_MAX];
         fs_pool_job run[FS_POOL_JOBS_MAX] = {{0}};
-        int parallel = 0;  /* as in fs_linear_many */
-        for (int i = 0; i < count; i++) {
+        for (int i = 0; i < count; i++)
             run[i] = fs_tiles_plan(&j[i], xa, W[i], y[i], n, in, out[i], accumulate);
-            parallel |= run[i].nchunks > 1;
-        }
-        fs_pool_run_jobs(run, count, parallel);
+        fs_pool_run_jobs(run, count);
         for (int i = 0; i < count; i++)
             if (bias != NULL && bias[i] != NULL)
                 for (int r = 0; r < n; r++)

@@ -460,8 +460,10 @@ static void fs_pool_jobs_chunk(void *ctx, int c)
     j->jobs[i].fn(j->jobs[i].ctx, c - j->first[i]);
 }
 
-void fs_pool_run_jobs(const fs_pool_job *jobs, int count, int parallel)
+void fs_pool_run_jobs(const fs_pool_job *jobs, int count)
 {
+    int parallel = 0; /* some job is cut: the others, one chunk each, run beside it */
+    for (int i = 0; i < count; i++) parallel |= jobs[i].nchunks > 1;
     if (!parallel) {
         for (int i = 0; i < count; i++)
             for (int c = 0; c < jobs[i].nchunks; c++) jobs[i].fn(jobs[i].ctx, c);

@@ -44,17 +44,17 @@ typedef void (*fs_pool_fn)(void *ctx, int chunk);
 void fs_pool_run(fs_pool_fn fn, void *ctx, int nchunks);
 /* Several independent jobs run as one (count <= FS_POOL_JOBS_MAX): one wake of the workers and
  * one wait instead of `count`, each thread claiming chunks across the jobs (chunk c of job i
- * is fn_i(ctx_i, c) exactly once, as fs_pool_run would call it). parallel 0: every chunk on
- * the caller, job after job (work too small for threads, though it has several chunks). The
- * products of one input with several matrices (a layer's q, k and v; its gate and up) use
- * it. */
+ * is fn_i(ctx_i, c) exactly once, as fs_pool_run would call it). Jobs of at most one chunk
+ * each run on the caller, job after job; when one job is cut, the threads take them all, so a
+ * job too small to cut runs beside it. The products of one input with several matrices (a
+ * layer's q, k and v; its gate and up) use it. */
 typedef struct {
     fs_pool_fn fn;
     void *ctx;
     int nchunks;
 } fs_pool_job;
 #define FS_POOL_JOBS_MAX 4
-void fs_pool_run_jobs(const fs_pool_job *jobs, int count, int parallel);
+void fs_pool_run_jobs(const fs_pool_job *jobs, int count);
 int fs_pool_threads(void);
 void fs_pool_set_threads(int n);
 /* 1 when the pool has its workers and none of them sleeps (they spin after a recent job), so

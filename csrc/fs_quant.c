@@ -300,7 +300,7 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
      * it worth them, chunks of whole groups of FS_LIN_CHUNK_ALIGN columns), so a column's bits
      * do not depend on its neighbours; the job runs on the threads when one of them is cut. A
      * matrix too small to split (k or v at one row) is one chunk, run beside the others. */
-    int threads = fs_pool_threads(), parallel = 0;
+    int threads = fs_pool_threads();
     if (threads < 1) threads = 1;
     int align = FS_LIN_CHUNK_ALIGN / FS_Q_COLS > 0 ? FS_LIN_CHUNK_ALIGN / FS_Q_COLS : 1;
     fs_q_job job[FS_Q_MANY_MAX];
@@ -319,9 +319,8 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
         int parts = FS_LIN_PARALLEL(in, out[i], n) ? (threads < units ? threads : units) : 1;
         job[i].chunk = parts > 0 ? (units + parts - 1) / parts * align : 1;
         run[i] = (fs_pool_job){fs_q_chunk, &job[i], (job[i].ng + job[i].chunk - 1) / job[i].chunk};
-        parallel |= run[i].nchunks > 1;
     }
-    fs_pool_run_jobs(run, count, parallel);
+    fs_pool_run_jobs(run, count);
 }
 
 void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, float *y, int n,

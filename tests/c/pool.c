@@ -220,8 +220,8 @@ static int awake_hint(void)
 }
 
 /* fs_pool_run_jobs: every chunk of every job once, with its own job's context and index,
- * for 1-4 jobs (some of 0 or 1 chunks), together or (parallel 0) on the caller; and more
- * jobs than FS_POOL_JOBS_MAX (run one after another). */
+ * for 1-4 jobs (some of 0 or 1 chunks; all of at most one: on the caller); and more jobs than
+ * FS_POOL_JOBS_MAX (run one after another). */
 static int run_jobs(void)
 {
     static const int threads[] = {1, 2, 3};
@@ -232,26 +232,25 @@ static int run_jobs(void)
     int fails = 0;
     for (size_t t = 0; t < sizeof threads / sizeof *threads; t++) {
         fs_pool_set_threads(threads[t]);
-        for (int parallel = 0; parallel < 2; parallel++)
-            for (size_t s = 0; s < sizeof counts_of / sizeof *counts_of; s++)
-                for (int rep = 0; rep < 200; rep++) {
-                    int count = counts_of[s];
-                    job j[5];
-                    fs_pool_job jobs[5];
-                    for (int i = 0; i < count; i++) {
-                        for (int k = 0; k < 70; k++) atomic_store(&c[i][k], 0);
-                        j[i] = (job){c[i], 0, NULL};
-                        jobs[i] = (fs_pool_job){chunk, &j[i], sizes[s][i]};
-                    }
-                    fs_pool_run_jobs(jobs, count, parallel);
-                    int bad = 0;
-                    for (int i = 0; i < count; i++)
-                        for (int k = 0; k < 70; k++)
-                            bad += atomic_load(&c[i][k]) != (k < sizes[s][i]);
-                    if (bad && fails++ < 5)
-                        printf("FAIL run_jobs: %d jobs (case %zu), parallel %d, threads %d: "
-                               "%d chunks wrong\n", count, s, parallel, threads[t], bad);
+        for (size_t s = 0; s < sizeof counts_of / sizeof *counts_of; s++)
+            for (int rep = 0; rep < 200; rep++) {
+                int count = counts_of[s];
+                job j[5];
+                fs_pool_job jobs[5];
+                for (int i = 0; i < count; i++) {
+                    for (int k = 0; k < 70; k++) atomic_store(&c[i][k], 0);
+                    j[i] = (job){c[i], 0, NULL};
+                    jobs[i] = (fs_pool_job){chunk, &j[i], sizes[s][i]};
                 }
+                fs_pool_run_jobs(jobs, count);
+                int bad = 0;
+                for (int i = 0; i < count; i++)
+                    for (int k = 0; k < 70; k++)
+                        bad += atomic_load(&c[i][k]) != (k < sizes[s][i]);
+                if (bad && fails++ < 5)
+                    printf("FAIL run_jobs: %d jobs (case %zu), threads %d: %d chunks wrong\n",
+                           count, s, threads[t], bad);
+            }
     }
     return fails;
 }
