@@ -42,6 +42,7 @@
     && !defined(FS_POOL_NO_FUTEX)
 #define FS_POOL_FUTEX 1
 #include <linux/futex.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #else
@@ -89,6 +90,7 @@ static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
 }
 static int fs_pool_threads_impl(void) { return fs_pool_want; }
 static int fs_pool_awake_impl(void) { return 0; }
+static void fs_pool_keep_awake_impl(int on) { (void)on; }
 static void fs_pool_set_threads_impl(int n)
 {
     fs_pool_want = n < 1 ? 1 : n > FS_POOL_MAX ? FS_POOL_MAX : n;
@@ -124,6 +126,37 @@ static void fs_pool_set_threads_impl(int n)
 #ifndef FS_POOL_STALL_HOLD_NS
 #define FS_POOL_STALL_HOLD_NS 20000000L
 #endif
+/* A prompt keeps the workers awake (fs_pool_keep_awake, around a prompt's layers). Between a
+ * prompt's jobs the caller works alone for 50-120 us (the embedded float16 target's 256-row
+ * prompt at 2 threads on the Zen 4 EPYC KVM guest: the row-wise phases while fs_pool_awake says
+ * no, the keys' transposition), longer than the 30 us spin, so the worker slept and was woken
+ * at every job. After 100 ms of idle the prompt then took 17.6-18.1 ms at 2 threads, as long as
+ * at 1 thread (10.2-10.3 ms when the previous prompt ended 1 ms before): in this guest, once a
+ * vCPU has idled, Linux wakes the worker on the caller's own CPU (the idle vCPU looks
+ * preempted: vcpu_is_preempted), and a late worker leaves most of each job to the caller.
+ * Inside fs_pool_keep_awake, while the pool is keeping (fs_pool_keeping):
+ *   - both sides spin up to FS_POOL_KEEP_SPIN_NS instead of the spin (the caller, blocked
+ *     on the last chunk, is woken as late as a worker);
+ *   - a worker woken from sleep on the CPU of the caller that woke it moves to another CPU of
+ *     its mask (fs_pool_leave_callers_cpu);
+ *   - the caller watches its own CPU time (fs_pool_keep_check): when it had its CPU for less
+ *     than three quarters of a window of FS_POOL_KEEP_WINDOW_NS, another thread shares its CPU
+ *     (a process beside it; the host), and the pool stops keeping for FS_POOL_KEEP_QUIET_NS.
+ * Six processes each, medians of 12 prompts, after 1 ms / 100 ms of idle: 10.2-10.3 / 17.6-18.1
+ * ms before; the long spin and the check without the move 9.7-10.1 / 17.1-18.0; all three
+ * 9.8-10.1 / 10.3-10.4 in five processes, 17.9 in the sixth. Beside a busy loop on the other CPU,
+ * four processes: 17.5-18.2 / 18.0-18.3 before, 17.7-17.9 / 18.0-18.4 after; without the check
+ * 19-26 ms (the worker spun on one CPU and left the caller to share the other with the busy
+ * loop). The same chunks either way: only where and how long the threads wait. */
+#ifndef FS_POOL_KEEP_SPIN_NS
+#define FS_POOL_KEEP_SPIN_NS 1000000L
+#endif
+#ifndef FS_POOL_KEEP_QUIET_NS
+#define FS_POOL_KEEP_QUIET_NS 1000000000L
+#endif
+#ifndef FS_POOL_KEEP_WINDOW_NS
+#define FS_POOL_KEEP_WINDOW_NS 1000000L
+#endif
 
 static struct {
     /* the job; written by the owner of `busy` while no chunk of the previous job is claimable */
@@ -144,13 +177,16 @@ static struct {
     long last_wake;            /* when a job last found every worker asleep and woke them */
     long last_end;             /* when the last job of the pool ended */
     _Atomic long last_stall;   /* when a job's caller last waited long for a worker (awake) */
+    _Atomic int keep;          /* callers inside fs_pool_keep_awake(1) ... (0) */
+    _Atomic long last_preempt; /* when a caller inside fs_pool_keep_awake last lost its CPU */
+    _Atomic int waker_cpu;     /* the CPU of the caller that last woke sleeping workers */
     pthread_t tid[FS_POOL_MAX];
 #if !FS_POOL_FUTEX
     pthread_mutex_t mu;
     pthread_cond_t cv_seq, cv_done;
 #endif
 } fs_pool = {
-    .want = 1, .spin_ns = -1,
+    .want = 1, .spin_ns = -1, .waker_cpu = -1,
 #if !FS_POOL_FUTEX
     .mu = PTHREAD_MUTEX_INITIALIZER, .cv_seq = PTHREAD_COND_INITIALIZER,
     .cv_done = PTHREAD_COND_INITIALIZER,
@@ -159,11 +195,21 @@ static struct {
 
 /* 1 on a thread that runs chunks of a job now (a worker, or the caller inside its job). */
 static _Thread_local int fs_pool_inside;
+/* A caller inside fs_pool_keep_awake: the start of its current window, wall clock and its own
+ * CPU time (fs_pool_keep_check); 0 when it is not watching. */
+static _Thread_local long fs_pool_keep_wall0, fs_pool_keep_cpu0;
 
 static long fs_pool_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static long fs_pool_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
@@ -233,6 +279,42 @@ static void fs_pool_work(uint32_t g)
     }
 }
 
+/* A caller is inside fs_pool_keep_awake, and none lost its CPU in the last
+ * FS_POOL_KEEP_QUIET_NS (see "A prompt keeps the workers awake" above). */
+static int fs_pool_keeping(long now)
+{
+    return atomic_load_explicit(&fs_pool.keep, memory_order_relaxed) > 0 &&
+           now - atomic_load_explicit(&fs_pool.last_preempt, memory_order_relaxed) >=
+               FS_POOL_KEEP_QUIET_NS;
+}
+
+/* How long a thread spins before it blocks: the spin (> 0), or FS_POOL_KEEP_SPIN_NS while the
+ * pool is keeping. */
+static long fs_pool_spin_most(long spin, long now)
+{
+    return spin < FS_POOL_KEEP_SPIN_NS && fs_pool_keeping(now) ? FS_POOL_KEEP_SPIN_NS : spin;
+}
+
+/* A worker just woken from sleep, while the pool is keeping, on the CPU of the caller that
+ * woke it: it leaves that CPU out of its affinity mask, which migrates it to another CPU of the
+ * mask, then restores the mask (two system calls, only then). Not outside a prompt: beside a
+ * busy loop on the other of 2 CPUs, moving every woken worker there made decode at 2 threads
+ * 1.11-1.18 times as slow as at 1 (1.03-1.05 without the move). */
+static void fs_pool_leave_callers_cpu(void)
+{
+#if FS_POOL_FUTEX
+    if (!fs_pool_keeping(fs_pool_now_ns())) return;
+    int cpu = sched_getcpu();
+    if (cpu < 0 || cpu != atomic_load_explicit(&fs_pool.waker_cpu, memory_order_relaxed)) return;
+    cpu_set_t mask, others;
+    if (sched_getaffinity(0, sizeof mask, &mask) != 0 || !CPU_ISSET(cpu, &mask)) return;
+    others = mask;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) == 0) return;
+    if (sched_setaffinity(0, sizeof others, &others) == 0) sched_setaffinity(0, sizeof mask, &mask);
+#endif
+}
+
 /* Wait (spin, then block) until seq != seen; return the new seq. */
 static uint32_t fs_pool_wait_job(uint32_t seen)
 {
@@ -241,7 +323,10 @@ static uint32_t fs_pool_wait_job(uint32_t seen)
         uint32_t g = atomic_load_explicit(&fs_pool.seq, memory_order_acquire);
         if (g != seen) return g;
         FS_POOL_RELAX();
-        if ((i & 15) == 0 && fs_pool_now_ns() - t0 > spin) break;
+        if ((i & 15) == 0) {
+            long now = fs_pool_now_ns();
+            if (now - t0 > fs_pool_spin_most(spin, now)) break;
+        }
     }
     for (;;) {
         atomic_fetch_add(&fs_pool.sleepers, 1);
@@ -249,7 +334,10 @@ static uint32_t fs_pool_wait_job(uint32_t seen)
         if (g == seen) fs_pool_block(&fs_pool.seq, seen);
         atomic_fetch_sub(&fs_pool.sleepers, 1);
         g = atomic_load_explicit(&fs_pool.seq, memory_order_acquire);
-        if (g != seen) return g;
+        if (g != seen) {
+            fs_pool_leave_callers_cpu();
+            return g;
+        }
     }
 }
 
@@ -271,7 +359,10 @@ static void fs_pool_wait_done(uint32_t n)
     for (unsigned i = 1; spin > 0; i++) {
         if (atomic_load_explicit(&fs_pool.done, memory_order_acquire) == n) return;
         FS_POOL_RELAX();
-        if ((i & 15) == 0 && fs_pool_now_ns() - t0 > spin) break;
+        if ((i & 15) == 0) {
+            long now = fs_pool_now_ns();
+            if (now - t0 > fs_pool_spin_most(spin, now)) break;
+        }
     }
     for (;;) {
         atomic_store(&fs_pool.caller_sleeps, 1);
@@ -337,6 +428,25 @@ static void fs_pool_start_workers(int count)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
+/* A caller inside fs_pool_keep_awake, at each job: over every window of at least
+ * FS_POOL_KEEP_WINDOW_NS, did it have its CPU for three quarters of the time? If not, the pool
+ * stops keeping for FS_POOL_KEEP_QUIET_NS (last_preempt), and this caller stops watching. One
+ * read of the thread's CPU time per job while it watches, none otherwise. */
+static void fs_pool_keep_check(void)
+{
+    if (fs_pool_keep_wall0 == 0) return;
+    long now = fs_pool_now_ns(), wall = now - fs_pool_keep_wall0;
+    if (wall < FS_POOL_KEEP_WINDOW_NS) return;
+    long cpu = fs_pool_cpu_ns();
+    if (4 * (cpu - fs_pool_keep_cpu0) < 3 * wall) {
+        atomic_store_explicit(&fs_pool.last_preempt, now, memory_order_relaxed);
+        fs_pool_keep_wall0 = 0;
+        return;
+    }
+    fs_pool_keep_wall0 = now;
+    fs_pool_keep_cpu0 = cpu;
+}
+
 static int fs_pool_try_own(void)
 {
     int free_ = 0;
@@ -386,6 +496,7 @@ static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
         }
         fs_pool.last_wake = now;
     }
+    fs_pool_keep_check();
     fs_pool.fn = fn;
     fs_pool.ctx = ctx;
     fs_pool.nchunks = nchunks;
@@ -395,7 +506,13 @@ static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
                           memory_order_release);
     atomic_store(&fs_pool.seq, g);  /* seq_cst: see sleepers */
     int sleeping = atomic_load(&fs_pool.sleepers);
-    if (sleeping > 0) fs_pool_wake(&fs_pool.seq, sleeping < nchunks - 1 ? sleeping : nchunks - 1);
+    if (sleeping > 0) {
+#if FS_POOL_FUTEX
+        if (fs_pool_keep_wall0 != 0)
+            atomic_store_explicit(&fs_pool.waker_cpu, sched_getcpu(), memory_order_relaxed);
+#endif
+        fs_pool_wake(&fs_pool.seq, sleeping < nchunks - 1 ? sleeping : nchunks - 1);
+    }
     fs_pool_inside = 1;
     long t0 = fs_pool_now_ns();
     fs_pool_work(g);
@@ -421,6 +538,18 @@ static int fs_pool_awake_impl(void)
                FS_POOL_STALL_HOLD_NS;
 }
 
+static void fs_pool_keep_awake_impl(int on)
+{
+    if (on) {
+        atomic_fetch_add_explicit(&fs_pool.keep, 1, memory_order_relaxed);
+        fs_pool_keep_wall0 = fs_pool_now_ns();
+        fs_pool_keep_cpu0 = fs_pool_cpu_ns();
+    } else {
+        atomic_fetch_sub_explicit(&fs_pool.keep, 1, memory_order_relaxed);
+        fs_pool_keep_wall0 = 0;
+    }
+}
+
 static void fs_pool_set_threads_impl(int n)
 {
     n = n < 1 ? 1 : n > FS_POOL_MAX ? FS_POOL_MAX : n;
@@ -435,7 +564,8 @@ static void fs_pool_set_threads_impl(int n)
 #endif /* FS_POOL_THREADED */
 
 const fs_pool_ops fs_pool_local = {fs_pool_run_impl, fs_pool_threads_impl,
-                                   fs_pool_set_threads_impl, fs_pool_awake_impl};
+                                   fs_pool_set_threads_impl, fs_pool_awake_impl,
+                                   fs_pool_keep_awake_impl};
 
 void fs_pool_run(fs_pool_fn fn, void *ctx, int nchunks)
 {
@@ -487,3 +617,5 @@ int fs_pool_threads(void) { return fs_disp->pool->threads(); }
 void fs_pool_set_threads(int n) { fs_disp->pool->set_threads(n); }
 
 int fs_pool_awake(void) { return fs_disp->pool->awake(); }
+
+void fs_pool_keep_awake(int on) { fs_disp->pool->keep_awake(on); }

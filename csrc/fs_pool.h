@@ -63,6 +63,11 @@ void fs_pool_set_threads(int n);
  * FS_POOL_STALL_HOLD_NS in fs_pool.c). A hint for work that pays off in parallel only when no
  * worker must be woken: it may be stale by the time the caller acts on it. */
 int fs_pool_awake(void);
+/* fs_pool_keep_awake(1) before a long run of jobs with work on the caller between them (a
+ * prompt's layers), fs_pool_keep_awake(0) after it (the calls pair; they may nest): in
+ * between, the workers spin up to FS_POOL_KEEP_SPIN_NS between jobs instead of the spin, so
+ * they are not asleep, to be woken, at every job. Only how long they wait: the same chunks. */
+void fs_pool_keep_awake(int on);
 
 /* The most threads a pool runs (fs_pool_set_threads clamps to it). */
 #define FS_POOL_MAX 1024
@@ -88,13 +93,15 @@ int fs_pool_awake(void);
  * threads of equal speed). Chunk c of n then covers units [c * units / n, (c + 1) * units / n). */
 int fs_pool_chunks(int units, size_t unit_cost, int min_units);
 
-/* The functions behind fs_pool_run, fs_pool_threads, fs_pool_set_threads and fs_pool_awake in one copy of
- * the core; the dispatch table (fs_isa.h) points at the owner's. */
+/* The functions behind fs_pool_run, fs_pool_threads, fs_pool_set_threads, fs_pool_awake and
+ * fs_pool_keep_awake in one copy of the core; the dispatch table (fs_isa.h) points at the
+ * owner's. */
 typedef struct fs_pool_ops {
     void (*run)(fs_pool_fn fn, void *ctx, int nchunks);
     int (*threads)(void);
     void (*set_threads)(int n);
     int (*awake)(void);
+    void (*keep_awake)(int on);
 } fs_pool_ops;
 
 /* This copy's pool. */

@@ -2,7 +2,7 @@
  * thread count (1 to more than the CPUs, changed between jobs), for nchunks 0, 1, 2, small
  * and huge; many tiny jobs in a row; two threads submitting jobs at once (one gets the
  * workers, the other runs serially); a nested call (serial); the pool in the child of a fork;
- * fs_pool_chunks' bounds; fs_pool_awake; fs_pool_run_jobs. The whole run is done twice at once: by the parent with the
+ * fs_pool_chunks' bounds; fs_pool_awake; fs_pool_keep_awake; fs_pool_run_jobs. The whole run is done twice at once: by the parent with the
  * default spin and by a child forked before any use with FASTSPEC_SPIN_US=0 (every wait
  * blocks at once: the sleeping paths). With -DFS_TEST_PORTABLE the pool waits on condition
  * variables instead of futexes. Built and run by tests/test_pool_c.py; exit status = failures.
@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fs_pool.h"
@@ -219,6 +220,78 @@ static int awake_hint(void)
     return fails;
 }
 
+static void busy_wait_us(long us)
+{
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    do clock_gettime(CLOCK_MONOTONIC, &b);
+    while ((b.tv_sec - a.tv_sec) * 1000000L + (b.tv_nsec - a.tv_nsec) / 1000 < us);
+}
+
+/* fs_pool_keep_awake (2 threads): inside it a worker still spins 300 us after a job, where the
+ * 30 us spin alone has it asleep; after it, the worker sleeps again by then; with
+ * FASTSPEC_SPIN_US=0 nobody spins inside it (asleep 300 us after a job in most of 50 rounds: a
+ * worker woken late is not asleep yet, nor is one just started). The caller busy-waits: a sleeping caller is one that lost its CPU
+ * (fs_pool_keep_check). */
+static int keep_awake(void)
+{
+    int fails = 0;
+    static _Atomic int count[64];
+    job j = {count, 0, NULL};
+    fs_pool_set_threads(2);
+    const char *spin = getenv("FASTSPEC_SPIN_US");
+    if (spin != NULL && strcmp(spin, "0") == 0) {
+        fs_pool_run(chunk, &j, 64); /* the worker started and asleep */
+        usleep(20000);
+        int asleep = 0;
+        for (int i = 0; i < 50; i++) {
+            fs_pool_keep_awake(1);
+            fs_pool_run(chunk, &j, 64);
+            busy_wait_us(300);
+            asleep += !fs_pool_awake();
+            fs_pool_keep_awake(0);
+        }
+        if (asleep < 25) {
+            printf("FAIL fs_pool_keep_awake: a worker awake 300 us after a job in %d rounds of 50 "
+                   "with FASTSPEC_SPIN_US=0\n", 50 - asleep);
+            fails++;
+        }
+        return fails;
+    }
+    /* rounds in which a worker was awake 300 us after a job inside fs_pool_keep_awake, and
+     * in which every worker was asleep 300 us after a job after it: most of 200, in one of up
+     * to 5 tries 1.1 s apart (a try whose caller lost its CPU stops the keeping for 1 s) */
+    int on = 0, off = 0, rounds = 200;
+    for (int t = 0; t < 5; t++) {
+        if (t > 0) usleep(1100000);
+        on = off = 0;
+        for (int i = 0; i < rounds; i++) {
+            fs_pool_keep_awake(1);
+            fs_pool_run(chunk, &j, 64);
+            busy_wait_us(300);
+            on += fs_pool_awake();
+            fs_pool_keep_awake(0);
+            fs_pool_run(chunk, &j, 64);
+            busy_wait_us(300);
+            off += !fs_pool_awake();
+        }
+        if (getenv("FS_POOL_TEST_VERBOSE"))
+            printf("keep_awake: on %d off %d of %d\n", on, off, rounds);
+        if (2 * on >= rounds && 2 * off >= rounds) break;
+    }
+    if (2 * on < rounds) {
+        printf("FAIL fs_pool_keep_awake: a worker awake 300 us after a job inside it in only %d "
+               "rounds of %d\n", on, rounds);
+        fails++;
+    }
+    if (2 * off < rounds) {
+        printf("FAIL fs_pool_keep_awake: every worker asleep 300 us after a job after it in only "
+               "%d rounds of %d\n", off, rounds);
+        fails++;
+    }
+    return fails;
+}
+
 /* fs_pool_run_jobs: every chunk of every job once, with its own job's context and index,
  * for 1-4 jobs (some of 0 or 1 chunks; all of at most one: on the caller); and more jobs than
  * FS_POOL_JOBS_MAX (run one after another). */
@@ -265,6 +338,7 @@ static int all(void)
     fails += after_fork();
     fails += chunk_counts();
     fails += awake_hint();
+    fails += keep_awake();
     fails += run_jobs();
     fails += run_and_check(counts, MAXC, 0, "last");
     return fails;
@@ -276,7 +350,9 @@ int main(void)
     pid_t pid = fork();
     if (pid == 0) {
         setenv("FASTSPEC_SPIN_US", "0", 1);
-        _exit(all() ? 1 : 0);
+        int failed = all();
+        fflush(stdout); /* _exit does not flush: the failures' lines would be lost */
+        _exit(failed ? 1 : 0);
     }
     int fails = all();
     int status = 0;
