@@ -33,6 +33,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 #include <time.h>
 #endif
 
@@ -91,6 +92,7 @@ static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
 static int fs_pool_threads_impl(void) { return fs_pool_want; }
 static int fs_pool_awake_impl(void) { return 0; }
 static void fs_pool_keep_awake_impl(int on) { (void)on; }
+long fs_pool_spin_limit_ns(void) { return 0; }
 static void fs_pool_set_threads_impl(int n)
 {
     fs_pool_want = n < 1 ? 1 : n > FS_POOL_MAX ? FS_POOL_MAX : n;
@@ -134,20 +136,23 @@ static void fs_pool_set_threads_impl(int n)
  * at 1 thread (10.2-10.3 ms when the previous prompt ended 1 ms before): in this guest, once a
  * vCPU has idled, Linux wakes the worker on the caller's own CPU (the idle vCPU looks
  * preempted: vcpu_is_preempted), and a late worker leaves most of each job to the caller.
- * Inside fs_pool_keep_awake, while the pool is keeping (fs_pool_keeping):
+ * After the jobs of a caller inside fs_pool_keep_awake, while the pool is keeping
+ * (fs_pool_keeping):
  *   - both sides spin up to FS_POOL_KEEP_SPIN_NS instead of the spin (the caller, blocked
  *     on the last chunk, is woken as late as a worker);
  *   - a worker woken from sleep on the CPU of the caller that woke it moves to another CPU of
  *     its mask (fs_pool_leave_callers_cpu);
- *   - the caller watches its own CPU time (fs_pool_keep_check): when it had its CPU for less
- *     than three quarters of a window of FS_POOL_KEEP_WINDOW_NS, another thread shares its CPU
- *     (a process beside it; the host), and the pool stops keeping for FS_POOL_KEEP_QUIET_NS.
- * Six processes each, medians of 12 prompts, after 1 ms / 100 ms of idle: 10.2-10.3 / 17.6-18.1
- * ms before; the long spin and the check without the move 9.7-10.1 / 17.1-18.0; all three
- * 9.8-10.1 / 10.3-10.4 in five processes, 17.9 in the sixth. Beside a busy loop on the other CPU,
- * four processes: 17.5-18.2 / 18.0-18.3 before, 17.7-17.9 / 18.0-18.4 after; without the check
- * 19-26 ms (the worker spun on one CPU and left the caller to share the other with the busy
- * loop). The same chunks either way: only where and how long the threads wait. */
+ *   - the caller watches its own CPU time (fs_pool_keep_check): when in a window of at least
+ *     FS_POOL_KEEP_WINDOW_NS it had its CPU for less than three quarters of the time and was
+ *     switched out involuntarily, another thread shares its CPU (a process beside it), and the
+ *     pool stops keeping for FS_POOL_KEEP_QUIET_NS.
+ * Medians of 12 prompts per process, after 1 ms / 100 ms of idle, builds alternated: before,
+ * 10.2-13.3 / 17.4-19.4 ms (four processes); the long spin and the check without the move
+ * 9.7-10.1 / 17.1-18.0 (six); all three 9.8-12.6 / 10.3-12.7 (four). Beside a busy loop on
+ * the other CPU, three processes each: 16.2-17.8 / 18.0-18.1 before, 16.5-17.7 / 18.1-18.2
+ * after; without the check 19-26 ms (the worker spun on one CPU and left the caller to share
+ * the other with the busy loop). The same chunks either way: only where and how long the
+ * threads wait. */
 #ifndef FS_POOL_KEEP_SPIN_NS
 #define FS_POOL_KEEP_SPIN_NS 1000000L
 #endif
@@ -177,9 +182,9 @@ static struct {
     long last_wake;            /* when a job last found every worker asleep and woke them */
     long last_end;             /* when the last job of the pool ended */
     _Atomic long last_stall;   /* when a job's caller last waited long for a worker (awake) */
-    _Atomic int keep;          /* callers inside fs_pool_keep_awake(1) ... (0) */
+    _Atomic int keep_job;      /* the last job's caller was inside fs_pool_keep_awake */
     _Atomic long last_preempt; /* when a caller inside fs_pool_keep_awake last lost its CPU */
-    _Atomic int waker_cpu;     /* the CPU of the caller that last woke sleeping workers */
+    _Atomic int waker_cpu;     /* the CPU of the keeping caller that last woke workers, or -1 */
     pthread_t tid[FS_POOL_MAX];
 #if !FS_POOL_FUTEX
     pthread_mutex_t mu;
@@ -195,9 +200,10 @@ static struct {
 
 /* 1 on a thread that runs chunks of a job now (a worker, or the caller inside its job). */
 static _Thread_local int fs_pool_inside;
-/* A caller inside fs_pool_keep_awake: the start of its current window, wall clock and its own
- * CPU time (fs_pool_keep_check); 0 when it is not watching. */
-static _Thread_local long fs_pool_keep_wall0, fs_pool_keep_cpu0;
+/* This thread's fs_pool_keep_awake depth, and while it is inside: the start of its current
+ * window, wall clock, own CPU time and involuntary context switches (fs_pool_keep_check). */
+static _Thread_local int fs_pool_keep_depth;
+static _Thread_local long fs_pool_keep_wall0, fs_pool_keep_cpu0, fs_pool_keep_nivcsw0;
 
 static long fs_pool_now_ns(void)
 {
@@ -206,11 +212,23 @@ static long fs_pool_now_ns(void)
     return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
+/* This thread's CPU time (0 if the clock fails: the check then reads a lost CPU). */
 static long fs_pool_cpu_ns(void)
 {
-    struct timespec ts;
+    struct timespec ts = {0, 0};
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* This thread's involuntary context switches so far (Linux: getrusage RUSAGE_THREAD); -1
+ * where unknown. */
+static long fs_pool_nivcsw(void)
+{
+#if defined(__linux__) && defined(RUSAGE_THREAD)
+    struct rusage ru;
+    if (getrusage(RUSAGE_THREAD, &ru) == 0) return ru.ru_nivcsw;
+#endif
+    return -1;
 }
 
 /* FASTSPEC_SPIN_US: decimal microseconds in [0, 1000000]; anything else is the default. */
@@ -279,11 +297,12 @@ static void fs_pool_work(uint32_t g)
     }
 }
 
-/* A caller is inside fs_pool_keep_awake, and none lost its CPU in the last
- * FS_POOL_KEEP_QUIET_NS (see "A prompt keeps the workers awake" above). */
+/* The last job's caller was inside fs_pool_keep_awake (and has not left it), and no caller
+ * lost its CPU there in the last FS_POOL_KEEP_QUIET_NS (see "A prompt keeps the workers
+ * awake" above). */
 static int fs_pool_keeping(long now)
 {
-    return atomic_load_explicit(&fs_pool.keep, memory_order_relaxed) > 0 &&
+    return atomic_load_explicit(&fs_pool.keep_job, memory_order_relaxed) &&
            now - atomic_load_explicit(&fs_pool.last_preempt, memory_order_relaxed) >=
                FS_POOL_KEEP_QUIET_NS;
 }
@@ -296,10 +315,12 @@ static long fs_pool_spin_most(long spin, long now)
 }
 
 /* A worker just woken from sleep, while the pool is keeping, on the CPU of the caller that
- * woke it: it leaves that CPU out of its affinity mask, which migrates it to another CPU of the
- * mask, then restores the mask (two system calls, only then). Not outside a prompt: beside a
- * busy loop on the other of 2 CPUs, moving every woken worker there made decode at 2 threads
- * 1.11-1.18 times as slow as at 1 (1.03-1.05 without the move). */
+ * woke it (Linux, futex builds): it leaves that CPU out of its affinity mask, which migrates it
+ * to another CPU of the mask, then restores the mask (three system calls, only then; if the
+ * restore fails it is tried once more). Since Linux 6.2 the restored mask is also recorded as
+ * the thread's own request, so a cpuset that later grows beyond it does not widen it. Not
+ * outside a prompt: beside a busy loop on the other of 2 CPUs, moving every woken worker there
+ * made decode at 2 threads 1.11-1.18 times as slow as at 1 (1.03-1.05 without the move). */
 static void fs_pool_leave_callers_cpu(void)
 {
 #if FS_POOL_FUTEX
@@ -311,7 +332,9 @@ static void fs_pool_leave_callers_cpu(void)
     others = mask;
     CPU_CLR(cpu, &others);
     if (CPU_COUNT(&others) == 0) return;
-    if (sched_setaffinity(0, sizeof others, &others) == 0) sched_setaffinity(0, sizeof mask, &mask);
+    if (sched_setaffinity(0, sizeof others, &others) == 0 &&
+        sched_setaffinity(0, sizeof mask, &mask) != 0)
+        sched_setaffinity(0, sizeof mask, &mask);
 #endif
 }
 
@@ -396,6 +419,8 @@ static void fs_pool_after_fork(void)
     atomic_store(&fs_pool.caller_sleeps, 0);
     atomic_store(&fs_pool.quit, 0);
     atomic_store(&fs_pool.busy, 0);
+    atomic_store(&fs_pool.keep_job, 0); /* the next job's caller says again */
+    atomic_store(&fs_pool.waker_cpu, -1);
     fs_pool_inside = 0;
 #if !FS_POOL_FUTEX
     pthread_mutex_init(&fs_pool.mu, NULL);
@@ -428,23 +453,31 @@ static void fs_pool_start_workers(int count)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-/* A caller inside fs_pool_keep_awake, at each job: over every window of at least
- * FS_POOL_KEEP_WINDOW_NS, did it have its CPU for three quarters of the time? If not, the pool
- * stops keeping for FS_POOL_KEEP_QUIET_NS (last_preempt), and this caller stops watching. One
- * read of the thread's CPU time per job while it watches, none otherwise. */
+/* The start of a watch window: now. */
+static void fs_pool_keep_window(long now)
+{
+    fs_pool_keep_wall0 = now;
+    fs_pool_keep_cpu0 = fs_pool_cpu_ns();
+    fs_pool_keep_nivcsw0 = fs_pool_nivcsw();
+}
+
+/* A caller inside fs_pool_keep_awake, at a job that ends a window of at least
+ * FS_POOL_KEEP_WINDOW_NS: if in that window it had its CPU for less than three quarters of
+ * the time and was switched out involuntarily (Linux; elsewhere the time alone), another thread
+ * took its CPU, and the pool stops keeping for FS_POOL_KEEP_QUIET_NS (last_preempt). A thread
+ * that slept by itself (a page fault on mapped weights) is not counted. A new window starts
+ * either way: two system calls a window, none between. */
 static void fs_pool_keep_check(void)
 {
-    if (fs_pool_keep_wall0 == 0) return;
+    if (fs_pool_keep_depth == 0) return;
     long now = fs_pool_now_ns(), wall = now - fs_pool_keep_wall0;
     if (wall < FS_POOL_KEEP_WINDOW_NS) return;
-    long cpu = fs_pool_cpu_ns();
-    if (4 * (cpu - fs_pool_keep_cpu0) < 3 * wall) {
+    long cpu = fs_pool_cpu_ns(), nivcsw = fs_pool_nivcsw();
+    if (4 * (cpu - fs_pool_keep_cpu0) < 3 * wall && (nivcsw < 0 || nivcsw > fs_pool_keep_nivcsw0))
         atomic_store_explicit(&fs_pool.last_preempt, now, memory_order_relaxed);
-        fs_pool_keep_wall0 = 0;
-        return;
-    }
     fs_pool_keep_wall0 = now;
     fs_pool_keep_cpu0 = cpu;
+    fs_pool_keep_nivcsw0 = nivcsw;
 }
 
 static int fs_pool_try_own(void)
@@ -497,6 +530,7 @@ static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
         fs_pool.last_wake = now;
     }
     fs_pool_keep_check();
+    atomic_store_explicit(&fs_pool.keep_job, fs_pool_keep_depth > 0, memory_order_relaxed);
     fs_pool.fn = fn;
     fs_pool.ctx = ctx;
     fs_pool.nchunks = nchunks;
@@ -508,8 +542,8 @@ static void fs_pool_run_impl(fs_pool_fn fn, void *ctx, int nchunks)
     int sleeping = atomic_load(&fs_pool.sleepers);
     if (sleeping > 0) {
 #if FS_POOL_FUTEX
-        if (fs_pool_keep_wall0 != 0)
-            atomic_store_explicit(&fs_pool.waker_cpu, sched_getcpu(), memory_order_relaxed);
+        atomic_store_explicit(&fs_pool.waker_cpu, fs_pool_keep_depth > 0 ? sched_getcpu() : -1,
+                              memory_order_relaxed);
 #endif
         fs_pool_wake(&fs_pool.seq, sleeping < nchunks - 1 ? sleeping : nchunks - 1);
     }
@@ -538,16 +572,21 @@ static int fs_pool_awake_impl(void)
                FS_POOL_STALL_HOLD_NS;
 }
 
+/* Per thread: the outermost (1) starts watching, the matching (0) ends the keeping of this
+ * thread's jobs (the next job's caller sets keep_job again); an unpaired (0) does nothing. */
 static void fs_pool_keep_awake_impl(int on)
 {
     if (on) {
-        atomic_fetch_add_explicit(&fs_pool.keep, 1, memory_order_relaxed);
-        fs_pool_keep_wall0 = fs_pool_now_ns();
-        fs_pool_keep_cpu0 = fs_pool_cpu_ns();
-    } else {
-        atomic_fetch_sub_explicit(&fs_pool.keep, 1, memory_order_relaxed);
-        fs_pool_keep_wall0 = 0;
+        if (fs_pool_keep_depth++ == 0) fs_pool_keep_window(fs_pool_now_ns());
+    } else if (fs_pool_keep_depth > 0 && --fs_pool_keep_depth == 0) {
+        atomic_store_explicit(&fs_pool.keep_job, 0, memory_order_relaxed);
     }
+}
+
+long fs_pool_spin_limit_ns(void)
+{
+    long spin = fs_pool.spin_ns >= 0 ? fs_pool.spin_ns : fs_pool_read_spin();
+    return spin > 0 ? fs_pool_spin_most(spin, fs_pool_now_ns()) : 0;
 }
 
 static void fs_pool_set_threads_impl(int n)

@@ -23,7 +23,8 @@
  * process may run on (os.sched_getaffinity). The pool is the caller plus n - 1 persistent
  * workers, started on the first run that needs them and restarted when n changes. A worker
  * claims chunks dynamically (a slow or preempted thread just claims fewer); between jobs it
- * spins for FASTSPEC_SPIN_US microseconds (environment, read once; default 30), then sleeps
+ * spins for FASTSPEC_SPIN_US microseconds (environment, read once; default 30; longer inside
+ * fs_pool_keep_awake), then sleeps
  * (a futex on Linux, a condition variable elsewhere); the caller waits for the last chunk the
  * same way. Workers found asleep right after a job (they spun without being scheduled: another
  * process holds their CPU) are woken at most once per FS_POOL_WAKE_GAP_NS; the jobs between
@@ -64,10 +65,19 @@ void fs_pool_set_threads(int n);
  * worker must be woken: it may be stale by the time the caller acts on it. */
 int fs_pool_awake(void);
 /* fs_pool_keep_awake(1) before a long run of jobs with work on the caller between them (a
- * prompt's layers), fs_pool_keep_awake(0) after it (the calls pair; they may nest): in
- * between, the workers spin up to FS_POOL_KEEP_SPIN_NS between jobs instead of the spin, so
- * they are not asleep, to be woken, at every job. Only how long they wait: the same chunks. */
+ * prompt's layers), fs_pool_keep_awake(0) after it (the calls pair per thread and may nest;
+ * an unpaired 0 does nothing). The jobs this thread hands out in between keep the pool
+ * awake: the workers after them, and the caller waiting for their last chunk, spin up to
+ * FS_POOL_KEEP_SPIN_NS (fs_pool.c, 1 ms) instead of the spin (none with FASTSPEC_SPIN_US=0),
+ * and a worker woken on the caller's CPU moves to another; unless a keeping caller lost its
+ * CPU in the last FS_POOL_KEEP_QUIET_NS (1 s). Only where and how long threads wait: the
+ * same chunks. */
 void fs_pool_keep_awake(int on);
+/* How long a thread of this copy's pool that waits now spins before it sleeps, in ns: the
+ * spin, or FS_POOL_KEEP_SPIN_NS while the pool keeps awake; 0 with FASTSPEC_SPIN_US=0 and in
+ * builds without threads. For tests/c/pool.c, which links one copy (not through the dispatch
+ * table). */
+long fs_pool_spin_limit_ns(void);
 
 /* The most threads a pool runs (fs_pool_set_threads clamps to it). */
 #define FS_POOL_MAX 1024
