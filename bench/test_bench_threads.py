@@ -24,6 +24,13 @@ On the same VM quiet (load average 1.2, 09:07 UTC, products split from 262144 we
 On an AMD EPYC Zen 5 KVM guest (2 vCPUs, 2026-12-03, builds alternated, two runs each):
 before the wake gap of csrc/fs_pool.c ``busy_2_over_1`` 1.17-1.28 and ``idle_2_over_1``
 0.69-0.79; after it 1.03-1.09 and 0.73-0.81.
+
+``test_prompt_after_idle_two_threads_vs_one``: the embedded float16 target's 256-token demo
+prompt, each timed after ``IDLE_S`` of sleep (a user's prompt comes after idle), at 1 and 2
+threads alternately, and at 2 threads right after another prompt; ``after_idle_2_over_1`` is
+the median of the per-round ratios. Before the pool kept its workers awake through a prompt
+(fs_pool_keep_awake) a 2-vCPU KVM guest gave the second thread nothing after idle (the woken
+worker landed on the caller's CPU and slept between the prompt's jobs).
 """
 from __future__ import annotations
 
@@ -42,6 +49,7 @@ from fastspec.tools.rounds import smollm_config
 CONTEXT = 64
 ROUNDS = 7
 STEPS = 8
+IDLE_S = 0.1
 
 pytestmark = pytest.mark.skipif("cython" not in fs.available_backends(),
                                 reason="needs the compiled backend")
@@ -135,4 +143,61 @@ def test_decode_two_threads_vs_one(benchmark, smollm_bf16, isa):
             benchmark.pedantic(lambda: step(1), rounds=5, iterations=5)
         finally:
             fs.kernels.set_isa(None)
+            fs.set_threads(before)
+
+
+def prompt_after_idle(model, ids, rounds: int = ROUNDS, idle_s: float = IDLE_S) -> dict:
+    """Per round, in alternating order: the prompt at 1 and at 2 threads, each after ``idle_s``
+    of sleep; then at 2 threads right after another prompt. Medians in ms and of the per-round
+    ratios."""
+    before = fs.get_threads()
+    times: dict[str, list[float]] = {}
+
+    def prompt() -> float:
+        cache = model.new_cache(len(ids) + 8)
+        t0 = time.perf_counter()
+        model.step(ids, cache)
+        return time.perf_counter() - t0
+
+    try:
+        for t in (1, 2):
+            fs.set_threads(t)
+            prompt()  # warm-up: the workers start, the caches fill
+        for r in range(rounds):
+            for t in ((1, 2) if r % 2 == 0 else (2, 1)):
+                fs.set_threads(t)
+                time.sleep(idle_s)
+                times.setdefault(f"after_idle_{t}", []).append(prompt())
+            fs.set_threads(2)
+            prompt()
+            times.setdefault("back_to_back_2", []).append(prompt())
+    finally:
+        fs.set_threads(before)
+    out = {f"{k}_ms": 1e3 * float(np.median(v)) for k, v in times.items()}
+    a1, a2, b2 = (np.array(times[k]) for k in ("after_idle_1", "after_idle_2", "back_to_back_2"))
+    out["after_idle_2_over_1"] = float(np.median(a2 / a1))
+    out["after_idle_over_back_to_back_2"] = float(np.median(a2 / b2))
+    return out
+
+
+def test_prompt_after_idle_two_threads_vs_one(benchmark):
+    benchmark.group = "threads-prompt-after-idle-embedded-f16"
+    from fastspec.models import pretrained
+    from fastspec.tools.demo import _default_prompt
+    bundle = pretrained.load(weight_dtype="float16")
+    ids = np.array(bundle.tokenizer.encode(_default_prompt(), add_bos=True))
+    before = fs.get_threads()
+    with fs.using_backend("cython"):
+        try:
+            quick = dict(rounds=1) if benchmark.disabled else {}
+            res = prompt_after_idle(bundle.target, ids, **quick)
+            res["rows"] = int(len(ids))
+            res["path"] = fs.kernels.isa_info()["selected"]
+            benchmark.extra_info.update(res)
+            print("\n" + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                                   for k, v in res.items()))
+            fs.set_threads(2)
+            benchmark.pedantic(lambda: bundle.target.step(ids, bundle.target.new_cache(
+                len(ids) + 8)), rounds=3, iterations=1)
+        finally:
             fs.set_threads(before)

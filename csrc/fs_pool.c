@@ -201,7 +201,8 @@ static struct {
 /* 1 on a thread that runs chunks of a job now (a worker, or the caller inside its job). */
 static _Thread_local int fs_pool_inside;
 /* This thread's fs_pool_keep_awake depth, and while it is inside: the start of its current
- * window, wall clock, own CPU time and involuntary context switches (fs_pool_keep_check). */
+ * window, wall clock (0: none yet), own CPU time and involuntary context switches
+ * (fs_pool_keep_check). */
 static _Thread_local int fs_pool_keep_depth;
 static _Thread_local long fs_pool_keep_wall0, fs_pool_keep_cpu0, fs_pool_keep_nivcsw0;
 
@@ -453,16 +454,8 @@ static void fs_pool_start_workers(int count)
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-/* The start of a watch window: now. */
-static void fs_pool_keep_window(long now)
-{
-    fs_pool_keep_wall0 = now;
-    fs_pool_keep_cpu0 = fs_pool_cpu_ns();
-    fs_pool_keep_nivcsw0 = fs_pool_nivcsw();
-}
-
-/* A caller inside fs_pool_keep_awake, at a job that ends a window of at least
- * FS_POOL_KEEP_WINDOW_NS: if in that window it had its CPU for less than three quarters of
+/* A caller inside fs_pool_keep_awake, at its first job (the first window starts) and at a job
+ * that ends a window of at least FS_POOL_KEEP_WINDOW_NS: if in that window it had its CPU for less than three quarters of
  * the time and was switched out involuntarily (Linux; elsewhere the time alone), another thread
  * took its CPU, and the pool stops keeping for FS_POOL_KEEP_QUIET_NS (last_preempt). A thread
  * that slept by itself (a page fault on mapped weights) is not counted. A new window starts
@@ -471,9 +464,10 @@ static void fs_pool_keep_check(void)
 {
     if (fs_pool_keep_depth == 0) return;
     long now = fs_pool_now_ns(), wall = now - fs_pool_keep_wall0;
-    if (wall < FS_POOL_KEEP_WINDOW_NS) return;
+    if (fs_pool_keep_wall0 != 0 && wall < FS_POOL_KEEP_WINDOW_NS) return;
     long cpu = fs_pool_cpu_ns(), nivcsw = fs_pool_nivcsw();
-    if (4 * (cpu - fs_pool_keep_cpu0) < 3 * wall && (nivcsw < 0 || nivcsw > fs_pool_keep_nivcsw0))
+    if (fs_pool_keep_wall0 != 0 && 4 * (cpu - fs_pool_keep_cpu0) < 3 * wall &&
+        (nivcsw < 0 || nivcsw > fs_pool_keep_nivcsw0))
         atomic_store_explicit(&fs_pool.last_preempt, now, memory_order_relaxed);
     fs_pool_keep_wall0 = now;
     fs_pool_keep_cpu0 = cpu;
@@ -577,7 +571,7 @@ static int fs_pool_awake_impl(void)
 static void fs_pool_keep_awake_impl(int on)
 {
     if (on) {
-        if (fs_pool_keep_depth++ == 0) fs_pool_keep_window(fs_pool_now_ns());
+        if (fs_pool_keep_depth++ == 0) fs_pool_keep_wall0 = 0; /* a window from its first job */
     } else if (fs_pool_keep_depth > 0 && --fs_pool_keep_depth == 0) {
         atomic_store_explicit(&fs_pool.keep_job, 0, memory_order_relaxed);
     }
