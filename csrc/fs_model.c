@@ -28,12 +28,33 @@ static inline double fs_model_tanh(double t)
 
 /* The phases of a layer's row-wise work (fs_rows_part, fs_model.inc). */
 enum { FS_ROWS_ATTN_NORM, FS_ROWS_QKV, FS_ROWS_MLP_NORM, FS_ROWS_ACT };
-/* From this many rows (a prompt) that work goes to the pool's threads (fs_rows_run). The real
- * SmolLM2 file's 256-row prefill at 2 threads, q8_0, in-process A/B (Zen 4 EPYC, 2 vCPUs):
- * 0.95-0.96 of the time with the phases on the caller, and 0.96-0.99 beside a busy loop;
- * idle, a first version without the awake check: q4_1 0.91, bf16 0.95, f16 0.98. */
+/* From this many rows (a prompt, a 16-row block) that work goes to the pool's threads
+ * (fs_rows_run). The real SmolLM2 file's 256-row prefill at 2 threads, q8_0, in-process A/B
+ * (Zen 4 EPYC, 2 vCPUs): 0.95-0.96 of the time with the phases on the caller, and 0.96-0.99
+ * beside a busy loop; idle, a first version without the awake check: q4_1 0.91, bf16 0.95,
+ * f16 0.98. Since blocks keep the workers awake (FS_KEEP_MIN_ROWS), from 16 rows rather than
+ * 32 (in-process A/B at 2 threads, medians of 9 rounds): 16-row steps of the real file q8_0
+ * 10.24-10.40 -> 9.79-9.99 ms, q4_1 10.39 -> 10.02, the SmolLM-135M shape float16 24.32 ->
+ * 23.84 and bf16 20.45 -> 20.29; 12-row steps the same; beside a busy loop the same (q8_0
+ * 17.56 -> 17.55). From 8 rows, 8-row steps gained nothing (q8_0 5.76 -> 5.81 ms). */
 #ifndef FS_ROWS_PARALLEL_MIN
-#define FS_ROWS_PARALLEL_MIN 32
+#define FS_ROWS_PARALLEL_MIN 16
+#endif
+/* From this many rows (every step but a decode step: a verification block, a tree, a drafter's
+ * block, a prompt) the layers keep the pool's workers awake (fs_pool_keep_awake, fs_pool.h).
+ * Between a block's jobs the caller works alone (attention, the row-wise work), at 16 rows
+ * often longer than the 30 us spin, and a worker that slept is woken late or, by the wake-gap
+ * rule (fs_pool.c), not at all: a scratch count over 40 16-row steps of the SmolLM-135M shape
+ * with bf16 weights at 2 threads found 1617-2990 of 3050-4423 jobs run on the caller alone
+ * (0-3 of 6040 with the keeping). In-process A/B at 2 threads (Zen 4 EPYC KVM guest, 2 vCPUs,
+ * medians of 7-11 rounds, keeping from 2 rows against from 32), 16-row steps: that shape
+ * 18.9-23.3 -> 16.3-20.4 ms on the avx512bf16 path (four processes), 42.0 -> 38.2 ms on the
+ * forced avx2 path; the real SmolLM2 file q8_0 10.1 -> 10.2, 10.5 -> 10.6 and 14.5 -> 13.5 ms
+ * (three processes). 2-8 rows, q4_1, float16 and `fastspec demo` the same within 3%, and
+ * beside a busy loop too. Decode steps do not keep: beside a busy loop their 2-thread goal
+ * needs the worker asleep. */
+#ifndef FS_KEEP_MIN_ROWS
+#define FS_KEEP_MIN_ROWS 2
 #endif
 
 /* Sequence position of new row i: positions[i] for a tree step, else pos0 + i. */

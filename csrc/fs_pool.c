@@ -128,7 +128,8 @@ static void fs_pool_set_threads_impl(int n)
 #ifndef FS_POOL_STALL_HOLD_NS
 #define FS_POOL_STALL_HOLD_NS 20000000L
 #endif
-/* A prompt keeps the workers awake (fs_pool_keep_awake, around a prompt's layers). Between a
+/* A block of rows keeps the workers awake (fs_pool_keep_awake, around the layers of a step of
+ * 2 rows or more: FS_KEEP_MIN_ROWS in fs_model.c; first written for prompts). Between a
  * prompt's jobs the caller works alone for 50-120 us (the embedded float16 target's 256-row
  * prompt at 2 threads on the Zen 4 EPYC KVM guest: the row-wise phases while fs_pool_awake says
  * no, the keys' transposition), longer than the 30 us spin, so the worker slept and was woken
@@ -299,8 +300,8 @@ static void fs_pool_work(uint32_t g)
 }
 
 /* The last job's caller was inside fs_pool_keep_awake (and has not left it), and no caller
- * lost its CPU there in the last FS_POOL_KEEP_QUIET_NS (see "A prompt keeps the workers
- * awake" above). */
+ * lost its CPU there in the last FS_POOL_KEEP_QUIET_NS (see "A block of rows keeps the
+ * workers awake" above). */
 static int fs_pool_keeping(long now)
 {
     return atomic_load_explicit(&fs_pool.keep_job, memory_order_relaxed) &&
@@ -320,7 +321,7 @@ static long fs_pool_spin_most(long spin, long now)
  * to another CPU of the mask, then restores the mask (three system calls, only then; if the
  * restore fails it is tried once more). Since Linux 6.2 the restored mask is also recorded as
  * the thread's own request, so a cpuset that later grows beyond it does not widen it. Not
- * outside a prompt: beside a busy loop on the other of 2 CPUs, moving every woken worker there
+ * outside a block of rows: beside a busy loop on the other of 2 CPUs, moving every woken worker there
  * made decode at 2 threads 1.11-1.18 times as slow as at 1 (1.03-1.05 without the move). */
 static void fs_pool_leave_callers_cpu(void)
 {

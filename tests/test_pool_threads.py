@@ -116,6 +116,10 @@ dtype, weight_dtype = sys.argv[1], None if sys.argv[2] == "none" else sys.argv[2
 cfg = fs.ModelConfig(vocab_size=2999, dim=192, n_layers=2, n_heads=6, n_kv_heads=2,
                      ffn_dim=1408, max_seq_len=128, dtype=dtype, weight_dtype=weight_dtype)
 model = fs.Transformer.random(cfg, seed=5)
+# 16 rows go to the threads from 512 wide (fs_rows_run: chunks of at least FS_POOL_CHUNK_MIN_COST)
+wide = fs.Transformer.random(fs.ModelConfig(
+    vocab_size=2999, dim=512, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=1024,
+    max_seq_len=128, dtype=dtype, weight_dtype=weight_dtype), seed=6)
 ids = np.arange(1, 49) * 131 % 2999
 nodes = np.arange(7, 47) * 37 % 2999
 parents = np.array([-1] + [(i - 1) // 2 for i in range(1, 40)], dtype=np.int32)
@@ -126,7 +130,10 @@ with fs.using_backend("cython"):
         cache = model.new_cache()
         prompt = model.step(ids, cache).logits
         tree = model.step(nodes, cache, tree_parents=parents).logits
-        runs.setdefault(t, []).append((prompt, tree))
+        wcache = wide.new_cache()
+        wide.step(ids[:20], wcache)
+        block = wide.step(nodes[:16], wcache).logits  # FS_ROWS_PARALLEL_MIN rows
+        runs.setdefault(t, []).append((prompt, tree, block))
 want = runs[1][0]
 assert all(np.isfinite(w).all() for w in want)
 same = [np.array_equal(g, w) for outs in runs.values() for got in outs for g, w in zip(got, want)]
