@@ -19,12 +19,14 @@
  * caller) when FS_LIN_PARALLEL (fs_variants.h) finds it small, or at one thread. `unit`
  * columns per unit of work (a multiple of the kernels' panels); at least min_cols columns per
  * chunk for one row, which streams W (blocks of FS_LIN_ROWS_COMPUTE rows or more are compute
- * bound: a chunk of one unit keeps a thread busy long enough). */
+ * bound: a chunk of one unit keeps a thread busy long enough); a chunk's cost counts at most
+ * FS_LIN_CHUNK_ROWS rows. */
 static int fs_lin_chunks(int in, int out, int n, int unit, int min_cols)
 {
     if (!FS_LIN_PARALLEL(in, out, n)) return 1;
     if (n >= FS_LIN_ROWS_COMPUTE) min_cols = unit;
-    return fs_pool_chunks((out + unit - 1) / unit, (size_t)in * unit * (size_t)n,
+    size_t rows = n < FS_LIN_CHUNK_ROWS ? (size_t)n : FS_LIN_CHUNK_ROWS;
+    return fs_pool_chunks((out + unit - 1) / unit, (size_t)in * unit * rows,
                           (min_cols + unit - 1) / unit);
 }
 

@@ -95,6 +95,18 @@
 #ifndef FS_LIN_PARALLEL_MACS
 #define FS_LIN_PARALLEL_MACS (4 * (size_t)FS_LIN_PARALLEL_MIN)
 #endif
+/* A chunk's cost counts at most this many rows of a block (fs_lin_chunks): counted in full, a
+ * 16-row block's chunk held one column group, 2-3 us, and the big products (gate, up, the head)
+ * were cut into twice as many chunks as now, each claimed and each starting its stream cold.
+ * In-process A/B at 2 threads (Zen 4 EPYC KVM guest, medians of 9-11 rounds, SmolLM-135M
+ * shape, 4 / 8 / 16-row steps): bf16 9.79 / 10.84 / 16.84 -> 9.33 / 10.53 / 16.31 ms, forced
+ * avx2 bf16 10.22 / 16.48 / 28.56 -> 9.95 / 16.23 / 27.76, float16 9.04 / 12.90 / 24.80 ->
+ * 8.89 / 12.42 / 24.22, float32 16.81 / 17.21 / 29.88 -> 16.93 / 17.26 / 28.92; beside a busy
+ * loop bf16 13.76 / 17.17 / 29.59 -> 13.93 / 16.94 / 29.05. Products of up to 576 columns are
+ * cut as before (one group a chunk). */
+#ifndef FS_LIN_CHUNK_ROWS
+#define FS_LIN_CHUNK_ROWS 4
+#endif
 /* Whether an (in, out) product of n rows is worth splitting between threads. */
 #define FS_LIN_PARALLEL(in, out, n)                                               \
     ((n) >= FS_LIN_ROWS_COMPUTE                                                   \
