@@ -321,8 +321,9 @@ static long fs_pool_spin_most(long spin, long now)
  * to another CPU of the mask, then restores the mask (three system calls, only then; if the
  * restore fails it is tried once more). Since Linux 6.2 the restored mask is also recorded as
  * the thread's own request, so a cpuset that later grows beyond it does not widen it. Not
- * outside a block of rows: beside a busy loop on the other of 2 CPUs, moving every woken worker there
- * made decode at 2 threads 1.11-1.18 times as slow as at 1 (1.03-1.05 without the move). */
+ * outside a block of rows: beside a busy loop on the other of 2 CPUs, moving every woken
+ * worker there made decode at 2 threads 1.11-1.18 times as slow as at 1 (1.03-1.05 without
+ * the move). */
 static void fs_pool_leave_callers_cpu(void)
 {
 #if FS_POOL_FUTEX

@@ -65,8 +65,8 @@ void fs_pool_set_threads(int n);
  * worker must be woken: it may be stale by the time the caller acts on it. */
 int fs_pool_awake(void);
 /* fs_pool_keep_awake(1) before a long run of jobs with work on the caller between them (the
- * layers of a block of rows), fs_pool_keep_awake(0) after it (the calls pair per thread and may nest;
- * an unpaired 0 does nothing). The jobs this thread hands out in between keep the pool
+ * layers of a block of rows), fs_pool_keep_awake(0) after it (the calls pair per thread and
+ * may nest; an unpaired 0 does nothing). The jobs this thread hands out in between keep the pool
  * awake: the workers after them, and the caller waiting for their last chunk, spin up to
  * FS_POOL_KEEP_SPIN_NS (fs_pool.c, 1 ms) instead of the spin (none with FASTSPEC_SPIN_US=0),
  * and a worker woken on the caller's CPU moves to another; unless a keeping caller lost its
