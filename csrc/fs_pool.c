@@ -207,20 +207,17 @@ static _Thread_local int fs_pool_inside;
 static _Thread_local int fs_pool_keep_depth;
 static _Thread_local long fs_pool_keep_wall0, fs_pool_keep_cpu0, fs_pool_keep_nivcsw0;
 
-static long fs_pool_now_ns(void)
+static long fs_pool_clock_ns(clockid_t id)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    struct timespec ts = {0, 0};
+    clock_gettime(id, &ts);
     return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
+static long fs_pool_now_ns(void) { return fs_pool_clock_ns(CLOCK_MONOTONIC); }
+
 /* This thread's CPU time (0 if the clock fails: the check then reads a lost CPU). */
-static long fs_pool_cpu_ns(void)
-{
-    struct timespec ts = {0, 0};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (long)ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
+static long fs_pool_cpu_ns(void) { return fs_pool_clock_ns(CLOCK_THREAD_CPUTIME_ID); }
 
 /* This thread's involuntary context switches so far (Linux: getrusage RUSAGE_THREAD); -1
  * where unknown. */
@@ -316,6 +313,13 @@ static long fs_pool_spin_most(long spin, long now)
     return spin < FS_POOL_KEEP_SPIN_NS && fs_pool_keeping(now) ? FS_POOL_KEEP_SPIN_NS : spin;
 }
 
+/* A thread that started spinning at t0 has spun long enough (fs_pool_spin_most). */
+static int fs_pool_spun_out(long t0, long spin)
+{
+    long now = fs_pool_now_ns();
+    return now - t0 > fs_pool_spin_most(spin, now);
+}
+
 /* A worker just woken from sleep, while the pool is keeping, on the CPU of the caller that
  * woke it (Linux, futex builds): it leaves that CPU out of its affinity mask, which migrates it
  * to another CPU of the mask, then restores the mask (three system calls, only then; if the
@@ -349,10 +353,7 @@ static uint32_t fs_pool_wait_job(uint32_t seen)
         uint32_t g = atomic_load_explicit(&fs_pool.seq, memory_order_acquire);
         if (g != seen) return g;
         FS_POOL_RELAX();
-        if ((i & 15) == 0) {
-            long now = fs_pool_now_ns();
-            if (now - t0 > fs_pool_spin_most(spin, now)) break;
-        }
+        if ((i & 15) == 0 && fs_pool_spun_out(t0, spin)) break;
     }
     for (;;) {
         atomic_fetch_add(&fs_pool.sleepers, 1);
@@ -385,10 +386,7 @@ static void fs_pool_wait_done(uint32_t n)
     for (unsigned i = 1; spin > 0; i++) {
         if (atomic_load_explicit(&fs_pool.done, memory_order_acquire) == n) return;
         FS_POOL_RELAX();
-        if ((i & 15) == 0) {
-            long now = fs_pool_now_ns();
-            if (now - t0 > fs_pool_spin_most(spin, now)) break;
-        }
+        if ((i & 15) == 0 && fs_pool_spun_out(t0, spin)) break;
     }
     for (;;) {
         atomic_store(&fs_pool.caller_sleeps, 1);
@@ -457,11 +455,12 @@ static void fs_pool_start_workers(int count)
 }
 
 /* A caller inside fs_pool_keep_awake, at its first job (the first window starts) and at a job
- * that ends a window of at least FS_POOL_KEEP_WINDOW_NS: if in that window it had its CPU for less than three quarters of
- * the time and was switched out involuntarily (Linux; elsewhere the time alone), another thread
- * took its CPU, and the pool stops keeping for FS_POOL_KEEP_QUIET_NS (last_preempt). A thread
- * that slept by itself (a page fault on mapped weights) is not counted. A new window starts
- * either way: two system calls a window, none between. */
+ * that ends a window of at least FS_POOL_KEEP_WINDOW_NS: if in that window it had its CPU for
+ * less than three quarters of the time and was switched out involuntarily (Linux; elsewhere
+ * the time alone), another thread took its CPU, and the pool stops keeping for
+ * FS_POOL_KEEP_QUIET_NS (last_preempt). A thread that slept by itself (a page fault on mapped
+ * weights) is not counted. A new window starts either way: two system calls a window, none
+ * between. */
 static void fs_pool_keep_check(void)
 {
     if (fs_pool_keep_depth == 0) return;

@@ -24,12 +24,11 @@
  * workers, started on the first run that needs them and restarted when n changes. A worker
  * claims chunks dynamically (a slow or preempted thread just claims fewer); between jobs it
  * spins for FASTSPEC_SPIN_US microseconds (environment, read once; default 30; longer inside
- * fs_pool_keep_awake), then sleeps
- * (a futex on Linux, a condition variable elsewhere); the caller waits for the last chunk the
- * same way. Workers found asleep right after a job (they spun without being scheduled: another
- * process holds their CPU) are woken at most once per FS_POOL_WAKE_GAP_NS; the jobs between
- * run on the caller alone (fs_pool.c). After fork() the child starts with no workers (it
- * starts its own on first use).
+ * fs_pool_keep_awake), then sleeps (a futex on Linux, a condition variable elsewhere); the
+ * caller waits for the last chunk the same way. Workers found asleep right after a job (they
+ * spun without being scheduled: another process holds their CPU) are woken at most once per
+ * FS_POOL_WAKE_GAP_NS; the jobs between run on the caller alone (fs_pool.c). After fork() the
+ * child starts with no workers (it starts its own on first use).
  * Builds for Windows (no pthreads) run every chunk on the caller.
  *
  * One pool per process: every extension links its own copy of the core, and the copies reach
@@ -66,8 +65,8 @@ void fs_pool_set_threads(int n);
 int fs_pool_awake(void);
 /* fs_pool_keep_awake(1) before a long run of jobs with work on the caller between them (the
  * layers of a block of rows), fs_pool_keep_awake(0) after it (the calls pair per thread and
- * may nest; an unpaired 0 does nothing). The jobs this thread hands out in between keep the pool
- * awake: the workers after them, and the caller waiting for their last chunk, spin up to
+ * may nest; an unpaired 0 does nothing). The jobs this thread hands out in between keep the
+ * pool awake: the workers after them, and the caller waiting for their last chunk, spin up to
  * FS_POOL_KEEP_SPIN_NS (fs_pool.c, 1 ms) instead of the spin (none with FASTSPEC_SPIN_US=0),
  * and a worker woken on the caller's CPU moves to another; unless a keeping caller lost its
  * CPU in the last FS_POOL_KEEP_QUIET_NS (1 s). Only where and how long threads wait: the

@@ -116,7 +116,7 @@ dtype, weight_dtype = sys.argv[1], None if sys.argv[2] == "none" else sys.argv[2
 cfg = fs.ModelConfig(vocab_size=2999, dim=192, n_layers=2, n_heads=6, n_kv_heads=2,
                      ffn_dim=1408, max_seq_len=128, dtype=dtype, weight_dtype=weight_dtype)
 model = fs.Transformer.random(cfg, seed=5)
-# 16 rows go to the threads from 512 wide (fs_rows_run: chunks of at least FS_POOL_CHUNK_MIN_COST)
+# 16 rows go to the threads from 512 wide (fs_rows_run: chunks of FS_POOL_CHUNK_MIN_COST or more)
 wide = fs.Transformer.random(fs.ModelConfig(
     vocab_size=2999, dim=512, n_layers=2, n_heads=8, n_kv_heads=2, ffn_dim=1024,
     max_seq_len=128, dtype=dtype, weight_dtype=weight_dtype), seed=6)

@@ -180,6 +180,13 @@ static int chunk_counts(void)
     return fails;
 }
 
+/* This run never spins (the forked child's FASTSPEC_SPIN_US=0). */
+static int spin_off(void)
+{
+    const char *spin = getenv("FASTSPEC_SPIN_US");
+    return spin != NULL && strcmp(spin, "0") == 0;
+}
+
 /* fs_pool_awake: 0 at one thread; seen right after a job when the worker spins (2 threads,
  * within up to 1000 rounds of 100 jobs: the worker may be preempted, and a job that waited on
  * it holds the hint at 0 for FS_POOL_STALL_HOLD_NS, 20 ms: the rounds are 25 ms apart; with
@@ -197,8 +204,7 @@ static int awake_hint(void)
         fails++;
     }
     fs_pool_set_threads(3);
-    const char *spin = getenv("FASTSPEC_SPIN_US");
-    if (spin != NULL && strcmp(spin, "0") == 0) {
+    if (spin_off()) {
         fs_pool_run(chunk, &j, 64);
         usleep(20000);
         if (fs_pool_awake()) {
@@ -293,8 +299,7 @@ static int keep_awake(void)
     job j = {count, 0, NULL};
     fs_pool_set_threads(2);
     fs_pool_run(chunk, &j, 64);
-    const char *spin = getenv("FASTSPEC_SPIN_US");
-    long base = spin != NULL && strcmp(spin, "0") == 0 ? 0 : 30000, keep = base ? 1000000 : 0;
+    long base = spin_off() ? 0 : 30000, keep = base ? 1000000 : 0;
     for (int t = 0; t < 5; t++) {
         if (t > 0) usleep(1100000);
         fails = keep_states(&j, base, keep, t == 4);
