@@ -99,7 +99,9 @@ int main(void)
     int fails = 0, checks = 0;
     fs_isa_features f;
     fs_isa_detect(&f);
-    variant vs[5];
+    /* room for every variant one CPU can run: portable, avx2, avx_vnni, the two avx512_vnni,
+     * amx_int8 (an Intel Xeon with AMX runs all six) */
+    variant vs[6];
     int nv = 0;
     vs[nv++] = (variant){"portable", fs_qpart_def};
 #if FS_Q_SIMD
