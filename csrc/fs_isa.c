@@ -127,10 +127,13 @@ typedef struct {
     fs_qpart_fn fn, big;
     const char *name, *name_big;
     int rows, rows4;  /* q8_0's and q4's fewest rows for big */
+    int max_nb;       /* big's most blocks a row */
+    int reads, reads_big;  /* FS_QREAD_* */
 } fs_q_choice;
 static fs_q_choice fs_q_choose(int p)
 {
-    fs_q_choice c = {fs_qpart_def, fs_qpart_def, "portable", "portable", 1 << 30, 1 << 30};
+    fs_q_choice c = {fs_qpart_def, fs_qpart_def, "portable", "portable", 1 << 30, 1 << 30, 1 << 30,
+                     0, 0};
 #if FS_Q_SIMD
     if (!fs_q_feat_ready) {
         fs_isa_detect(&fs_q_feat);
@@ -141,6 +144,7 @@ static fs_q_choice fs_q_choose(int p)
         int vnni = f->avx_vnni && (p >= FS_ISA_AVX512 || !f->avx512f);
         c.fn = c.big = vnni ? fs_qpart_avxvnni : fs_qpart_avx2;
         c.name = c.name_big = vnni ? "avx_vnni" : "avx2";
+        c.reads = c.reads_big = FS_QREAD_INTERLEAVED | (vnni ? FS_QREAD_UNSIGNED : 0);
     } else if (p >= FS_ISA_AVX512) {
         c.fn = fs_qpart_avx512vnni;
         c.big = fs_qpart_avx512vnni16;
@@ -148,6 +152,7 @@ static fs_q_choice fs_q_choose(int p)
         c.name_big = "avx512_vnni_x16";
         c.rows = FS_Q_X16_MIN_ROWS;
         c.rows4 = FS_Q_X16_MIN_ROWS_Q4;
+        c.reads = c.reads_big = FS_QREAD_INTERLEAVED | FS_QREAD_UNSIGNED;
     }
 #if FS_Q_AMX
     if (p == FS_ISA_AMX && f->amx_int8) {
@@ -155,6 +160,8 @@ static fs_q_choice fs_q_choose(int p)
         c.name_big = "amx_int8";
         c.rows = FS_Q_AMX_MIN_ROWS;
         c.rows4 = FS_Q_AMX_MIN_ROWS_Q4;
+        c.max_nb = FS_Q_AMX_MAX_NB;
+        c.reads_big = 0;  /* row-major q, d, ds, s */
     }
 #endif
 #else
@@ -172,6 +179,9 @@ static void fs_isa_select_q(fs_dispatch *t, int p)
     t->qname_big = c.name_big;
     t->qbig_rows[0] = c.rows;
     t->qbig_rows[1] = t->qbig_rows[2] = c.rows4;
+    t->qbig_max_nb = c.max_nb;
+    t->qreads = c.reads;
+    t->qreads_big = c.reads_big;
 }
 
 const char *fs_isa_quant_kernel(int p, int kind, int n)

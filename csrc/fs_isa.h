@@ -85,7 +85,17 @@ typedef struct {
     fs_qpart_fn qpart, qpart_big;
     int qbig_rows[3];  /* per kind (FS_Q8_0, FS_Q4_0, FS_Q4_1) */
     const char *qname, *qname_big;
+    int qbig_max_nb;  /* qpart_big for rows of at most this many blocks (AMX: the stack) */
+    int qreads, qreads_big;  /* FS_QREAD_* of qpart, qpart_big */
 } fs_dispatch;
+
+/* What a quantized product reads of its activations (fs_qact) besides the row-major q, d, ds
+ * and s, which every call fills: FS_QREAD_UNSIGNED, q + 128 (q8_0 on the VNNI variants), and
+ * FS_QREAD_INTERLEAVED, the block-interleaved copies of a block of rows (the x86 tiles; the
+ * AMX tiles and the portable C read the row-major arrays). fs_linear_q_many fills only what
+ * its products read. */
+#define FS_QREAD_UNSIGNED 1
+#define FS_QREAD_INTERLEAVED 2
 
 /* The table this copy of the core reads. */
 extern fs_dispatch *fs_disp;

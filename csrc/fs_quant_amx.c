@@ -28,9 +28,6 @@
 #define FS_QA_ATTR \
     __attribute__((target("amx-tile,amx-int8,avx512f,avx512vl,avx512bw,avx2,fma,f16c")))
 #define FS_QA_UNROLL _Pragma("GCC unroll 16")
-/* The most blocks a row may have here (16384 inputs; more: the AVX512-VNNI variant), for
- * the activation scales by block on the stack. */
-#define FS_QA_MAXNB 512
 #ifndef FS_QA_AHEAD
 #define FS_QA_AHEAD 8
 #endif
@@ -184,9 +181,9 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
     _Alignas(64) int32_t cbuf[FS_QA_RING * 16 * 16];
     _Alignas(64) uint8_t ub[FS_QA_WRING * 512];
     /* the activation scales by block (16 rows a block), so that a block's 16 are adjacent */
-    _Alignas(64) float dt[FS_QA_MAXNB * 16];
-    _Alignas(64) float dst[KIND == FS_Q4_1 ? FS_QA_MAXNB * 16 : 16];
-    _Alignas(64) int32_t st[KIND == FS_Q4_0 ? FS_QA_MAXNB * 16 : 16];
+    _Alignas(64) float dt[FS_Q_AMX_MAX_NB * 16];
+    _Alignas(64) float dst[KIND == FS_Q4_1 ? FS_Q_AMX_MAX_NB * 16 : 16];
+    _Alignas(64) int32_t st[KIND == FS_Q4_0 ? FS_Q_AMX_MAX_NB * 16 : 16];
     const int nb = a->nb;
     size_t psz = fs_quant_panel_bytes(KIND, a->in);
     int configured = 0;
@@ -237,7 +234,7 @@ FS_QA_KIND(fs_qa_run41, FS_Q4_1)
 void fs_qpart_amx(int kind, const fs_qact *a, const uint8_t *P, float *y, int out, int g_lo,
                   int g_hi, int accumulate)
 {
-    if (a->nb > FS_QA_MAXNB) {
+    if (a->nb > FS_Q_AMX_MAX_NB) {
         fs_qpart_avx512vnni(kind, a, P, y, out, g_lo, g_hi, accumulate);
         return;
     }

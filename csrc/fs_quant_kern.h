@@ -74,6 +74,10 @@
 #ifndef FS_Q_AMX_MIN_ROWS_Q4
 #define FS_Q_AMX_MIN_ROWS_Q4 2
 #endif
+/* The most blocks a row may have on the AMX tiles (16384 inputs), for the activation scales
+ * by block on the stack; longer rows run the path's qpart (fs_qpart_amx itself falls back to
+ * AVX512-VNNI). */
+#define FS_Q_AMX_MAX_NB 512
 
 /* Fewest rows for which the AVX512-VNNI path runs its 16-column zmm tiles of panel pairs
  * (fewer: the 8-column ymm tiles, whose stream of single panels keeps the weights coming
@@ -133,8 +137,8 @@ typedef struct fs_qact {
 } fs_qact;
 
 /* Fill a's interleaved copies (qi ... st, n * in bytes and n * nb values each, which a's
- * pointers must name) from its row-major arrays. */
-void fs_quant_interleave(const fs_qact *a);
+ * pointers must name) from its row-major arrays; qui only with_unsigned. */
+void fs_quant_interleave(const fs_qact *a, int with_unsigned);
 
 /* Panel layout (fs_quant.h): byte offsets inside a panel. */
 size_t fs_quant_panel_qs(int kind, int nb);  /* offset of qs */

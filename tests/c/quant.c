@@ -189,7 +189,7 @@ int main(void)
                     float *dt = malloc(sizeof(float) * n * nb), *dst = malloc(sizeof(float) * n * nb);
                     int32_t *st = malloc(sizeof(int32_t) * n * nb);
                     fs_qact a = {q, qu, d, ds, s, n, in, nb, qi, qui, dt, dst, st};
-                    fs_quant_interleave(&a);
+                    fs_quant_interleave(&a, 1);
                     size_t ylen = (size_t)n * out;
                     float *y0 = malloc(sizeof(float) * ylen), *yr = malloc(sizeof(float) * ylen);
                     float *y = malloc(sizeof(float) * ylen), *yinit = malloc(sizeof(float) * ylen);
@@ -230,12 +230,16 @@ int main(void)
                             }
                         }
                         /* the entry point through every path, with bias, 1 and 2 threads */
-                        void *scratch = malloc(fs_quant_scratch_bytes(kind, n, in));
+                        size_t sbytes = fs_quant_scratch_bytes(kind, n, in);
+                        void *scratch = malloc(sbytes);
                         for (int p = 0; p <= FS_ISA_AMX; p++) {
                             if (fs_linear_set_path(p) != 0) continue;
                             for (int th = 1; th <= 2; th++) {
                                 fs_linear_set_threads(th);
                                 memcpy(y, yinit, sizeof(float) * ylen);
+                                /* poisoned: each call fills what its path reads (a previous
+                                 * path's activation copies would hide one it left out) */
+                                memset(scratch, 0x5a, sbytes);
                                 fs_linear_q(kind, x, P, bias, y, n, in, out, acc, scratch);
                                 checks++;
                                 for (int r = 0; r < n; r++)
