@@ -116,36 +116,43 @@ int main(void)
     for (int i = 0; i < nv; i++) printf("variant %s\n", vs[i].name);
 
     /* the activation rule: the AVX2 quantizer gives the C statement's bytes (random blocks,
-     * exact ties, zeros, tiny, huge, NaN and infinite values) */
+     * exact ties, zeros, tiny, huge, NaN and infinite values; rows of 8 blocks, which it takes
+     * eight at a time, and of 11, three of them one at a time) */
 #if FS_Q_SIMD
-    if (f.avx2 && f.fma && f.f16c) {
-        const int nr = 64, in = 256, nb = in / 32;
-        float *x = malloc(sizeof(float) * nr * in);
-        int8_t *q1 = malloc(nr * in), *q2 = malloc(nr * in);
-        float *d1 = malloc(sizeof(float) * nr * nb), *d2 = malloc(sizeof(float) * nr * nb);
-        int32_t *s1 = malloc(sizeof(int32_t) * nr * nb), *s2 = malloc(sizeof(int32_t) * nr * nb);
-        for (int i = 0; i < nr * in; i++) {
-            int r = i / in;
-            float v = rndf() * (r % 5 == 0 ? 1e-3f : r % 5 == 1 ? 3e4f : 1.0f);
-            if (r % 7 == 2) v = (float)((int)(rndf() * 254.0f)) * 0.5f;  /* halves: ties */
-            if (r % 7 == 3) v = i % 32 == 0 ? 127.0f : v;
-            x[i] = v;
+    if (f.avx2 && f.fma && f.f16c)
+        for (int in = 256; in <= 352; in += 96) {
+            const int nr = 64, nb = in / 32;
+            float *x = malloc(sizeof(float) * nr * in);
+            int8_t *q1 = malloc(nr * in), *q2 = malloc(nr * in);
+            float *d1 = malloc(sizeof(float) * nr * nb), *d2 = malloc(sizeof(float) * nr * nb);
+            int32_t *s1 = malloc(sizeof(int32_t) * nr * nb);
+            int32_t *s2 = malloc(sizeof(int32_t) * nr * nb);
+            for (int i = 0; i < nr * in; i++) {
+                int r = i / in;
+                float v = rndf() * (r % 5 == 0 ? 1e-3f : r % 5 == 1 ? 3e4f : 1.0f);
+                if (r % 7 == 2) v = (float)((int)(rndf() * 254.0f)) * 0.5f;  /* halves: ties */
+                if (r % 7 == 3) v = i % 32 == 0 ? 127.0f : v;
+                x[i] = v;
+            }
+            for (int t = 0; t < nb; t += 5) { /* in the first, the sixth and the last blocks */
+                int b = t + 5 < nb ? t : nb - 1;
+                x[5 * in + b * 32 + 3] = NAN;
+                x[6 * in + b * 32 + 8] = INFINITY;
+                x[7 * in + b * 32 + 6] = -INFINITY;
+                for (int i = 0; i < 32; i++)
+                    x[8 * in + b * 32 + i] = 0.0f, x[9 * in + b * 32 + i] = 1e-30f;
+                x[10 * in + b * 32] = 3e38f;
+            }
+            fs_quant_rows_ref(x, nr, in, q1, d1, s1);
+            fs_quant_rows_avx2(x, nr, in, q2, d2, s2);
+            checks++;
+            if (memcmp(q1, q2, (size_t)nr * in) || memcmp(d1, d2, sizeof(float) * nr * nb)
+                || memcmp(s1, s2, sizeof(int32_t) * nr * nb)) {
+                printf("fs_quant_rows_avx2 != fs_quant_rows_ref (in %d)\n", in);
+                fails++;
+            }
+            free(x); free(q1); free(q2); free(d1); free(d2); free(s1); free(s2);
         }
-        x[5 * in + 3] = NAN;
-        x[6 * in + 40] = INFINITY;
-        x[7 * in + 70] = -INFINITY;
-        for (int i = 0; i < 32; i++) x[8 * in + i] = 0.0f, x[9 * in + i] = 1e-30f;
-        x[10 * in] = 3e38f;
-        fs_quant_rows_ref(x, nr, in, q1, d1, s1);
-        fs_quant_rows_avx2(x, nr, in, q2, d2, s2);
-        checks++;
-        if (memcmp(q1, q2, (size_t)nr * in) || memcmp(d1, d2, sizeof(float) * nr * nb)
-            || memcmp(s1, s2, sizeof(int32_t) * nr * nb)) {
-            printf("fs_quant_rows_avx2 != fs_quant_rows_ref\n");
-            fails++;
-        }
-        free(x); free(q1); free(q2); free(d1); free(d2); free(s1); free(s2);
-    }
 #endif
 
     const int ins[] = {32, 64, 96, 576, 1536, 16416};  /* 16416: more blocks than AMX takes */
