@@ -36,8 +36,10 @@ FS_QR_ATTR static inline __m256 fs_qr_pairmax(__m256 a, __m256 b)
     return _mm256_max_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xdd));
 }
 
-/* Eight blocks (xb: 256 floats) into qb, d[0..8) and s[0..8). */
-FS_QR_ATTR static inline void fs_qr_block8(const float *xb, int8_t *qb, float *d, int32_t *s)
+/* Blocks [0, t) of xb (t <= 8; 32 floats each) into qb, d[0..t) and s[0..t). */
+FS_QR_ATTR static inline __attribute__((always_inline)) void fs_qr_blocks(const float *xb,
+                                                                          int8_t *qb, float *d,
+                                                                          int32_t *s, int t)
 {
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 big = _mm256_set1_ps(FLT_MAX);
@@ -45,7 +47,8 @@ FS_QR_ATTR static inline void fs_qr_block8(const float *xb, int8_t *qb, float *d
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     __m256 m[8];
     int okbits = 0;
-    for (int j = 0; j < 8; j++) {
+    for (int j = t; j < 8; j++) m[j] = _mm256_setzero_ps();
+    for (int j = 0; j < t; j++) {
         const float *x = xb + j * FS_Q_BLOCK;
         __m256 a = _mm256_and_ps(_mm256_loadu_ps(x), absmask);
         __m256 ok = _mm256_cmp_ps(a, big, _CMP_LE_OQ), mj = a;
@@ -63,13 +66,15 @@ FS_QR_ATTR static inline void fs_qr_block8(const float *xb, int8_t *qb, float *d
     __m256 amax = _mm256_max_ps(_mm256_permute2f128_ps(q0, q1, 0x20),
                                 _mm256_permute2f128_ps(q0, q1, 0x31));
     __m256 c127 = _mm256_set1_ps(127.0f);
-    int special = ~okbits & 0xff;
+    int special = ~okbits;
     special |= _mm256_movemask_ps(_mm256_cmp_ps(amax, _mm256_set1_ps(FS_Q_TINY), _CMP_LT_OQ));
-    _Alignas(32) float ids[8];
+    special &= (1 << t) - 1;
+    _Alignas(32) float ids[8], dd[8];
     _mm256_store_ps(ids, _mm256_div_ps(c127, amax));
-    _mm256_storeu_ps(d, _mm256_div_ps(amax, c127));
+    _mm256_store_ps(dd, _mm256_div_ps(amax, c127));
     __m256i sums[8];
-    for (int j = 0; j < 8; j++) {
+    for (int j = t; j < 8; j++) sums[j] = _mm256_setzero_si256();
+    for (int j = 0; j < t; j++) {
         const float *x = xb + j * FS_Q_BLOCK;
         __m256 id = _mm256_set1_ps(ids[j]);
         __m256i iv[4];
@@ -90,8 +95,11 @@ FS_QR_ATTR static inline void fs_qr_block8(const float *xb, int8_t *qb, float *d
                                    _mm256_hadd_epi32(sums[6], sums[7]));
     __m256i tot = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20),
                                    _mm256_permute2x128_si256(h0, h1, 0x31));
-    _mm256_storeu_si256((__m256i *)(void *)s, tot);
-    for (int j = 0; j < 8; j++)
+    _Alignas(32) int32_t ss[8];
+    _mm256_store_si256((__m256i *)(void *)ss, tot);
+    memcpy(d, dd, sizeof(float) * (size_t)t);
+    memcpy(s, ss, sizeof(int32_t) * (size_t)t);
+    for (int j = 0; j < t; j++)
         if (special >> j & 1) {
             int bad = !(okbits >> j & 1);
             memset(qb + j * FS_Q_BLOCK, 0, FS_Q_BLOCK);
@@ -110,19 +118,11 @@ FS_QR_ATTR void fs_quant_rows_avx2(const float *x, int n, int in, int8_t *q, flo
         int32_t *sr = s + (size_t)r * nb;
         int b = 0;
         for (; b + 8 <= nb; b += 8)
-            fs_qr_block8(xr + (size_t)b * FS_Q_BLOCK, qr + (size_t)b * FS_Q_BLOCK, dr + b, sr + b);
-        if (b < nb) { /* the last 1-7 blocks, through zero blocks (each block is its own) */
-            int t = nb - b;
-            _Alignas(32) float xt[8 * FS_Q_BLOCK] = {0};
-            _Alignas(32) int8_t qt[8 * FS_Q_BLOCK];
-            float dt[8];
-            int32_t st[8];
-            memcpy(xt, xr + (size_t)b * FS_Q_BLOCK, sizeof(float) * (size_t)t * FS_Q_BLOCK);
-            fs_qr_block8(xt, qt, dt, st);
-            memcpy(qr + (size_t)b * FS_Q_BLOCK, qt, (size_t)t * FS_Q_BLOCK);
-            memcpy(dr + b, dt, sizeof(float) * (size_t)t);
-            memcpy(sr + b, st, sizeof(int32_t) * (size_t)t);
-        }
+            fs_qr_blocks(xr + (size_t)b * FS_Q_BLOCK, qr + (size_t)b * FS_Q_BLOCK, dr + b, sr + b,
+                         8);
+        if (b < nb) /* the last 1-7 blocks */
+            fs_qr_blocks(xr + (size_t)b * FS_Q_BLOCK, qr + (size_t)b * FS_Q_BLOCK, dr + b, sr + b,
+                         nb - b);
     }
 }
 #endif
