@@ -95,7 +95,8 @@ static fs_dispatch fs_own = {
 #else
     0, 0,
 #endif
-    fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, "portable", "portable",
+    fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, "portable", "portable", 1 << 30,
+    0, 0,
 };
 fs_dispatch *fs_disp = &fs_own;
 
