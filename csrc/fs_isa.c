@@ -1,6 +1,7 @@
 /* fs_isa.c -- CPU feature detection, the one dispatch table and the path state (fs_isa.h). */
 #include "fs_isa.h"
 #include "fs_variants.h"
+#include "fs_quant.h"
 #include "fs_quant_kern.h"
 
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
@@ -185,10 +186,17 @@ static void fs_isa_select_q(fs_dispatch *t, int p)
     t->qreads_big = c.reads_big;
 }
 
-const char *fs_isa_quant_kernel(int p, int kind, int n)
+const char *fs_isa_quant_kernel(int p, int kind, int n, int in)
 {
     fs_q_choice c = fs_q_choose(p);
-    return n >= (kind == 0 ? c.rows : c.rows4) ? c.name_big : c.name;
+    int nb = in > 0 ? in / FS_Q_BLOCK : 0;
+    return n >= (kind == 0 ? c.rows : c.rows4) && nb <= c.max_nb ? c.name_big : c.name;
+}
+
+int fs_isa_quant_max_in(int p)
+{
+    fs_q_choice c = fs_q_choose(p);
+    return c.max_nb < (1 << 30) / FS_Q_BLOCK ? c.max_nb * FS_Q_BLOCK : 0;
 }
 
 /* The product variants of path p (AVX-512 CPUs all have F16C, so the three weight types always

@@ -125,9 +125,13 @@ int fs_linear_bf16dp_built(void);
  * (the Python layer sets the CPUs the process may run on at import). */
 void fs_linear_set_threads(int n);
 int fs_linear_get_threads(void);
-/* The quantized products' kernel path p runs for blocks of n rows of weights of kind `kind`
- * (fs_quant.h), whether or not p is the current path: "portable", "avx2", "avx_vnni",
- * "avx512_vnni" or "amx_int8". */
-const char *fs_isa_quant_kernel(int p, int kind, int n);
+/* The quantized products' kernel path p runs for blocks of n rows of in inputs of weights of
+ * kind `kind` (fs_quant.h), whether or not p is the current path: "portable", "avx2",
+ * "avx_vnni", "avx512_vnni", "avx512_vnni_x16" or "amx_int8" (in <= 0: a width every kernel
+ * takes). */
+const char *fs_isa_quant_kernel(int p, int kind, int n, int in);
+/* The widest rows (inputs) path p's block kernel takes, or 0 for no limit (the AMX tiles:
+ * FS_Q_AMX_MAX_NB blocks; longer rows run the path's other kernel). */
+int fs_isa_quant_max_in(int p);
 
 #endif /* FS_ISA_H */

@@ -340,8 +340,10 @@ void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, 
     fs_linear_q_many(1, &kind, x, &P, &bias, &y, n, in, &out, accumulate, scratch);
 }
 
-const char *fs_quant_kernel_name(int kind, int n)
+const char *fs_quant_kernel_name(int kind, int n, int in)
 {
     fs_dispatch *t = fs_isa_table();
-    return n >= t->qbig_rows[kind] ? t->qname_big : t->qname;
+    int nb = in > 0 ? in / FS_Q_BLOCK : 0;
+    /* the choice of fs_linear_q_many */
+    return n >= t->qbig_rows[kind] && nb <= t->qbig_max_nb ? t->qname_big : t->qname;
 }

@@ -91,8 +91,9 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
  * with amax < 2^-96 (zero included) gets d = 0 and q = s = 0. */
 void fs_quant_rows(const float *x, int n, int in, int8_t *q, float *d, int32_t *s);
 
-/* Name of the quantized kernel the current path runs for a block of n rows of kind `kind`
- * ("portable", "avx2", "avx_vnni", "avx512_vnni", "amx_int8"). */
-const char *fs_quant_kernel_name(int kind, int n);
+/* Name of the quantized kernel the current path runs for a block of n rows of kind `kind` and
+ * in inputs ("portable", "avx2", "avx_vnni", "avx512_vnni", "avx512_vnni_x16", "amx_int8"; in
+ * <= 0: a width every kernel takes, so rows longer than the AMX tiles' limit are not asked). */
+const char *fs_quant_kernel_name(int kind, int n, int in);
 
 #endif /* FS_QUANT_H */

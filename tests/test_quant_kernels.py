@@ -218,6 +218,21 @@ def test_isa_info_names_the_quantized_kernels():
                              "amx_int8"}
             assert name != "portable" or names == {"portable"}
             assert "amx_int8" not in names or name == "amx"
+    if "amx" in _paths():
+        # rows longer than the AMX tiles take (512 blocks) run the path's other kernel
+        with fs.using_backend("cython"):
+            fs.kernels.set_isa("amx")
+            try:
+                assert Q.kernel_name("q8_0", 16, 576) == "amx_int8"
+                assert Q.kernel_name("q8_0", 16, 16384) == "amx_int8"
+                assert Q.kernel_name("q8_0", 16, 16416) == kernels["amx"].split(";")[0]
+                assert Q.kernel_name("q4_1", 16) == "amx_int8"
+            finally:
+                fs.kernels.set_isa(None)
+        assert "rows of at most 16384 inputs" in kernels["amx"]
+    for bad in (0, 33, -32, 1.0, True):
+        with pytest.raises(ValueError, match="in_features"):
+            Q.kernel_name("q8_0", 2, bad)
 
 
 def test_bad_input_errors(backend):

@@ -26,7 +26,8 @@ cdef extern from "fs_isa.h" nogil:
     int fs_linear_get_threads()
     int fs_linear_set_path(int p)
     int fs_linear_get_path()
-    const char *fs_isa_quant_kernel(int p, int kind, int n)
+    const char *fs_isa_quant_kernel(int p, int kind, int n, int in_)
+    int fs_isa_quant_max_in(int p)
 
 
 cdef extern from "fs_pool.h" nogil:
@@ -249,4 +250,4 @@ cdef extern from "fs_quant.h" nogil:
     void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, float *y,
                      int n, int inp, int out, int accumulate, void *scratch)
     void fs_quant_rows(const float *x, int n, int inp, int8_t *q, float *d, int32_t *s)
-    const char *fs_quant_kernel_name(int kind, int n)
+    const char *fs_quant_kernel_name(int kind, int n, int in_)

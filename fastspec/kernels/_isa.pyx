@@ -16,6 +16,7 @@ from fastspec.kernels._csrc cimport (
     fs_isa_features,
     fs_isa_init,
     fs_isa_quant_kernel,
+    fs_isa_quant_max_in,
     fs_isa_supported,
     fs_isa_table,
     fs_linear_amx_built,
@@ -70,15 +71,18 @@ def quant_kernels():
         if name not in have:
             continue
         i = NAMES.index(name)
-        one = fs_isa_quant_kernel(i, 0, 1).decode()
-        many = fs_isa_quant_kernel(i, 0, 1 << 20).decode()
+        one = fs_isa_quant_kernel(i, 0, 1, 0).decode()
+        many = fs_isa_quant_kernel(i, 0, 1 << 20, 0).decode()
         if one == many:
             out[name] = one
             continue
-        rows = [next(n for n in range(1, 65) if fs_isa_quant_kernel(i, k, n).decode() == many)
+        rows = [next(n for n in range(1, 65) if fs_isa_quant_kernel(i, k, n, 0).decode() == many)
                 for k in range(3)]
         out[name] = (f"{one}; {many} from {rows[0]} rows (q8_0), {rows[1]} rows (q4_0, q4_1)"
                      if rows[1] == rows[2] else f"{one}; {many} from {rows} rows")
+        widest = fs_isa_quant_max_in(i)
+        if widest:
+            out[name] += f", rows of at most {widest} inputs"
     return out
 
 

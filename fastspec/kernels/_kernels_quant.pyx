@@ -138,7 +138,8 @@ def linear(str kind, x, packed, int in_features, int out_features, bias, out,
     return out
 
 
-def kernel_name(str kind, int n):
-    """Return the name of the kernel a product of n rows of ``kind`` runs on the current path
-    ("portable", "avx2", "avx_vnni", "avx512_vnni", "avx512_vnni_x16", "amx_int8")."""
-    return fs_quant_kernel_name(_kind(kind), n).decode()
+def kernel_name(str kind, int n, int in_features=0):
+    """Return the name of the kernel a product of n rows of ``kind`` and ``in_features``
+    inputs (0: a width every kernel takes) runs on the current path ("portable", "avx2",
+    "avx_vnni", "avx512_vnni", "avx512_vnni_x16", "amx_int8")."""
+    return fs_quant_kernel_name(_kind(kind), n, in_features).decode()

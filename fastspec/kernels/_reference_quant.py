@@ -172,6 +172,6 @@ def linear(kind: str, x: np.ndarray, packed: np.ndarray, in_features: int, out_f
     return out
 
 
-def kernel_name(kind: str, n: int) -> str:
+def kernel_name(kind: str, n: int, in_features: int = 0) -> str:
     """Return the name of the kernel a product of n rows runs: "numpy" (this twin)."""
     return "numpy"

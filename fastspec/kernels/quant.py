@@ -396,11 +396,35 @@ def linear_q(x: np.ndarray, W: QuantMatrix, bias: np.ndarray | None = None,
                           bool(accumulate))
 
 
-def kernel_name(kind: str, n: int) -> str:
-    """Return the kernel :func:`linear_q` runs for n rows of ``kind`` now: "numpy" (the twin),
-    or the compiled path's "portable", "avx2", "avx_vnni", "avx512_vnni", "avx512_vnni_x16"
-    (its zmm tiles of 16 columns, for blocks of rows) or "amx_int8"."""
+def kernel_name(kind: str, n: int, in_features: int | None = None) -> str:
+    """Return the kernel :func:`linear_q` runs for n rows of ``kind`` now.
+
+    Parameters
+    ----------
+    kind : str
+        One of :data:`QUANT_KINDS`.
+    n : int
+        Rows of the product (>= 1).
+    in_features : int or None
+        Inputs of the matrix (a multiple of 32), or None for a width every kernel takes: the
+        AMX tiles take rows of at most 16384 inputs, and longer rows run the path's other
+        kernel.
+
+    Returns
+    -------
+    str
+        "numpy" (the twin), or the compiled path's "portable", "avx2", "avx_vnni",
+        "avx512_vnni", "avx512_vnni_x16" (its zmm tiles of 16 columns, for blocks of rows) or
+        "amx_int8".
+    """
     _check_kind(kind)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
         raise ValueError(f"n must be a positive int, got {n!r}")
-    return _impl().kernel_name(kind, min(int(n), _INT_LIMIT))
+    width = 0
+    if in_features is not None:
+        if (isinstance(in_features, bool) or not isinstance(in_features, (int, np.integer))
+                or in_features < 32 or in_features % 32):
+            raise ValueError(f"in_features must be a positive multiple of 32, got "
+                             f"{in_features!r}")
+        width = min(int(in_features), _INT_LIMIT)
+    return _impl().kernel_name(kind, min(int(n), _INT_LIMIT), width)

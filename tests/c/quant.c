@@ -94,6 +94,92 @@ typedef struct {
     fs_qpart_fn fn;
 } variant;
 
+/* fs_linear_q_many: matrices of the three kinds (two with a bias) in one call equal
+ * fs_linear_q on each (the same bits on every path), through every path at 1 and 2 threads,
+ * from poisoned scratch; then a call with x NULL (the activations the first call left) on two
+ * of the kinds in another order, on the next path the CPU runs: its kernels may read copies
+ * the first path's did not fill (the AMX tiles fill none). Returns the failures. */
+static int check_many(int *checks)
+{
+    const int in = 576, nb = in / 32, kinds[3] = {FS_Q8_0, FS_Q4_1, FS_Q4_0};
+    const int outs[3] = {33, 40, 9};
+    int fails = 0;
+    uint8_t *P[3];
+    float *bias[3];
+    for (int i = 0; i < 3; i++) {
+        uint8_t *B = malloc((size_t)outs[i] * nb * fs_quant_block_bytes(kinds[i]));
+        random_blocks(kinds[i], in, outs[i], B);
+        P[i] = malloc(fs_quant_packed_bytes(kinds[i], in, outs[i]));
+        fs_quant_pack(kinds[i], B, in, outs[i], P[i]);
+        free(B);
+        bias[i] = NULL;
+        if (i != 1) {
+            bias[i] = malloc(sizeof(float) * outs[i]);
+            for (int c = 0; c < outs[i]; c++) bias[i][c] = rndf();
+        }
+    }
+    const int rows[] = {1, 3, 16};
+    for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+        int n = rows[ri];
+        float *x = malloc(sizeof(float) * n * in);
+        for (int i = 0; i < n * in; i++) x[i] = rndf();
+        size_t sb = fs_quant_scratch_bytes(FS_Q8_0, n, in);
+        void *scratch = malloc(sb), *scratch1 = malloc(sb);
+        float *want[3], *got[3];
+        for (int i = 0; i < 3; i++) {
+            want[i] = malloc(sizeof(float) * n * outs[i]);
+            got[i] = malloc(sizeof(float) * n * outs[i]);
+        }
+        for (int p = 0; p <= FS_ISA_AMX; p++) {
+            if (fs_linear_set_path(p) != 0) continue;
+            for (int th = 1; th <= 2; th++) {
+                fs_linear_set_threads(th);
+                for (int i = 0; i < 3; i++) {
+                    memset(scratch1, 0x5a, sb);
+                    fs_linear_q(kinds[i], x, P[i], bias[i], want[i], n, in, outs[i], 0,
+                                scratch1);
+                }
+                /* all three, then q4_0 and q8_0 again from the activations left in scratch */
+                const int order[2][3] = {{0, 1, 2}, {2, 0, -1}};
+                for (int call = 0; call < 2; call++) {
+                    int cnt = call ? 2 : 3, k[3], o[3];
+                    const uint8_t *pp[3];
+                    const float *bb[3];
+                    float *yy[3];
+                    for (int j = 0; j < cnt; j++) {
+                        int i = order[call][j];
+                        k[j] = kinds[i], o[j] = outs[i], pp[j] = P[i], bb[j] = bias[i];
+                        yy[j] = got[i];
+                        memset(got[i], 0x7f, sizeof(float) * n * outs[i]);
+                    }
+                    if (call == 0) memset(scratch, 0x5a, sb);
+                    if (call == 1) /* the next path this CPU runs (cyclic) */
+                        for (int q = 1; q <= FS_ISA_AMX + 1; q++)
+                            if (fs_linear_set_path((p + q) % (FS_ISA_AMX + 1)) == 0) break;
+                    fs_linear_q_many(cnt, k, call ? NULL : x, pp, bb, yy, n, in, o, 0, scratch);
+                    for (int j = 0; j < cnt; j++) {
+                        int i = order[call][j];
+                        (*checks)++;
+                        if (memcmp(got[i], want[i], sizeof(float) * n * outs[i]) != 0) {
+                            printf("fs_linear_q_many path %d threads %d n %d call %d: matrix "
+                                   "%d (kind %d) != fs_linear_q\n", p, th, n, call, i,
+                                   kinds[i]);
+                            fails++;
+                        }
+                    }
+                }
+                fs_linear_set_path(p);
+            }
+        }
+        fs_linear_set_path(-1);
+        fs_linear_set_threads(1);
+        for (int i = 0; i < 3; i++) free(want[i]), free(got[i]);
+        free(x); free(scratch); free(scratch1);
+    }
+    for (int i = 0; i < 3; i++) free(P[i]), free(bias[i]);
+    return fails;
+}
+
 int main(void)
 {
     int fails = 0, checks = 0;
@@ -256,13 +342,24 @@ int main(void)
                                         if (memcmp(&want, &got, 4) != 0) {
                                             printf("fs_linear_q path %d (%s) threads %d: kind %d "
                                                    "in %d out %d n %d (%d,%d)\n", p,
-                                                   fs_quant_kernel_name(kind, n), th, kind, in, out,
+                                                   fs_quant_kernel_name(kind, n, in), th, kind, in, out,
                                                    n, r, c);
                                             fails++;
                                             r = n;
                                             break;
                                         }
                                     }
+                            }
+                        }
+                        /* the name says what ran: rows longer than the AMX tiles take run the
+                         * path's other kernel */
+                        if (fs_linear_set_path(FS_ISA_AMX) == 0 && n >= 16) {
+                            const char *nm = fs_quant_kernel_name(kind, n, in);
+                            checks++;
+                            if ((strcmp(nm, "amx_int8") == 0) != (nb <= FS_Q_AMX_MAX_NB)) {
+                                printf("kernel name %s for kind %d in %d n %d\n", nm, kind, in,
+                                       n);
+                                fails++;
                             }
                         }
                         fs_linear_set_path(-1);
@@ -329,6 +426,7 @@ int main(void)
                 }
                 free(B); free(B2); free(P);
             }
+    fails += check_many(&checks);
     if (fs_quant_pack(FS_Q8_0, NULL, 33, 1, NULL) != FS_Q_EARG || fs_quant_pack(7, NULL, 32, 1, NULL)
         != FS_Q_EARG) {
         printf("bad shapes accepted\n");
