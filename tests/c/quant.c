@@ -342,8 +342,8 @@ int main(void)
                                         if (memcmp(&want, &got, 4) != 0) {
                                             printf("fs_linear_q path %d (%s) threads %d: kind %d "
                                                    "in %d out %d n %d (%d,%d)\n", p,
-                                                   fs_quant_kernel_name(kind, n, in), th, kind, in, out,
-                                                   n, r, c);
+                                                   fs_quant_kernel_name(kind, n, in), th, kind,
+                                                   in, out, n, r, c);
                                             fails++;
                                             r = n;
                                             break;
