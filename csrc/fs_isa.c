@@ -199,12 +199,36 @@ int fs_isa_quant_max_in(int p)
     return c.max_nb < (1 << 30) / FS_Q_BLOCK ? c.max_nb * FS_Q_BLOCK : 0;
 }
 
+/* The float attention variant of path p: its vector width, so a forced path (FASTSPEC_ISA=avx2
+ * on an AVX-512 CPU) runs what a CPU of that path runs, attention included (8- and 16-lane
+ * sums round differently: each path its own bits, as its products). */
+static void fs_isa_select_attn(fs_dispatch *t, int p)
+{
+#if FS_ATTN_VARIANTS
+    __builtin_cpu_init();
+    if (p >= FS_ISA_AVX512 && __builtin_cpu_supports("x86-64-v4")) {
+        t->attn_f32 = fs_f32_block_avx512;
+        t->attn_f32_keys = fs_f32_keys_avx512;
+    } else if (p >= FS_ISA_AVX2 && __builtin_cpu_supports("x86-64-v3")) {
+        t->attn_f32 = fs_f32_block_avx2;
+        t->attn_f32_keys = fs_f32_keys_avx2;
+    } else {
+        t->attn_f32 = fs_f32_block_def;
+        t->attn_f32_keys = fs_f32_keys_def;
+    }
+#else
+    (void)t;
+    (void)p;
+#endif
+}
+
 /* The product variants of path p (AVX-512 CPUs all have F16C, so the three weight types always
  * run the same arithmetic; the AMX path runs the non-bf16-tile products as AVX-512). */
 static void fs_isa_select(fs_dispatch *t, int p)
 {
     t->path = p;
     fs_isa_select_q(t, p);
+    fs_isa_select_attn(t, p);
 #if FS_LINF_SIMD
     if (p >= FS_ISA_AVX512) {
         t->linf_f32 = fs_linf_part_f32_avx512;
@@ -233,19 +257,6 @@ void fs_isa_init(void)
     fs_isa_detect(&f);  /* asks Linux for the tile data once */
     t->amx = f.amx_bf16;
     t->bf16dp = FS_BF16DP_BUILD && f.avx512bf16;  /* (fs_isa_detect: implies avx512f) */
-#endif
-#if FS_ATTN_VARIANTS
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("x86-64-v4")) {
-        t->attn_f32 = fs_f32_block_avx512;
-        t->attn_f32_keys = fs_f32_keys_avx512;
-    } else if (__builtin_cpu_supports("x86-64-v3")) {
-        t->attn_f32 = fs_f32_block_avx2;
-        t->attn_f32_keys = fs_f32_keys_avx2;
-    } else {
-        t->attn_f32 = fs_f32_block_def;
-        t->attn_f32_keys = fs_f32_keys_def;
-    }
 #endif
     fs_isa_select(t, fs_isa_auto(t));
     t->ready = 1;
