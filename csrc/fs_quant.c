@@ -20,26 +20,7 @@ int fs_quant_block_bytes(int kind)
     }
 }
 
-static size_t fs_q_up64(size_t x) { return (x + 63) / 64 * 64; }
-
-size_t fs_quant_panel_m(int nb) { return fs_q_up64((size_t)nb * 16); }
-
-size_t fs_quant_panel_qs(int kind, int nb)
-{
-    return fs_q_up64((size_t)nb * 16) * (kind == FS_Q4_1 ? 2 : 1);
-}
-
-size_t fs_quant_panel_bytes(int kind, int in)
-{
-    int nb = in / FS_Q_BLOCK;
-    return fs_quant_panel_qs(kind, nb) + (size_t)nb * (kind == FS_Q8_0 ? 256 : 128);
-}
-
-size_t fs_quant_panel_pstep(int kind, int in)
-{
-    size_t nb = (size_t)(in / FS_Q_BLOCK);
-    return (fs_quant_panel_bytes(kind, in) + nb - 1) / nb;
-}
+size_t fs_quant_panel_bytes(int kind, int in) { return FS_Q_PANEL_BYTES(kind, in); }
 
 size_t fs_quant_packed_bytes(int kind, int in, int out)
 {
@@ -68,8 +49,8 @@ int fs_quant_pack(int kind, const uint8_t *blocks, int in, int out, uint8_t *P)
     int bb = fs_quant_block_bytes(kind);
     if (bb == 0 || in <= 0 || in % FS_Q_BLOCK != 0 || out < 1) return FS_Q_EARG;
     int nb = in / FS_Q_BLOCK, ng = (out + FS_Q_COLS - 1) / FS_Q_COLS, bad = 0;
-    size_t psz = fs_quant_panel_bytes(kind, in), qoff = fs_quant_panel_qs(kind, nb);
-    size_t moff = fs_quant_panel_m(nb), qb = kind == FS_Q8_0 ? 256 : 128;
+    size_t psz = fs_quant_panel_bytes(kind, in), qoff = FS_Q_PANEL_QS(kind, nb);
+    size_t moff = FS_Q_PANEL_M(nb), qb = kind == FS_Q8_0 ? 256 : 128;
     for (int g = 0; g < ng; g++) {
         uint8_t *pan = P + (size_t)g * psz;
         memset(pan, 0, psz);
@@ -105,8 +86,8 @@ int fs_quant_pack(int kind, const uint8_t *blocks, int in, int out, uint8_t *P)
 void fs_quant_unpack(int kind, const uint8_t *P, int in, int out, uint8_t *blocks)
 {
     int bb = fs_quant_block_bytes(kind), nb = in / FS_Q_BLOCK;
-    size_t psz = fs_quant_panel_bytes(kind, in), qoff = fs_quant_panel_qs(kind, nb);
-    size_t moff = fs_quant_panel_m(nb), qb = kind == FS_Q8_0 ? 256 : 128;
+    size_t psz = fs_quant_panel_bytes(kind, in), qoff = FS_Q_PANEL_QS(kind, nb);
+    size_t moff = FS_Q_PANEL_M(nb), qb = kind == FS_Q8_0 ? 256 : 128;
     for (int col = 0; col < out; col++) {
         const uint8_t *pan = P + (size_t)(col / FS_Q_COLS) * psz;
         int c = col % FS_Q_COLS;
@@ -129,8 +110,8 @@ void fs_quant_rows_f32(int kind, const uint8_t *P, int in, int out, const int32_
                        int count, float *dst)
 {
     int nb = in / FS_Q_BLOCK;
-    size_t psz = fs_quant_panel_bytes(kind, in), qoff = fs_quant_panel_qs(kind, nb);
-    size_t moff = fs_quant_panel_m(nb), qb = kind == FS_Q8_0 ? 256 : 128;
+    size_t psz = fs_quant_panel_bytes(kind, in), qoff = FS_Q_PANEL_QS(kind, nb);
+    size_t moff = FS_Q_PANEL_M(nb), qb = kind == FS_Q8_0 ? 256 : 128;
     (void)out;
     for (int k = 0; k < count; k++) {
         const uint8_t *pan = P + (size_t)(cols[k] / FS_Q_COLS) * psz;
@@ -223,7 +204,7 @@ size_t fs_quant_scratch_bytes(int kind, int n, int in)
 {
     (void)kind;
     size_t nb = (size_t)(in / FS_Q_BLOCK);
-    return 64 + 4 * fs_q_up64((size_t)n * in) + 6 * fs_q_up64((size_t)n * nb * 4);
+    return 64 + 4 * FS_Q_UP64((size_t)n * in) + 6 * FS_Q_UP64((size_t)n * nb * 4);
 }
 
 void fs_quant_interleave(const fs_qact *a, int with_unsigned)
@@ -279,17 +260,17 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
     uint8_t *base = (uint8_t *)scratch;
     base += (64 - (uintptr_t)base % 64) % 64;
     int8_t *q = (int8_t *)base;
-    uint8_t *qu = base + fs_q_up64((size_t)n * in);
-    float *d = (float *)(qu + fs_q_up64((size_t)n * in));
-    float *ds = (float *)((uint8_t *)d + fs_q_up64((size_t)n * nb * 4));
-    int32_t *s = (int32_t *)((uint8_t *)ds + fs_q_up64((size_t)n * nb * 4));
+    uint8_t *qu = base + FS_Q_UP64((size_t)n * in);
+    float *d = (float *)(qu + FS_Q_UP64((size_t)n * in));
+    float *ds = (float *)((uint8_t *)d + FS_Q_UP64((size_t)n * nb * 4));
+    int32_t *s = (int32_t *)((uint8_t *)ds + FS_Q_UP64((size_t)n * nb * 4));
     fs_qact a = {q, qu, d, ds, s, n, in, nb, q, qu, d, ds, s};
     if (n > 1) { /* one row: the interleaved layout is the row's own, no copy (decode) */
-        a.qi = (int8_t *)((uint8_t *)s + fs_q_up64((size_t)n * nb * 4));
-        a.qui = (uint8_t *)a.qi + fs_q_up64((size_t)n * in);
-        a.dt = (float *)(a.qui + fs_q_up64((size_t)n * in));
-        a.dst = (float *)((uint8_t *)a.dt + fs_q_up64((size_t)n * nb * 4));
-        a.st = (int32_t *)((uint8_t *)a.dst + fs_q_up64((size_t)n * nb * 4));
+        a.qi = (int8_t *)((uint8_t *)s + FS_Q_UP64((size_t)n * nb * 4));
+        a.qui = (uint8_t *)a.qi + FS_Q_UP64((size_t)n * in);
+        a.dt = (float *)(a.qui + FS_Q_UP64((size_t)n * in));
+        a.dst = (float *)((uint8_t *)a.dt + FS_Q_UP64((size_t)n * nb * 4));
+        a.st = (int32_t *)((uint8_t *)a.dst + FS_Q_UP64((size_t)n * nb * 4));
     }
     /* Each matrix is cut as fs_linear_q alone would cut it (threads when FS_LIN_PARALLEL finds
      * it worth them, chunks of whole groups of FS_LIN_CHUNK_ALIGN columns), so a column's bits

@@ -109,9 +109,9 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     const float *dt, const float *dst, const int32_t *st, int32_t *cbuf, uint8_t *ub)
 {
     const int nb = a->nb, in = a->in, mm = M ? M : m;
-    const size_t qoff = fs_quant_panel_qs(KIND, nb), moff = fs_quant_panel_m(nb);
+    const size_t qoff = FS_Q_PANEL_QS(KIND, nb), moff = FS_Q_PANEL_M(nb);
     const size_t qb = KIND == FS_Q8_0 ? 256 : 128;
-    const size_t pstep = fs_quant_panel_pstep(KIND, in); /* prefetched a block */
+    const size_t pstep = FS_Q_PANEL_PSTEP(KIND, in); /* prefetched a block */
     const uint8_t *pan0 = P + (size_t)g * psz, *pan1 = two ? pan0 + psz : NULL;
     int col0 = g * FS_Q_COLS, nc = out - col0 < 2 * FS_Q_COLS ? out - col0 : 2 * FS_Q_COLS;
     __mmask16 mask = (__mmask16)((1u << nc) - 1u);

@@ -24,8 +24,8 @@ void fs_qpart_def(int kind, const fs_qact *a, const uint8_t *P, float *y, int ou
                   int g_hi, int accumulate)
 {
     int nb = a->nb;
-    size_t psz = fs_quant_panel_bytes(kind, a->in), qoff = fs_quant_panel_qs(kind, nb);
-    size_t moff = fs_quant_panel_m(nb), qb = kind == FS_Q8_0 ? 256 : 128;
+    size_t psz = fs_quant_panel_bytes(kind, a->in), qoff = FS_Q_PANEL_QS(kind, nb);
+    size_t moff = FS_Q_PANEL_M(nb), qb = kind == FS_Q8_0 ? 256 : 128;
     for (int g = g_lo; g < g_hi; g++) {
         const uint8_t *pan = P + (size_t)g * psz;
         for (int c = 0; c < FS_Q_COLS && g * FS_Q_COLS + c < out; c++)

@@ -14,6 +14,7 @@
 #define FS_QUANT_KERN_H
 
 #include "fs_common.h"
+#include "fs_quant.h"
 
 /* The x86 variants (explicit targets, like fs_variants.h's FS_LINF_SIMD). */
 #if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__) && defined(__linux__) \
@@ -38,7 +39,7 @@
  * Xeon (before the weight arena) 2 KiB ahead gave nothing and 6 KiB cost 12% for q4_1: not
  * measured there since (docs/PERFORMANCE.md).
  * What a block prefetches covers the panel's bytes, its scales and mins included (pstep bytes
- * a block: fs_quant_panel_pstep). Before, it covered the weights only, and a q4_1
+ * a block: FS_Q_PANEL_PSTEP). Before, it covered the weights only, and a q4_1
  * panel's scales and mins (a fifth of its bytes) came from memory on demand: measured on an
  * AMD EPYC (Zen 4, 1 thread, pinned, builds alternated), one row of a 1536 x 576 product
  * streamed from memory 48-51 -> 24-27 us (q8_0 42-61 -> 42-52), and the real SmolLM2 file's
@@ -140,11 +141,21 @@ typedef struct fs_qact {
  * pointers must name) from its row-major arrays; qui only with_unsigned. */
 void fs_quant_interleave(const fs_qact *a, int with_unsigned);
 
-/* Panel layout (fs_quant.h): byte offsets inside a panel. */
-size_t fs_quant_panel_qs(int kind, int nb);  /* offset of qs */
-size_t fs_quant_panel_m(int nb);             /* offset of q4_1's mins */
+/* Panel layout (fs_quant.h), as macros: the tiles ask per call (as functions of fs_quant.c,
+ * out of line, the calls took ~1.5% of a 16-row q8_0 step's samples on the forced AVX2 path,
+ * Intel Xeon). x rounded up to a multiple of 64: */
+#define FS_Q_UP64(x) (((size_t)(x) + 63) / 64 * 64)
+/* byte offset of qs in a panel of nb blocks */
+#define FS_Q_PANEL_QS(kind, nb) (FS_Q_UP64((size_t)(nb) * 16) * ((kind) == FS_Q4_1 ? 2 : 1))
+/* byte offset of q4_1's mins */
+#define FS_Q_PANEL_M(nb) FS_Q_UP64((size_t)(nb) * 16)
+/* a panel's bytes (fs_quant_panel_bytes) for rows of in inputs */
+#define FS_Q_PANEL_BYTES(kind, in)                  \
+    (FS_Q_PANEL_QS(kind, (in) / FS_Q_BLOCK)         \
+     + (size_t)((in) / FS_Q_BLOCK) * ((kind) == FS_Q8_0 ? 256 : 128))
 /* A panel's bytes over its blocks, rounded up: what a tile prefetches a block (FS_Q_PF_BYTES). */
-size_t fs_quant_panel_pstep(int kind, int in);
+#define FS_Q_PANEL_PSTEP(kind, in) \
+    ((FS_Q_PANEL_BYTES(kind, in) + (size_t)((in) / FS_Q_BLOCK) - 1) / (size_t)((in) / FS_Q_BLOCK))
 
 /* The activation rule (fs_quant.h's fs_quant_rows): plain C, and AVX2 (the same bytes). */
 void fs_quant_rows_ref(const float *x, int n, int in, int8_t *q, float *d, int32_t *s);
