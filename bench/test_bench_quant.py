@@ -70,9 +70,9 @@ def test_linear_q(benchmark, path, kind, shape, rows):
         pytest.skip("the portable kernel is the reference, timed on small cases only")
     _use_path(path)
     try:
-        with fs.using_backend("cython"):
-            kernel = Q.kernel_name(kind, rows)
         W = _matrix(kind, shape)
+        with fs.using_backend("cython"):
+            kernel = Q.kernel_name(kind, rows, W.in_features)
         x = np.random.default_rng(1).standard_normal((rows, W.in_features)).astype(np.float32)
         out = np.empty((rows, W.out_features), np.float32)
         macs = rows * W.in_features * W.out_features
@@ -108,9 +108,9 @@ def test_linear_q_twin(benchmark, kind, rows):
 def test_decode_vs_stream(benchmark, path, kind):
     _use_path(path)
     try:
-        with fs.using_backend("cython"):
-            kernel = Q.kernel_name(kind, 1)
         W = _matrix(kind, "576x49152")
+        with fs.using_backend("cython"):
+            kernel = Q.kernel_name(kind, 1, W.in_features)
         copies = max(2, (256 << 20) // W.nbytes + 1)
         ring = [pickle.loads(pickle.dumps(W)) for _ in range(copies)]
         floats = [m.packed[:m.nbytes // 4 * 4].view(np.float32) for m in ring]

@@ -190,7 +190,7 @@ const char *fs_isa_quant_kernel(int p, int kind, int n, int in)
 {
     fs_q_choice c = fs_q_choose(p);
     int nb = in > 0 ? in / FS_Q_BLOCK : 0;
-    return n >= (kind == 0 ? c.rows : c.rows4) && nb <= c.max_nb ? c.name_big : c.name;
+    return FS_Q_USE_BIG(n, nb, kind == 0 ? c.rows : c.rows4, c.max_nb) ? c.name_big : c.name;
 }
 
 int fs_isa_quant_max_in(int p)
@@ -205,7 +205,6 @@ int fs_isa_quant_max_in(int p)
 static void fs_isa_select_attn(fs_dispatch *t, int p)
 {
 #if FS_ATTN_VARIANTS
-    __builtin_cpu_init();
     if (p >= FS_ISA_AVX512 && __builtin_cpu_supports("x86-64-v4")) {
         t->attn_f32 = fs_f32_block_avx512;
         t->attn_f32_keys = fs_f32_keys_avx512;
@@ -252,6 +251,9 @@ void fs_isa_init(void)
 {
     fs_dispatch *t = &fs_own;
     if (t->ready) return;
+#if FS_LINF_SIMD || FS_ATTN_VARIANTS
+    __builtin_cpu_init(); /* before fs_isa_auto's and fs_isa_select_attn's feature checks */
+#endif
 #if FS_AMX_BUILD
     fs_isa_features f;
     fs_isa_detect(&f);  /* asks Linux for the tile data once */

@@ -76,8 +76,8 @@ typedef struct {
     int bf16dp;      /* the CPU runs AVX512-BF16 (and the kernel is built in) */
     fs_linf_f32_fn linf_f32;
     fs_linf_u16_fn linf_f32h, linf_f32b;
-    /* The widest variant the CPU runs, whatever the path (its choice never depends on n, and
-     * forcing a product path does not change attention's bits). */
+    /* The variant of the path (fs_isa_select_attn: its vector width; never depends on n), so a
+     * forced path runs the attention a CPU of that path runs, with that variant's bits. */
     fs_attn_block_fn attn_f32;
     fs_attn_keys_fn attn_f32_keys;  /* its transposed keys (the same variant) */
     /* The quantized products of the path (fs_quant.h): qpart, or qpart_big for blocks of at
@@ -108,8 +108,8 @@ fs_dispatch *fs_isa_table(void);
 void fs_isa_share(fs_dispatch *owner);
 
 /* Force path p (-1: automatic); returns 0, or -1 when this build or CPU cannot run it. Set it
- * while no product runs, and repack bf16 weights after a change (fs_linear_bf16_amx says
- * which layout). */
+ * while no product or attention runs, and repack bf16 weights after a change
+ * (fs_linear_bf16_amx says which layout). */
 int fs_linear_set_path(int p);
 /* The path the next product runs. */
 int fs_linear_get_path(void);

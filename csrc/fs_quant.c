@@ -291,7 +291,7 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
         job[i].P = P[i];
         job[i].bias = bias ? bias[i] : NULL;
         job[i].y = y[i];
-        int big = n >= fs_disp->qbig_rows[kind[i]] && nb <= fs_disp->qbig_max_nb;
+        int big = FS_Q_USE_BIG(n, nb, fs_disp->qbig_rows[kind[i]], fs_disp->qbig_max_nb);
         job[i].fn = big ? fs_disp->qpart_big : fs_disp->qpart;
         int r = big ? fs_disp->qreads_big : fs_disp->qreads;
         reads |= kind[i] == FS_Q8_0 ? r : r & ~FS_QREAD_UNSIGNED;
@@ -326,5 +326,5 @@ const char *fs_quant_kernel_name(int kind, int n, int in)
     fs_dispatch *t = fs_isa_table();
     int nb = in > 0 ? in / FS_Q_BLOCK : 0;
     /* the choice of fs_linear_q_many */
-    return n >= t->qbig_rows[kind] && nb <= t->qbig_max_nb ? t->qname_big : t->qname;
+    return FS_Q_USE_BIG(n, nb, t->qbig_rows[kind], t->qbig_max_nb) ? t->qname_big : t->qname;
 }

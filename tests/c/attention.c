@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "fs_isa.h"
 #include "fs_variants.h"
 
 typedef void (*block_fn)(const float *const *, float *const *, const int *, int, const float *,
@@ -177,6 +178,24 @@ int main(int argc, char **argv)
     } else {
         printf("avx512: not run (this CPU lacks x86-64-v4)\n");
     }
+    /* each path runs its own variant (fs_isa_select_attn): the AVX2 one on the avx2 path of
+     * an AVX-512 CPU, the baseline on the portable path */
+    for (int p = FS_ISA_PORTABLE; p <= FS_ISA_AMX; p++) {
+        if (fs_linear_set_path(p) != 0) continue;
+        const fs_dispatch *t = fs_isa_table();
+        int w = p >= FS_ISA_AVX512 && __builtin_cpu_supports("x86-64-v4") ? 16
+                : p >= FS_ISA_AVX2 && __builtin_cpu_supports("x86-64-v3") ? 8 : 0;
+        int got = t->attn_f32 == fs_f32_block_avx512 && t->attn_f32_keys == fs_f32_keys_avx512
+                  ? 16 : t->attn_f32 == fs_f32_block_avx2 && t->attn_f32_keys == fs_f32_keys_avx2
+                  ? 8 : t->attn_f32 == fs_f32_block_def && t->attn_f32_keys == fs_f32_keys_def
+                  ? 0 : -1;
+        printf("path %d: attention of %d lanes (0: baseline)\n", p, got);
+        if (got != w) {
+            printf("path %d runs the attention of %d lanes, not %d\n", p, got, w);
+            fails++;
+        }
+    }
+    fs_linear_set_path(-1);
 #endif
     printf("%d failures\n", fails);
     return fails;

@@ -353,7 +353,7 @@ int main(void)
                         }
                         /* the name says what ran: rows longer than the AMX tiles take run the
                          * path's other kernel */
-                        if (fs_linear_set_path(FS_ISA_AMX) == 0 && n >= 16) {
+                        if (f.amx_int8 && fs_linear_set_path(FS_ISA_AMX) == 0 && n >= 16) {
                             const char *nm = fs_quant_kernel_name(kind, n, in);
                             checks++;
                             if ((strcmp(nm, "amx_int8") == 0) != (nb <= FS_Q_AMX_MAX_NB)) {
