@@ -96,8 +96,7 @@ static fs_dispatch fs_own = {
 #else
     0, 0,
 #endif
-    fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, "portable", "portable", 1 << 30,
-    0, 0,
+    fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 1 << 30, 0, 0,
 };
 fs_dispatch *fs_disp = &fs_own;
 
@@ -177,8 +176,6 @@ static void fs_isa_select_q(fs_dispatch *t, int p)
     fs_q_choice c = fs_q_choose(p);
     t->qpart = c.fn;
     t->qpart_big = c.big;
-    t->qname = c.name;
-    t->qname_big = c.name_big;
     t->qbig_rows[0] = c.rows;
     t->qbig_rows[1] = t->qbig_rows[2] = c.rows4;
     t->qbig_max_nb = c.max_nb;

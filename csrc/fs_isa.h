@@ -81,10 +81,9 @@ typedef struct {
     fs_attn_block_fn attn_f32;
     fs_attn_keys_fn attn_f32_keys;  /* its transposed keys (the same variant) */
     /* The quantized products of the path (fs_quant.h): qpart, or qpart_big for blocks of at
-     * least qbig_rows rows (AMX tiles); their names for fs_quant_kernel_name. */
+     * least qbig_rows rows (AMX tiles); their names: fs_isa_quant_kernel. */
     fs_qpart_fn qpart, qpart_big;
     int qbig_rows[3];  /* per kind (FS_Q8_0, FS_Q4_0, FS_Q4_1) */
-    const char *qname, *qname_big;
     int qbig_max_nb;  /* qpart_big for rows of at most this many blocks (AMX: the stack) */
     int qreads, qreads_big;  /* FS_QREAD_* of qpart, qpart_big */
 } fs_dispatch;

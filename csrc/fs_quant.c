@@ -323,8 +323,5 @@ void fs_linear_q(int kind, const float *x, const uint8_t *P, const float *bias, 
 
 const char *fs_quant_kernel_name(int kind, int n, int in)
 {
-    fs_dispatch *t = fs_isa_table();
-    int nb = in > 0 ? in / FS_Q_BLOCK : 0;
-    /* the choice of fs_linear_q_many */
-    return FS_Q_USE_BIG(n, nb, t->qbig_rows[kind], t->qbig_max_nb) ? t->qname_big : t->qname;
+    return fs_isa_quant_kernel(fs_isa_table()->path, kind, n, in);
 }

@@ -143,8 +143,8 @@ void fs_quant_interleave(const fs_qact *a, int with_unsigned);
 
 /* Whether a product of n rows of nb blocks runs a path's big kernel (qpart_big): from `rows`
  * rows (its qbig_rows for the kind) and for rows of at most max_nb blocks (qbig_max_nb). The
- * dispatch (fs_linear_q_many) and the names (fs_quant_kernel_name, fs_isa_quant_kernel) ask
- * this one rule. */
+ * dispatch (fs_linear_q_many) and the names (fs_isa_quant_kernel, which fs_quant_kernel_name
+ * asks for the current path) follow this one rule. */
 #define FS_Q_USE_BIG(n, nb, rows, max_nb) ((n) >= (rows) && (nb) <= (max_nb))
 
 /* Panel layout (fs_quant.h), as macros: the tiles ask per call (as functions of fs_quant.c,
