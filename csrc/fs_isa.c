@@ -96,7 +96,8 @@ static fs_dispatch fs_own = {
 #else
     0, 0,
 #endif
-    fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 1 << 30, 0, 0,
+    fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 1 << 30,
+    fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 0, 0,
 };
 fs_dispatch *fs_disp = &fs_own;
 
@@ -120,21 +121,22 @@ static int fs_isa_auto(const fs_dispatch *t)
  * an AVX2-only CPU runs), or AVX-VNNI on a CPU that has it but no AVX-512 (where avx2 is the
  * widest path); the avx512 paths run AVX512-VNNI when the CPU has it (ymm tiles, zmm tiles
  * of panel pairs from FS_Q_X16_MIN_ROWS rows); the amx path runs
- * AMX-INT8 tiles for blocks of FS_Q_AMX_MIN_ROWS rows or more. Every choice gives the same
- * bits. */
+ * AMX-INT8 tiles for blocks of FS_Q_AMX_MIN_ROWS rows or more, and the avx512 path's kernels
+ * for rows longer than FS_Q_AMX_MAX_NB blocks (its `mid`). Every choice gives the same bits. */
 static fs_isa_features fs_q_feat;
 static int fs_q_feat_ready;
 typedef struct {
-    fs_qpart_fn fn, big;
-    const char *name, *name_big;
+    fs_qpart_fn fn, big, mid;
+    const char *name, *name_big, *name_mid;
     int rows, rows4;  /* q8_0's and q4's fewest rows for big */
     int max_nb;       /* big's most blocks a row */
+    int mid_rows, mid_rows4;  /* without big, mid (fn's reads) from this many rows */
     int reads, reads_big;  /* FS_QREAD_* */
 } fs_q_choice;
 static fs_q_choice fs_q_choose(int p)
 {
-    fs_q_choice c = {fs_qpart_def, fs_qpart_def, "portable", "portable", 1 << 30, 1 << 30, 1 << 30,
-                     0, 0};
+    fs_q_choice c = {fs_qpart_def, fs_qpart_def, fs_qpart_def, "portable", "portable", "portable",
+                     1 << 30, 1 << 30, 1 << 30, 1 << 30, 1 << 30, 0, 0};
 #if FS_Q_SIMD
     if (!fs_q_feat_ready) {
         fs_isa_detect(&fs_q_feat);
@@ -163,6 +165,11 @@ static fs_q_choice fs_q_choose(int p)
         c.rows4 = FS_Q_AMX_MIN_ROWS_Q4;
         c.max_nb = FS_Q_AMX_MAX_NB;
         c.reads_big = 0;  /* row-major q, d, ds, s */
+        /* rows too long for the tiles run the avx512 path's kernels, x16 for blocks */
+        c.mid = fs_qpart_avx512vnni16;
+        c.name_mid = "avx512_vnni_x16";
+        c.mid_rows = FS_Q_X16_MIN_ROWS;
+        c.mid_rows4 = FS_Q_X16_MIN_ROWS_Q4;
     }
 #endif
 #else
@@ -179,6 +186,9 @@ static void fs_isa_select_q(fs_dispatch *t, int p)
     t->qbig_rows[0] = c.rows;
     t->qbig_rows[1] = t->qbig_rows[2] = c.rows4;
     t->qbig_max_nb = c.max_nb;
+    t->qpart_mid = c.mid;
+    t->qmid_rows[0] = c.mid_rows;
+    t->qmid_rows[1] = t->qmid_rows[2] = c.mid_rows4;
     t->qreads = c.reads;
     t->qreads_big = c.reads_big;
 }
@@ -187,7 +197,8 @@ const char *fs_isa_quant_kernel(int p, int kind, int n, int in)
 {
     fs_q_choice c = fs_q_choose(p);
     int nb = in > 0 ? in / FS_Q_BLOCK : 0;
-    return FS_Q_USE_BIG(n, nb, kind == 0 ? c.rows : c.rows4, c.max_nb) ? c.name_big : c.name;
+    if (FS_Q_USE_BIG(n, nb, kind == 0 ? c.rows : c.rows4, c.max_nb)) return c.name_big;
+    return n >= (kind == 0 ? c.mid_rows : c.mid_rows4) ? c.name_mid : c.name;
 }
 
 int fs_isa_quant_max_in(int p)

@@ -85,7 +85,11 @@ typedef struct {
     fs_qpart_fn qpart, qpart_big;
     int qbig_rows[3];  /* per kind (FS_Q8_0, FS_Q4_0, FS_Q4_1) */
     int qbig_max_nb;  /* qpart_big for rows of at most this many blocks (AMX: the stack) */
-    int qreads, qreads_big;  /* FS_QREAD_* of qpart, qpart_big */
+    /* where qpart_big does not run: qpart_mid (qpart's reads) from qmid_rows rows (the amx
+     * path's rows longer than its tiles take: avx512_vnni_x16) */
+    fs_qpart_fn qpart_mid;
+    int qmid_rows[3];
+    int qreads, qreads_big;  /* FS_QREAD_* of qpart (and qpart_mid), qpart_big */
 } fs_dispatch;
 
 /* What a quantized product reads of its activations (fs_qact) besides the row-major q, d, ds

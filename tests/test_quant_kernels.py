@@ -15,7 +15,7 @@ from fastspec.kernels import quant as Q
 
 from _helpers import BACKENDS, needs_c_harness, run_c_harness
 
-INS = (32, 64, 96, 576, 1536)
+INS = (32, 64, 96, 576, 1536, 16416)  # 16416: longer rows than the AMX tiles take
 OUTS = (1, 7, 8, 9, 33, 576)
 
 
@@ -66,7 +66,7 @@ def _rows(n, inp, seed=1):
 @pytest.mark.parametrize("kind", Q.QUANT_KINDS)
 @pytest.mark.parametrize("inp", INS)
 def test_every_path_equals_the_twin_and_rows_alone(kind, inp, all_paths):
-    outs = OUTS if inp < 1536 else (1, 9, 576)
+    outs = OUTS if inp < 1536 else (1, 9, 576) if inp == 1536 else (9, 33)
     for out in outs:
         W = _weights(kind, out, inp, seed=out)
         x = _rows(17, inp, seed=inp + out)
@@ -225,11 +225,17 @@ def test_isa_info_names_the_quantized_kernels():
             try:
                 assert Q.kernel_name("q8_0", 16, 576) == "amx_int8"
                 assert Q.kernel_name("q8_0", 16, 16384) == "amx_int8"
-                assert Q.kernel_name("q8_0", 16, 16416) == kernels["amx"].split(";")[0]
+                # ... the avx512 path's: zmm tiles for blocks, as there
+                assert Q.kernel_name("q8_0", 1, 16416) == kernels["amx"].split(";")[0]
+                assert Q.kernel_name("q8_0", 5, 16416) == "avx512_vnni"
+                assert Q.kernel_name("q8_0", 6, 16416) == "avx512_vnni_x16"
+                assert Q.kernel_name("q4_1", 5, 16416) == "avx512_vnni_x16"
+                assert Q.kernel_name("q8_0", 16, 16416) == "avx512_vnni_x16"
                 assert Q.kernel_name("q4_1", 16) == "amx_int8"
             finally:
                 fs.kernels.set_isa(None)
         assert "rows of at most 16384 inputs" in kernels["amx"]
+        assert "(longer rows: avx512_vnni_x16 from 6 rows of q8_0)" in kernels["amx"]
     for bad in (0, 33, -32, 1.0, True):
         with pytest.raises(ValueError, match="in_features"):
             Q.kernel_name("q8_0", 2, bad)

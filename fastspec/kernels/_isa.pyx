@@ -83,6 +83,11 @@ def quant_kernels():
         widest = fs_isa_quant_max_in(i)
         if widest:
             out[name] += f", rows of at most {widest} inputs"
+            longer = fs_isa_quant_kernel(i, 0, 1 << 20, widest + 32).decode()
+            if longer != one:
+                at = next(n for n in range(1, 65)
+                          if fs_isa_quant_kernel(i, 0, n, widest + 32).decode() == longer)
+                out[name] += f" (longer rows: {longer} from {at} rows of q8_0)"
     return out
 
 

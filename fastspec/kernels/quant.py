@@ -407,8 +407,8 @@ def kernel_name(kind: str, n: int, in_features: int | None = None) -> str:
         Rows of the product (>= 1).
     in_features : int or None
         Inputs of the matrix (a multiple of 32), or None for a width every kernel takes: the
-        AMX tiles take rows of at most 16384 inputs, and longer rows run the path's other
-        kernel.
+        AMX tiles take rows of at most 16384 inputs, and longer rows run the avx512 path's
+        kernels ("avx512_vnni_x16" for blocks of rows).
 
     Returns
     -------
