@@ -165,11 +165,14 @@ static fs_q_choice fs_q_choose(int p)
         c.rows4 = FS_Q_AMX_MIN_ROWS_Q4;
         c.max_nb = FS_Q_AMX_MAX_NB;
         c.reads_big = 0;  /* row-major q, d, ds, s */
-        /* rows too long for the tiles run the avx512 path's kernels, x16 for blocks */
-        c.mid = fs_qpart_avx512vnni16;
-        c.name_mid = "avx512_vnni_x16";
-        c.mid_rows = FS_Q_X16_MIN_ROWS;
-        c.mid_rows4 = FS_Q_X16_MIN_ROWS_Q4;
+        /* rows too long for the tiles run the avx512 path's kernels, x16 for blocks (where
+         * the CPU has AVX512-VNNI: a guest may grant AMX-INT8 without it) */
+        if (f->avx512vnni) {
+            c.mid = fs_qpart_avx512vnni16;
+            c.name_mid = "avx512_vnni_x16";
+            c.mid_rows = FS_Q_X16_MIN_ROWS;
+            c.mid_rows4 = FS_Q_X16_MIN_ROWS_Q4;
+        }
     }
 #endif
 #else
@@ -198,7 +201,7 @@ const char *fs_isa_quant_kernel(int p, int kind, int n, int in)
     fs_q_choice c = fs_q_choose(p);
     int nb = in > 0 ? in / FS_Q_BLOCK : 0;
     if (FS_Q_USE_BIG(n, nb, kind == 0 ? c.rows : c.rows4, c.max_nb)) return c.name_big;
-    return n >= (kind == 0 ? c.mid_rows : c.mid_rows4) ? c.name_mid : c.name;
+    return FS_Q_USE_MID(n, kind == 0 ? c.mid_rows : c.mid_rows4) ? c.name_mid : c.name;
 }
 
 int fs_isa_quant_max_in(int p)

@@ -80,8 +80,9 @@ typedef struct {
      * forced path runs the attention a CPU of that path runs, with that variant's bits. */
     fs_attn_block_fn attn_f32;
     fs_attn_keys_fn attn_f32_keys;  /* its transposed keys (the same variant) */
-    /* The quantized products of the path (fs_quant.h): qpart, or qpart_big for blocks of at
-     * least qbig_rows rows (AMX tiles); their names: fs_isa_quant_kernel. */
+    /* The quantized products of the path (fs_quant.h): qpart_big for blocks of at least
+     * qbig_rows rows (AMX tiles), else qpart_mid from qmid_rows rows, else qpart
+     * (FS_Q_USE_BIG, FS_Q_USE_MID); their names: fs_isa_quant_kernel. */
     fs_qpart_fn qpart, qpart_big;
     int qbig_rows[3];  /* per kind (FS_Q8_0, FS_Q4_0, FS_Q4_1) */
     int qbig_max_nb;  /* qpart_big for rows of at most this many blocks (AMX: the stack) */
@@ -134,7 +135,7 @@ int fs_linear_get_threads(void);
  * takes). */
 const char *fs_isa_quant_kernel(int p, int kind, int n, int in);
 /* The widest rows (inputs) path p's block kernel takes, or 0 for no limit (the AMX tiles:
- * FS_Q_AMX_MAX_NB blocks; longer rows run the path's other kernel). */
+ * FS_Q_AMX_MAX_NB blocks; longer rows run the path's qpart_mid / qpart). */
 int fs_isa_quant_max_in(int p);
 
 #endif /* FS_ISA_H */

@@ -292,9 +292,8 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
         job[i].bias = bias ? bias[i] : NULL;
         job[i].y = y[i];
         int big = FS_Q_USE_BIG(n, nb, fs_disp->qbig_rows[kind[i]], fs_disp->qbig_max_nb);
-        job[i].fn = big                                 ? fs_disp->qpart_big
-                    : n >= fs_disp->qmid_rows[kind[i]] ? fs_disp->qpart_mid
-                                                       : fs_disp->qpart;
+        int mid = !big && FS_Q_USE_MID(n, fs_disp->qmid_rows[kind[i]]);
+        job[i].fn = big ? fs_disp->qpart_big : mid ? fs_disp->qpart_mid : fs_disp->qpart;
         int r = big ? fs_disp->qreads_big : fs_disp->qreads;
         reads |= kind[i] == FS_Q8_0 ? r : r & ~FS_QREAD_UNSIGNED;
         int units = (job[i].ng + align - 1) / align;

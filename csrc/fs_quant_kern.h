@@ -77,7 +77,8 @@
 #endif
 /* The most blocks a row may have on the AMX tiles (16384 inputs), for the activation scales
  * by block on the stack; longer rows run the path's qpart_mid (avx512_vnni_x16) from
- * FS_Q_X16_MIN_ROWS rows, else its qpart (fs_qpart_amx itself falls back the same way). */
+ * FS_Q_X16_MIN_ROWS rows, else its qpart. fs_qpart_amx itself falls back the same way when
+ * called directly (the C harness), which needs the interleaved copies qpart reads. */
 #define FS_Q_AMX_MAX_NB 512
 
 /* Fewest rows for which the AVX512-VNNI path runs its 16-column zmm tiles of panel pairs
@@ -146,6 +147,9 @@ void fs_quant_interleave(const fs_qact *a, int with_unsigned);
  * dispatch (fs_linear_q_many) and the names (fs_isa_quant_kernel, which fs_quant_kernel_name
  * asks for the current path) follow this one rule. */
 #define FS_Q_USE_BIG(n, nb, rows, max_nb) ((n) >= (rows) && (nb) <= (max_nb))
+/* Where big does not run: whether the path's mid kernel (qpart_mid) does, from mid_rows rows
+ * (qmid_rows for the kind), else qpart; the same two callers follow it. */
+#define FS_Q_USE_MID(n, mid_rows) ((n) >= (mid_rows))
 
 /* Panel layout (fs_quant.h), as macros: the tiles ask per call (as functions of fs_quant.c,
  * out of line, the calls took ~1.5% of a 16-row q8_0 step's samples on the forced AVX2 path,

@@ -219,7 +219,7 @@ def test_isa_info_names_the_quantized_kernels():
             assert name != "portable" or names == {"portable"}
             assert "amx_int8" not in names or name == "amx"
     if "amx" in _paths() and "amx_int8" in kernels["amx"]:
-        # rows longer than the AMX tiles take (512 blocks) run the path's other kernel
+        # rows longer than the AMX tiles take (512 blocks) run the avx512 path's kernels
         with fs.using_backend("cython"):
             fs.kernels.set_isa("amx")
             try:

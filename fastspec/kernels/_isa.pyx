@@ -64,7 +64,8 @@ def features():
 def quant_kernels():
     """Return {path: description} of the quantized products' kernel on each path this build
     has and this CPU runs (e.g. ``"avx512_vnni; amx_int8 from 2 rows (q8_0), 2 rows
-    (q4_0, q4_1)"``)."""
+    (q4_0, q4_1), rows of at most 16384 inputs (longer rows: avx512_vnni_x16 from 6 rows of
+    q8_0)"``)."""
     out = {}
     have = available()
     for name in KERNELS:

@@ -352,11 +352,14 @@ int main(void)
                             }
                         }
                         /* the name says what ran: rows longer than the AMX tiles take run the
-                         * path's other kernel */
+                         * avx512 path's x16 tiles (16 rows) */
                         if (f.amx_int8 && fs_linear_set_path(FS_ISA_AMX) == 0 && n >= 16) {
                             const char *nm = fs_quant_kernel_name(kind, n, in);
+                            const char *want = nb <= FS_Q_AMX_MAX_NB ? "amx_int8"
+                                               : f.avx512vnni    ? "avx512_vnni_x16"
+                                                                 : NULL;
                             checks++;
-                            if ((strcmp(nm, "amx_int8") == 0) != (nb <= FS_Q_AMX_MAX_NB)) {
+                            if (want && strcmp(nm, want) != 0) {
                                 printf("kernel name %s for kind %d in %d n %d\n", nm, kind, in,
                                        n);
                                 fails++;
