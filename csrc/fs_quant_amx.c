@@ -234,12 +234,10 @@ FS_QA_KIND(fs_qa_run41, FS_Q4_1)
 void fs_qpart_amx(int kind, const fs_qact *a, const uint8_t *P, float *y, int out, int g_lo,
                   int g_hi, int accumulate)
 {
-    /* the dispatch sends these to qpart_mid / qpart; called directly (the C harness), the
-     * caller fills the interleaved copies the VNNI kernels read */
+    /* the dispatch (fs_isa.c) sends these to qpart_mid / qpart; called directly (the C
+     * harness, which fills the interleaved copies the VNNI kernels read), the same bits */
     if (a->nb > FS_Q_AMX_MAX_NB) {
-        int x16 = a->n >= (kind == FS_Q8_0 ? FS_Q_X16_MIN_ROWS : FS_Q_X16_MIN_ROWS_Q4);
-        (x16 ? fs_qpart_avx512vnni16 : fs_qpart_avx512vnni)(kind, a, P, y, out, g_lo, g_hi,
-                                                             accumulate);
+        fs_qpart_avx512vnni(kind, a, P, y, out, g_lo, g_hi, accumulate);
         return;
     }
     if (kind == FS_Q8_0)

@@ -77,8 +77,8 @@
 #endif
 /* The most blocks a row may have on the AMX tiles (16384 inputs), for the activation scales
  * by block on the stack; longer rows run the path's qpart_mid (avx512_vnni_x16) from
- * FS_Q_X16_MIN_ROWS rows, else its qpart. fs_qpart_amx itself falls back the same way when
- * called directly (the C harness), which needs the interleaved copies qpart reads. */
+ * FS_Q_X16_MIN_ROWS rows, else its qpart (fs_qpart_amx itself, called directly, falls back
+ * to AVX512-VNNI, which reads the interleaved copies). */
 #define FS_Q_AMX_MAX_NB 512
 
 /* Fewest rows for which the AVX512-VNNI path runs its 16-column zmm tiles of panel pairs
