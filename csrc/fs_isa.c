@@ -97,7 +97,7 @@ static fs_dispatch fs_own = {
     0, 0,
 #endif
     fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 1 << 30,
-    fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 0, 0,
+    fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 0, 0, 0,
 };
 fs_dispatch *fs_disp = &fs_own;
 
@@ -258,6 +258,21 @@ static void fs_isa_select(fs_dispatch *t, int p)
     t->linf_f32b = fs_linf_part_f32b_def;
 }
 
+/* fs_dispatch.qpf_one for this CPU (FS_Q_PF_ONE_INTEL, fs_quant_kern.h). */
+static int fs_isa_qpf_one(void)
+{
+#if defined(FS_Q_PF_ONE)
+    return FS_Q_PF_ONE;
+#elif FS_ISA_X86
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    int intel = !memcmp(&b, "Genu", 4) && !memcmp(&d, "ineI", 4) && !memcmp(&c, "ntel", 4);
+    return intel ? FS_Q_PF_ONE_INTEL : 0;
+#else
+    return 0;
+#endif
+}
+
 void fs_isa_init(void)
 {
     fs_dispatch *t = &fs_own;
@@ -272,6 +287,7 @@ void fs_isa_init(void)
     t->bf16dp = FS_BF16DP_BUILD && f.avx512bf16;  /* (fs_isa_detect: implies avx512f) */
 #endif
     fs_isa_select(t, fs_isa_auto(t));
+    t->qpf_one = fs_isa_qpf_one();
     t->ready = 1;
 }
 

@@ -91,6 +91,9 @@ typedef struct {
     fs_qpart_fn qpart_mid;
     int qmid_rows[3];
     int qreads, qreads_big;  /* FS_QREAD_* of qpart (and qpart_mid), qpart_big */
+    /* a one-row product's prefetch distance into L1, without L2 (fs_qact.pf_one; 0: as blocks):
+     * FS_Q_PF_ONE_INTEL on an Intel CPU, from fs_isa_init, whatever the path */
+    int qpf_one;
 } fs_dispatch;
 
 /* What a quantized product reads of its activations (fs_qact) besides the row-major q, d, ds

@@ -264,7 +264,7 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
     float *d = (float *)(qu + FS_Q_UP64((size_t)n * in));
     float *ds = (float *)((uint8_t *)d + FS_Q_UP64((size_t)n * nb * 4));
     int32_t *s = (int32_t *)((uint8_t *)ds + FS_Q_UP64((size_t)n * nb * 4));
-    fs_qact a = {q, qu, d, ds, s, n, in, nb, q, qu, d, ds, s};
+    fs_qact a = {q, qu, d, ds, s, n, in, nb, q, qu, d, ds, s, n == 1 ? fs_disp->qpf_one : 0};
     if (n > 1) { /* one row: the interleaved layout is the row's own, no copy (decode) */
         a.qi = (int8_t *)((uint8_t *)s + FS_Q_UP64((size_t)n * nb * 4));
         a.qui = (uint8_t *)a.qi + FS_Q_UP64((size_t)n * in);

@@ -61,6 +61,22 @@
 #define FS_Q_PF_FAR 12288
 #endif
 
+/* One-row products (decode) on an Intel CPU prefetch this many bytes ahead into L1 and nothing
+ * into L2 (fs_qact.pf_one, from fs_dispatch.qpf_one); elsewhere they prefetch as blocks do.
+ * Measured on the Intel Xeon (Sapphire Rapids class, 1 thread, the decode step against a read
+ * of as many bytes, bench/_quant.py's decode_vs_stream, builds alternated, two rounds of
+ * three): 4 KiB into L1 and 12 KiB into L2 (as blocks) -> 2 KiB into L1 alone, the real
+ * SmolLM2 file q4_1 0.85-0.89 -> 0.98-1.01 of the stream bound, q8_0 0.88-0.97 -> 0.94-1.03;
+ * the Qwen3-0.6B shape q4_1 0.76-0.78 -> 0.85-0.88, q8_0 0.85-0.88 -> 0.89-0.90. 4 KiB alone:
+ * 0.94-1.04, 0.91-0.96, 0.83-0.86, 0.86-0.87; 1 KiB alone: 0.93-0.96, 0.94-0.98, 0.79-0.80,
+ * 0.84-0.88; no prefetch at all: Qwen3 q4_1 0.67-0.69 (docs/PERFORMANCE.md). The L2 prefetch
+ * at one row is what cost (`perf`: 68% of the q4_1 kernel's samples on the prefetch
+ * instructions at the Qwen3 shape; a guess: they wait for fill buffers whatever their level).
+ * Not applied to AMD CPUs, where 4 KiB beat 2 KiB (Zen 5, decode, before the L2 prefetch) and
+ * the L2 prefetch left the decode step as it was (Zen 4): untested there. Define FS_Q_PF_ONE
+ * to force a distance on every CPU (0: as blocks). */
+#define FS_Q_PF_ONE_INTEL 2048
+
 /* Fewest rows for which the amx path runs its tiles (fewer: AVX512-VNNI). Measured on a
  * Xeon (Sapphire Rapids class, 1 core, the real SmolLM2 file, context 300, verify cost in
  * decode steps, builds alternated): from 6 rows -> from 2 rows, q4_1 verify_2 1.12-1.16 ->
@@ -136,6 +152,9 @@ typedef struct fs_qact {
     const uint8_t *qui;
     const float *dt, *dst;
     const int32_t *st;
+    /* > 0: a one-row product's tiles prefetch this many bytes ahead into L1 and nothing into
+     * L2 (FS_Q_PF_ONE_INTEL); 0: as blocks (FS_Q_PF_BYTES, FS_Q_PF_FAR) */
+    int pf_one;
 } fs_qact;
 
 /* Fill a's interleaved copies (qi ... st, n * in bytes and n * nb values each, which a's

@@ -302,13 +302,14 @@ int main(void)
                             }
                             /* each row alone; and a split of the panels in two parts */
                             for (int r = 0; r < n && n <= 17; r++) {
-                                /* one row: the interleaved layout is the row's own */
+                                /* one row: the interleaved layout is the row's own; odd
+                                 * rows prefetch as on an Intel CPU (pf_one), the same bits */
                                 fs_qact a1 = {q + (size_t)r * in, qu + (size_t)r * in,
                                               d + (size_t)r * nb, ds + (size_t)r * nb,
                                               s + (size_t)r * nb, 1, in, nb,
                                               q + (size_t)r * in, qu + (size_t)r * in,
                                               d + (size_t)r * nb, ds + (size_t)r * nb,
-                                              s + (size_t)r * nb};
+                                              s + (size_t)r * nb, r % 2 ? FS_Q_PF_ONE_INTEL : 0};
                                 float *y1 = malloc(sizeof(float) * out);
                                 memcpy(y1, yinit + (size_t)r * out, sizeof(float) * out);
                                 vs[v].fn(kind, &a1, P, y1, out, 0, ng / 2, acc);
