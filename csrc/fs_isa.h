@@ -92,7 +92,8 @@ typedef struct {
     int qmid_rows[3];
     int qreads, qreads_big;  /* FS_QREAD_* of qpart (and qpart_mid), qpart_big */
     /* a one-row product's prefetch distance into L1, without L2 (fs_qact.pf_one; 0: as blocks):
-     * FS_Q_PF_ONE_INTEL on an Intel CPU, from fs_isa_init, whatever the path */
+     * FS_Q_PF_ONE_INTEL on an Intel CPU (or FS_Q_PF_ONE where defined), from fs_isa_init,
+     * whatever the path */
     int qpf_one;
 } fs_dispatch;
 

@@ -36,8 +36,8 @@
  * (Zen 5, 1 thread, the real SmolLM2 file, decode step medians, builds alternated): 4 blocks
  * (512 bytes for q4_*, 1 KiB for q8_0) -> 4 KiB, q4_1 6.4-7.5 -> 3.9-4.4 ms, q8_0 5.0-5.6
  * -> 4.5-5.2 ms; 2 KiB: q4_1 4.3-4.5 against 3.8-4.2 ms at 4 KiB; 8 KiB the same as 4. On the
- * Xeon (before the weight arena) 2 KiB ahead gave nothing and 6 KiB cost 12% for q4_1: not
- * measured there since (docs/PERFORMANCE.md).
+ * Xeon (before the weight arena) 2 KiB ahead gave nothing and 6 KiB cost 12% for q4_1; for one
+ * row, measured there again with the L2 prefetch below: FS_Q_PF_ONE_INTEL.
  * What a block prefetches covers the panel's bytes, its scales and mins included (pstep bytes
  * a block: FS_Q_PANEL_PSTEP). Before, it covered the weights only, and a q4_1
  * panel's scales and mins (a fifth of its bytes) came from memory on demand: measured on an
