@@ -127,6 +127,14 @@
 #ifndef FS_QSTREAMS
 #define FS_QSTREAMS 2
 #endif
+/* Except that a one-row product on an Intel CPU (fs_qact.pf_one) of rows of at least this many
+ * inputs reads its panels in one stream, in order. Measured on the Intel Xeon (Sapphire Rapids
+ * class, 1 thread, decode_vs_stream as for FS_Q_PF_ONE_INTEL, builds alternated, two rounds of
+ * three, two streams -> one from 1024 inputs): the Qwen3-0.6B shape q8_0 0.88-0.89 ->
+ * 0.93-0.95 of the stream bound, q4_1 0.84-0.85 -> 0.85-0.86; the real SmolLM2 file (only its
+ * 1536-input down projection changes) q8_0 0.96-1.01 -> 0.99-1.01, q4_1 0.99-1.06 ->
+ * 1.00-1.02. One stream for every width: the real file q4_1 0.92-0.94 against 0.98-1.01. */
+#define FS_Q_ONE_STREAM_MIN_IN 1024
 /* Slots of N units in those streams, and the unit slot I runs (-1: a hole of the last). */
 #define FS_Q_STREAM_SLOTS(N) (FS_QSTREAMS * (((N) + FS_QSTREAMS - 1) / FS_QSTREAMS))
 #define FS_Q_STREAM_UNIT(I, N)                                                                \
