@@ -202,11 +202,12 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
             }
         /* the pairs in the interleaved streams of FS_Q_STREAM_UNIT, each prefetching the
          * one that runs next */
-        int np = (g_hi - g_lo + 1) / 2, slots = FS_Q_STREAM_SLOTS(np);
+        int np = (g_hi - g_lo + 1) / 2, slots = FS_Q_STREAM_SLOTS(np, FS_QSTREAMS);
         for (int i = 0; i < slots; i++) {
-            int p = FS_Q_STREAM_UNIT(i, np), pn = -1;
+            int p = FS_Q_STREAM_UNIT(i, np, FS_QSTREAMS), pn = -1;
             if (p < 0) continue;
-            for (int k = i + 1; k < slots && pn < 0; k++) pn = FS_Q_STREAM_UNIT(k, np);
+            for (int k = i + 1; k < slots && pn < 0; k++)
+                pn = FS_Q_STREAM_UNIT(k, np, FS_QSTREAMS);
             int g = g_lo + 2 * p;
             const uint8_t *pnext = P + (size_t)(pn < 0 ? g : g_lo + 2 * pn) * psz;
             if (m == 16)

@@ -135,11 +135,11 @@
  * 1536-input down projection changes) q8_0 0.96-1.01 -> 0.99-1.01, q4_1 0.99-1.06 ->
  * 1.00-1.02. One stream for every width: the real file q4_1 0.92-0.94 against 0.98-1.01. */
 #define FS_Q_ONE_STREAM_MIN_IN 1024
-/* Slots of N units in those streams, and the unit slot I runs (-1: a hole of the last). */
-#define FS_Q_STREAM_SLOTS(N) (FS_QSTREAMS * (((N) + FS_QSTREAMS - 1) / FS_QSTREAMS))
-#define FS_Q_STREAM_UNIT(I, N)                                                                \
-    ((I) / FS_QSTREAMS + (I) % FS_QSTREAMS * (((N) + FS_QSTREAMS - 1) / FS_QSTREAMS) < (N)    \
-         ? (I) / FS_QSTREAMS + (I) % FS_QSTREAMS * (((N) + FS_QSTREAMS - 1) / FS_QSTREAMS)    \
+/* Slots of N units in S streams, and the unit slot I runs (-1: a hole of the last). */
+#define FS_Q_STREAM_SLOTS(N, S) ((S) * (((N) + (S) - 1) / (S)))
+#define FS_Q_STREAM_UNIT(I, N, S)                                              \
+    ((I) / (S) + (I) % (S) * (((N) + (S) - 1) / (S)) < (N)                     \
+         ? (I) / (S) + (I) % (S) * (((N) + (S) - 1) / (S))                     \
          : -1)
 
 /* Blocks of activations with amax below this (2^-96) quantize to zero (fs_quant.h). */
@@ -160,8 +160,8 @@ typedef struct fs_qact {
     const uint8_t *qui;
     const float *dt, *dst;
     const int32_t *st;
-    /* > 0: a one-row product's tiles prefetch this many bytes ahead into L1 and nothing into
-     * L2 (FS_Q_PF_ONE_INTEL); 0: as blocks (FS_Q_PF_BYTES, FS_Q_PF_FAR) */
+    /* set only for a product of one row: > 0, its tiles prefetch this many bytes ahead into L1
+     * and nothing into L2 (FS_Q_PF_ONE_INTEL); 0: as blocks (FS_Q_PF_BYTES, FS_Q_PF_FAR) */
     int pf_one;
 } fs_qact;
 
