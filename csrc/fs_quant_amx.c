@@ -18,6 +18,9 @@
  * spread over the block loop, and the activation scales transposed so that a block's 16 are
  * adjacent. The pairs of panels run in interleaved streams, like the VNNI kernels' panels
  * (FS_QSTREAMS, fs_quant_kern.h), each prefetching the pair that runs next.
+ * A lone last panel is read twice (its copy's lanes are not stored) rather than tested for in
+ * every block: 16 rows of q8_0 hot, 31 -> 29 ns a block x 16 columns; the real SmolLM2 file's
+ * q8_0 verify_16 at 1 thread 12.8-13.1 -> 11.5-12.0 ms (2026-12-05, docs/PERFORMANCE.md).
  */
 #include "fs_quant.h"
 #include "fs_quant_kern.h"
@@ -62,7 +65,7 @@ FS_QA_ATTR static inline __attribute__((always_inline)) __m512i fs_qa_join(__m25
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
-/* Block b of panels q0 and q1 (q1 NULL: zeros) widened to the 16-column B layout in buf
+/* Block b of panels q0 and q1 widened to the 16-column B layout in buf
  * (512 bytes). q8_0: the qs rows interleaved; q4_*: nibbles widened to bytes, the low nibbles
  * of the 32-byte group j being input group j and the high ones group 4 + j. */
 FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_widen(const int KIND,
@@ -70,18 +73,17 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_widen(const i
                                                                          const uint8_t *q1,
                                                                          uint8_t *buf)
 {
-    const __m256i z = _mm256_setzero_si256();
     if (KIND == FS_Q8_0) {
         FS_QA_UNROLL for (int k = 0; k < 8; k++) {
             __m256i lo = _mm256_loadu_si256((const __m256i *)(q0 + k * 32));
-            __m256i hi = q1 ? _mm256_loadu_si256((const __m256i *)(q1 + k * 32)) : z;
+            __m256i hi = _mm256_loadu_si256((const __m256i *)(q1 + k * 32));
             _mm512_store_si512((void *)(buf + k * 64), fs_qa_join(lo, hi));
         }
     } else {
         const __m256i m4 = _mm256_set1_epi8(15);
         FS_QA_UNROLL for (int j = 0; j < 4; j++) {
             __m256i b0 = _mm256_loadu_si256((const __m256i *)(q0 + j * 32));
-            __m256i b1 = q1 ? _mm256_loadu_si256((const __m256i *)(q1 + j * 32)) : z;
+            __m256i b1 = _mm256_loadu_si256((const __m256i *)(q1 + j * 32));
             _mm512_store_si512((void *)(buf + j * 64),
                                fs_qa_join(_mm256_and_si256(b0, m4), _mm256_and_si256(b1, m4)));
             _mm512_store_si512((void *)(buf + (4 + j) * 64),
@@ -91,18 +93,22 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_widen(const i
     }
 }
 
-/* 16 f16 scales: 8 of panel p0, 8 of panel p1 (NULL: zeros). */
+/* 16 f16 scales: 8 of panel p0, 8 of panel p1. */
 FS_QA_ATTR static inline __attribute__((always_inline)) __m512 fs_qa_h16(const uint8_t *p0,
                                                                          const uint8_t *p1)
 {
     __m128i lo = _mm_loadu_si128((const __m128i *)p0);
-    __m128i hi = p1 ? _mm_loadu_si128((const __m128i *)p1) : _mm_setzero_si128();
+    __m128i hi = _mm_loadu_si128((const __m128i *)p1);
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
 /* Rows [r0, r0 + m) (m <= 16; M: m when known at compile time, else 0) x panels g, g + 1
- * (two: whether g + 1 exists). dt, dst, st: the rows' block scales, d * s and 8 * s (q4_0)
- * by block, 16 a block. */
+ * (two: whether g + 1 exists; if not, the lanes of the second panel compute panel g again and
+ * are not stored). dt, dst, st: the rows' block scales, d * s and 8 * s (q4_0) by block, 16 a
+ * block. */
+#define FS_QA_WIDEN(W)                                                                        \
+    fs_qa_widen(KIND, q0 + (size_t)(W) * qb, q1 + (size_t)(W) * qb,                          \
+                ub + (size_t)((W) % FS_QA_WRING) * 512)
 FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     const int KIND, const int M, const fs_qact *a, const uint8_t *P, size_t psz, float *y,
     int out, int g, int two, const uint8_t *pnext, int r0, int m, int accumulate,
@@ -112,8 +118,10 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     const size_t qoff = FS_Q_PANEL_QS(KIND, nb), moff = FS_Q_PANEL_M(nb);
     const size_t qb = KIND == FS_Q8_0 ? 256 : 128;
     const size_t pstep = FS_Q_PANEL_PSTEP(KIND, in); /* prefetched a block */
-    const uint8_t *pan0 = P + (size_t)g * psz, *pan1 = two ? pan0 + psz : NULL;
-    int col0 = g * FS_Q_COLS, nc = out - col0 < 2 * FS_Q_COLS ? out - col0 : 2 * FS_Q_COLS;
+    const uint8_t *pan0 = P + (size_t)g * psz, *pan1 = two ? pan0 + psz : pan0;
+    const uint8_t *q0 = pan0 + qoff, *q1 = pan1 + qoff;
+    int col0 = g * FS_Q_COLS, wide = (two ? 2 : 1) * FS_Q_COLS;
+    int nc = out - col0 < wide ? out - col0 : wide; /* the columns of [g_lo, g_hi) only */
     __mmask16 mask = (__mmask16)((1u << nc) - 1u);
     __m512 acc[16];
     FS_QA_UNROLL for (int r = 0; r < 16; r++)
@@ -124,16 +132,10 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     /* Each block is widened FS_QA_AHEAD blocks before its tile load, into a ring of
      * FS_QA_WRING blocks: a tile load right after the vector stores that wrote its bytes
      * stalls (measured 5x slower per block). */
-    for (int b = 0; b < nb && b < FS_QA_AHEAD; b++)
-        fs_qa_widen(KIND, pan0 + qoff + (size_t)b * qb, two ? pan1 + qoff + (size_t)b * qb : NULL,
-                    ub + (size_t)(b % FS_QA_WRING) * 512);
+    for (int b = 0; b < nb && b < FS_QA_AHEAD; b++) FS_QA_WIDEN(b);
     for (int b = 0; b < nb + FS_QA_LAG; b++) {
         if (b < nb) {
-            int w = b + FS_QA_AHEAD;
-            if (w < nb)
-                fs_qa_widen(KIND, pan0 + qoff + (size_t)w * qb,
-                            two ? pan1 + qoff + (size_t)w * qb : NULL,
-                            ub + (size_t)(w % FS_QA_WRING) * 512);
+            if (b + FS_QA_AHEAD < nb) FS_QA_WIDEN(b + FS_QA_AHEAD);
             /* the same share of the pair that runs next (its scales and mins included: pstep
              * bytes a block, as in fs_quant_x86.inc), while this pair computes */
             const uint8_t *pf = pnext + (size_t)b * pstep;
@@ -156,9 +158,9 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
         const int32_t *ce = cbuf + (e % FS_QA_RING) * 256;
         const float *de = dt + (size_t)e * 16, *dse = dst + (size_t)e * 16;
         const int32_t *se = st + (size_t)e * 16;
-        __m512 dw = fs_qa_h16(pan0 + (size_t)e * 16, two ? pan1 + (size_t)e * 16 : NULL);
+        __m512 dw = fs_qa_h16(pan0 + (size_t)e * 16, pan1 + (size_t)e * 16);
         __m512 mw = KIND == FS_Q4_1 ? fs_qa_h16(pan0 + moff + (size_t)e * 16,
-                                                 two ? pan1 + moff + (size_t)e * 16 : NULL)
+                                                 pan1 + moff + (size_t)e * 16)
                                     : _mm512_setzero_ps();
         FS_QA_UNROLL for (int r = 0; r < 16; r++)
             if (r < mm) {
