@@ -97,7 +97,7 @@ static fs_dispatch fs_own = {
     0, 0,
 #endif
     fs_qpart_def, fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 1 << 30,
-    fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 0, 0, 0,
+    fs_qpart_def, {1 << 30, 1 << 30, 1 << 30}, 0, 0, 0, 0,
 };
 fs_dispatch *fs_disp = &fs_own;
 
@@ -132,6 +132,8 @@ typedef struct {
     int max_nb;       /* big's most blocks a row */
     int mid_rows, mid_rows4;  /* without big, mid (fn's reads) from this many rows */
     int reads, reads_big;  /* FS_QREAD_* */
+    fs_qpart_fn one_wide;  /* fs_dispatch.qpart_one_wide (NULL: none) */
+    const char *name_one_wide;
 } fs_q_choice;
 static fs_q_choice fs_q_choose(int p)
 {
@@ -153,6 +155,8 @@ static fs_q_choice fs_q_choose(int p)
         c.big = fs_qpart_avx512vnni16;
         c.name = "avx512_vnni";
         c.name_big = "avx512_vnni_x16";
+        c.one_wide = fs_qpart_avx512vnni16;
+        c.name_one_wide = "avx512_vnni_x16";
         c.rows = FS_Q_X16_MIN_ROWS;
         c.rows4 = FS_Q_X16_MIN_ROWS_Q4;
         c.reads = c.reads_big = FS_QREAD_INTERLEAVED | FS_QREAD_UNSIGNED;
@@ -194,12 +198,14 @@ static void fs_isa_select_q(fs_dispatch *t, int p)
     t->qmid_rows[1] = t->qmid_rows[2] = c.mid_rows4;
     t->qreads = c.reads;
     t->qreads_big = c.reads_big;
+    t->qpart_one_wide = c.one_wide;
 }
 
 const char *fs_isa_quant_kernel(int p, int kind, int n, int in)
 {
     fs_q_choice c = fs_q_choose(p);
     int nb = in > 0 ? in / FS_Q_BLOCK : 0;
+    if (FS_Q_USE_ONE_WIDE(n, in, fs_disp->qpf_one) && c.one_wide) return c.name_one_wide;
     if (FS_Q_USE_BIG(n, nb, kind == 0 ? c.rows : c.rows4, c.max_nb)) return c.name_big;
     return FS_Q_USE_MID(n, kind == 0 ? c.mid_rows : c.mid_rows4) ? c.name_mid : c.name;
 }

@@ -82,7 +82,8 @@ typedef struct {
     fs_attn_keys_fn attn_f32_keys;  /* its transposed keys (the same variant) */
     /* The quantized products of the path (fs_quant.h): qpart_big for blocks of at least
      * qbig_rows rows (AMX tiles), else qpart_mid from qmid_rows rows, else qpart
-     * (FS_Q_USE_BIG, FS_Q_USE_MID); their names: fs_isa_quant_kernel. */
+     * (FS_Q_USE_BIG, FS_Q_USE_MID), qpart_one_wide before them (FS_Q_USE_ONE_WIDE); their
+     * names: fs_isa_quant_kernel. */
     fs_qpart_fn qpart, qpart_big;
     int qbig_rows[3];  /* per kind (FS_Q8_0, FS_Q4_0, FS_Q4_1) */
     int qbig_max_nb;  /* qpart_big for rows of at most this many blocks (AMX: the stack) */
@@ -95,6 +96,10 @@ typedef struct {
      * FS_Q_PF_ONE_INTEL on an Intel CPU (or FS_Q_PF_ONE where defined), from fs_isa_init,
      * whatever the path */
     int qpf_one;
+    /* a one-row product of rows of at least FS_Q_ONE_STREAM_MIN_IN inputs where qpf_one is set:
+     * the path's zmm tiles of panel pairs (avx512_vnni_x16, qpart's reads) where it has them,
+     * else NULL (qpart) */
+    fs_qpart_fn qpart_one_wide;
 } fs_dispatch;
 
 /* What a quantized product reads of its activations (fs_qact) besides the row-major q, d, ds

@@ -293,8 +293,13 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
         job[i].y = y[i];
         int big = FS_Q_USE_BIG(n, nb, fs_disp->qbig_rows[kind[i]], fs_disp->qbig_max_nb);
         int mid = !big && FS_Q_USE_MID(n, fs_disp->qmid_rows[kind[i]]);
-        job[i].fn = big ? fs_disp->qpart_big : mid ? fs_disp->qpart_mid : fs_disp->qpart;
-        int r = big ? fs_disp->qreads_big : fs_disp->qreads;
+        fs_qpart_fn one_wide = FS_Q_USE_ONE_WIDE(n, in, a.pf_one) ? fs_disp->qpart_one_wide
+                                                                   : NULL;
+        job[i].fn = one_wide ? one_wide
+                    : big    ? fs_disp->qpart_big
+                    : mid    ? fs_disp->qpart_mid
+                             : fs_disp->qpart;
+        int r = big && !one_wide ? fs_disp->qreads_big : fs_disp->qreads;
         reads |= kind[i] == FS_Q8_0 ? r : r & ~FS_QREAD_UNSIGNED;
         int units = (job[i].ng + align - 1) / align;
         int parts = FS_LIN_PARALLEL(in, out[i], n) ? (threads < units ? threads : units) : 1;

@@ -135,6 +135,17 @@
  * 1536-input down projection changes) q8_0 0.96-1.01 -> 0.99-1.01, q4_1 0.99-1.06 ->
  * 1.00-1.02. One stream for every width: the real file q4_1 0.92-0.94 against 0.98-1.01. */
 #define FS_Q_ONE_STREAM_MIN_IN 1024
+/* And such a product (one row, pf_one set, at least FS_Q_ONE_STREAM_MIN_IN inputs) runs the
+ * path's zmm tiles of panel pairs (fs_dispatch.qpart_one_wide: avx512_vnni_x16, pairs in order,
+ * one stream, prefetching like the ymm tiles' one row) where the path has them. Measured on the
+ * Intel Xeon (1 thread, decode_vs_stream, builds alternated, rounds of three; fraction of the
+ * stream bound, ymm -> zmm pairs): the Qwen3-0.6B shape q4_1 0.86-0.88 -> 0.91-0.93, q8_0
+ * 0.91-0.92 -> 0.95-0.96; the real SmolLM2 file (only its 1536-input down projection changes)
+ * q4_1 0.97-1.05 -> 0.98-1.03 (five rounds), q8_0 0.94-0.97 -> 0.96-1.04. The zmm pairs for
+ * one row at every width: the real file q4_1 0.93-0.96 against 0.99-1.02; on a Zen 5 they were
+ * slower at one row of the real file too (AMD CPUs do not set pf_one). */
+#define FS_Q_USE_ONE_WIDE(n, in, pf_one) \
+    ((n) == 1 && (pf_one) > 0 && (in) >= FS_Q_ONE_STREAM_MIN_IN)
 /* Slots of N units in S streams, and the unit slot I runs (-1: a hole of the last). */
 #define FS_Q_STREAM_SLOTS(N, S) ((S) * (((N) + (S) - 1) / (S)))
 #define FS_Q_STREAM_UNIT(I, N, S)                                              \

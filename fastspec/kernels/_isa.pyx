@@ -65,7 +65,8 @@ def quant_kernels():
     """Return {path: description} of the quantized products' kernel on each path this build
     has and this CPU runs (e.g. ``"avx512_vnni; amx_int8 from 2 rows (q8_0), 2 rows
     (q4_0, q4_1), rows of at most 16384 inputs (longer rows: avx512_vnni_x16 from 6 rows of
-    q8_0)"``)."""
+    q8_0); one row of 1024 inputs or more: avx512_vnni_x16"``, the last part where a one-row
+    product of wide rows runs the zmm tiles: an Intel CPU, FS_Q_USE_ONE_WIDE)."""
     out = {}
     have = available()
     for name in KERNELS:
@@ -86,9 +87,14 @@ def quant_kernels():
             out[name] += f", rows of at most {widest} inputs"
             longer = fs_isa_quant_kernel(i, 0, 1 << 20, widest + 32).decode()
             if longer != one:
-                at = next(n for n in range(1, 65)
+                at = next(n for n in range(2, 65)
                           if fs_isa_quant_kernel(i, 0, n, widest + 32).decode() == longer)
                 out[name] += f" (longer rows: {longer} from {at} rows of q8_0)"
+        wide = fs_isa_quant_kernel(i, 0, 1, 16384).decode()
+        if wide != one:
+            at = next(w for w in range(32, 16385, 32)
+                      if fs_isa_quant_kernel(i, 0, 1, w).decode() == wide)
+            out[name] += f"; one row of {at} inputs or more: {wide}"
     return out
 
 

@@ -408,14 +408,15 @@ def kernel_name(kind: str, n: int, in_features: int | None = None) -> str:
     in_features : int or None
         Inputs of the matrix (a multiple of 32), or None for a width every kernel takes: the
         AMX tiles take rows of at most 16384 inputs, and longer rows run the avx512 path's
-        kernels ("avx512_vnni_x16" for blocks of rows).
+        kernels ("avx512_vnni_x16" for blocks of rows). None does not name the one-row rule
+        for wide rows below.
 
     Returns
     -------
     str
         "numpy" (the twin), or the compiled path's "portable", "avx2", "avx_vnni",
-        "avx512_vnni", "avx512_vnni_x16" (its zmm tiles of 16 columns, for blocks of rows) or
-        "amx_int8".
+        "avx512_vnni", "avx512_vnni_x16" (its zmm tiles of 16 columns, for blocks of rows, and
+        on an Intel CPU for one row of at least 1024 inputs) or "amx_int8".
     """
     _check_kind(kind)
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
