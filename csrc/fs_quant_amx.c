@@ -176,6 +176,8 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
         if (r < mm) _mm512_mask_storeu_ps(y + (size_t)(r0 + r) * out + col0, mask, acc[r]);
 }
 
+#undef FS_QA_WIDEN
+
 FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
     const int KIND, const fs_qact *a, const uint8_t *P, float *y, int out, int g_lo, int g_hi,
     int accumulate)

@@ -27,15 +27,6 @@ def _paths():
             if n in info["available"] and n in info["kernels"]]
 
 
-def _intel() -> bool:
-    """Whether the CPU is an Intel one (its one-row products take FS_Q_USE_ONE_WIDE's rule)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def all_paths():
     """Run a body on every compiled path (yields the names), restoring the path after."""
@@ -240,7 +231,8 @@ def test_isa_info_names_the_quantized_kernels():
                 # one row of wide rows: the zmm pairs on an Intel CPU (FS_Q_USE_ONE_WIDE; a
                 # build with -DFS_Q_PF_ONE=N decides for every CPU, and this line with it)
                 wide = Q.kernel_name("q8_0", 1, 16416)
-                assert wide == ("avx512_vnni_x16" if _intel() else one)
+                intel = fs.kernels.cpuinfo.cpuinfo()["vendor"] == "GenuineIntel"
+                assert wide == ("avx512_vnni_x16" if intel else one)
                 assert Q.kernel_name("q4_1", 1, 1024) == wide
                 assert Q.kernel_name("q4_1", 1, 992) == one
                 assert (("; one row of 1024 inputs or more: avx512_vnni_x16" in kernels["amx"])
