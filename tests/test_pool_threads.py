@@ -164,6 +164,77 @@ def test_greedy_generation_is_the_same_at_every_thread_count(keep_threads, weigh
     assert all(r == runs[1] for r in runs.values()), runs
 
 
+def test_keep_threads_awake_pairs_its_calls_even_on_errors(monkeypatch):
+    """The context manager enters and leaves the pool's keeping once each, nested blocks too,
+    and leaves it when the block raises."""
+    import fastspec.kernels as kernels
+
+    calls = []
+
+    class FakeIsa:
+        @staticmethod
+        def keep_awake(on):
+            calls.append(bool(on))
+
+    monkeypatch.setattr(kernels, "_isa", FakeIsa)
+    with pytest.raises(RuntimeError, match="inside"):
+        with kernels.keep_threads_awake():
+            with kernels.keep_threads_awake():
+                assert calls == [True, True]
+                raise RuntimeError("inside")
+    assert calls == [True, True, False, False]
+    monkeypatch.setattr(kernels, "_isa", None)  # no compiled core: a plain block
+    with kernels.keep_threads_awake():
+        pass
+    assert calls == [True, True, False, False]
+
+
+@needs_cython
+@pytest.mark.parametrize("gamma", [3, "adaptive"])
+def test_speculative_rounds_keep_threads_awake_and_match_vanilla(keep_threads, monkeypatch,
+                                                                  gamma):
+    """Every target call of a speculative run happens inside keep_threads_awake (so the
+    workers spin through the Python between rounds), and the greedy output equals vanilla's
+    at every thread count."""
+    import contextlib
+
+    import fastspec.kernels as kernels
+
+    depth = [0]
+    inside, outside = [0], [0]
+    real_keep = kernels.keep_threads_awake
+
+    @contextlib.contextmanager
+    def counting_keep():
+        depth[0] += 1
+        try:
+            with real_keep():
+                yield
+        finally:
+            depth[0] -= 1
+
+    model = _model(seed=2)
+    real_step = type(model).step
+
+    def counting_step(self, *args, **kwargs):
+        (inside if depth[0] else outside)[0] += 1
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "keep_threads_awake", counting_keep)
+    monkeypatch.setattr(type(model), "step", counting_step)
+    prompt = [5, 17, 300, 2000, 9, 5, 17, 300]
+    with fs.using_backend("cython"):
+        want = fs.generate(model, prompt, 24).tokens
+        assert outside[0] > 0 and inside[0] == 0  # vanilla decoding does not keep
+        outside[0] = 0
+        for t in THREADS:
+            fs.set_threads(t)
+            got = fs.speculative_generate(model, fs.NgramDrafter(), prompt, 24,
+                                          gamma=gamma).tokens
+            assert got == want, (t, got, want)
+    assert inside[0] > 0 and outside[0] == 0 and depth[0] == 0
+
+
 def test_threads_from_two_python_threads_at_once(keep_threads):
     """Two Python threads decoding at once share the one pool (one gets the workers, the
     other runs its chunks itself): both get the serial results."""

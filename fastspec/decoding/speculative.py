@@ -168,7 +168,15 @@ def run_plan(plan: SpeculativePlan, rng: np.random.Generator, trace: bool = Fals
 
     ``verify_rejection`` (chains) and ``verify_tree_rejection`` (trees) replace the verifiers
     (the audit's negative controls pass broken ones); None means the real ones.
+    The pool's workers stay awake across the rounds (:func:`fastspec.kernels.keep_threads_awake`).
     """
+    with kernels.keep_threads_awake():
+        return _run_rounds(plan, rng, trace, callback, verify_rejection, verify_tree_rejection)
+
+
+def _run_rounds(plan: SpeculativePlan, rng: np.random.Generator, trace: bool, callback,
+                verify_rejection, verify_tree_rejection) -> GenerationResult:
+    """The body of :func:`run_plan`."""
     target, drafter, cache = plan.target, plan.drafter, plan.cache
     prompt, max_new, sampling, eos = plan.prompt, plan.max_new, plan.sampling, plan.eos
     gamma_fixed, hidden_layers, g_cap = plan.gamma_fixed, plan.hidden_layers, plan.g_cap

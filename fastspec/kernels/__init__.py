@@ -27,7 +27,7 @@ from fastspec.kernels.checks import check_index
 
 __all__ = ["KERNEL_NAMES", "backend", "set_backend", "using_backend", "available_backends",
            "module", "isa_info", "set_isa", "set_threads", "get_threads", "threads_info",
-           "MAX_THREADS", "attention",
+           "keep_threads_awake", "MAX_THREADS", "attention",
            "cache_write", "probs", "sample", "verify_greedy", "verify_rejection",
            "tree_attention", "compact_kv", "inverse_cdf"]
 
@@ -209,6 +209,35 @@ def set_threads(n: int) -> None:
 def get_threads() -> int:
     """Return the thread count of the compiled kernels and runners (:func:`set_threads`)."""
     return _threads["n"] if _isa is None else _isa.get_threads()
+
+
+@contextlib.contextmanager
+def keep_threads_awake() -> Iterator[None]:
+    """Keep the compiled pool's workers spinning between products while the block runs.
+
+    For loops of model calls with Python work between them (a speculative round: the drafter,
+    the verification, the bookkeeping): between two products a worker spins for
+    ``FASTSPEC_SPIN_US`` (default 30 us) and then sleeps, and waking it again costs the next
+    product a system call and, in a virtual machine, an interrupt to its CPU. Inside the block
+    the workers spin up to 1 ms instead, unless the calling thread is found sharing its CPU
+    with another process (then they sleep as usual for a second). Only where threads wait
+    changes: the results are the same bits. Per calling thread; blocks may nest. With one
+    thread, or the NumPy backend's kernels only, it does nothing.
+
+    Examples
+    --------
+    >>> import fastspec as fs
+    >>> with fs.kernels.keep_threads_awake():
+    ...     pass  # model calls
+    """
+    if _isa is None:
+        yield
+        return
+    _isa.keep_awake(True)
+    try:
+        yield
+    finally:
+        _isa.keep_awake(False)
 
 
 def threads_info() -> dict[str, Any]:

@@ -34,6 +34,7 @@ cdef extern from "fs_pool.h" nogil:
     enum: FS_POOL_MAX
     void fs_pool_set_threads(int n)
     int fs_pool_threads()
+    void fs_pool_keep_awake(int on)
 
 
 cdef extern from "fs_linear.h" nogil:

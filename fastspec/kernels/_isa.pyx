@@ -24,6 +24,7 @@ from fastspec.kernels._csrc cimport (
     fs_linear_bf16_amx,
     fs_linear_get_path,
     fs_linear_set_path,
+    fs_pool_keep_awake,
     fs_pool_set_threads,
     fs_pool_threads,
     FS_POOL_MAX,
@@ -291,6 +292,13 @@ def set_threads(n):
 def get_threads():
     """Return the thread count of the core's pool."""
     return fs_pool_threads()
+
+
+def keep_awake(bint on):
+    """Enter (``on`` true) or leave a stretch of this thread's products during which the core's
+    pool workers spin between jobs instead of sleeping (``fs_pool_keep_awake``, fs_pool.h).
+    Calls pair per thread and may nest; an unpaired leave does nothing."""
+    fs_pool_keep_awake(1 if on else 0)
 
 
 def _isa_from_env():
