@@ -190,6 +190,35 @@ def test_keep_threads_awake_pairs_its_calls_even_on_errors(monkeypatch):
 
 
 @needs_cython
+@pytest.mark.skipif("FASTSPEC_SPIN_US" in os.environ, reason="the spin is set by hand")
+def test_keep_threads_awake_lengthens_the_pools_spin(keep_threads):
+    """Inside the block, after a product split between threads, the pool's waiting threads
+    spin 1 ms (FS_POOL_KEEP_SPIN_NS) instead of 30 us; before and after it, 30 us. The pool
+    stops keeping for a second after a keeping caller lost its CPU (a busy machine): each try
+    waits that second out first, and three tries must not all meet one."""
+    import time
+
+    isa = fs.kernels._isa
+    model = _model(seed=3)
+    cache = model.new_cache(16)
+    fs.set_threads(2)
+    seen = []
+    with fs.using_backend("cython"):
+        for _ in range(3):
+            cache.reset()
+            model.step([5, 17], cache)  # the workers started; products split (see _model)
+            time.sleep(1.1)
+            outside = isa._spin_limit_ns()
+            with fs.kernels.keep_threads_awake():
+                model.step([9], cache)
+                inside = isa._spin_limit_ns()
+            seen.append((outside, inside, isa._spin_limit_ns()))
+            if seen[-1] == (30_000, 1_000_000, 30_000):
+                break
+    assert seen[-1] == (30_000, 1_000_000, 30_000), seen
+
+
+@needs_cython
 @pytest.mark.parametrize("gamma", [3, "adaptive"])
 def test_speculative_rounds_keep_threads_awake_and_match_vanilla(keep_threads, monkeypatch,
                                                                   gamma):

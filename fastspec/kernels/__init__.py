@@ -218,11 +218,13 @@ def keep_threads_awake() -> Iterator[None]:
     For loops of model calls with Python work between them (a speculative round: the drafter,
     the verification, the bookkeeping): between two products a worker spins for
     ``FASTSPEC_SPIN_US`` (default 30 us) and then sleeps, and waking it again costs the next
-    product a system call and, in a virtual machine, an interrupt to its CPU. Inside the block
-    the workers spin up to 1 ms instead, unless the calling thread is found sharing its CPU
-    with another process (then they sleep as usual for a second). Only where threads wait
+    product a system call and, in a virtual machine, an interrupt to its CPU. After the
+    products this thread hands out inside the block, the workers (and this thread, waiting for
+    their last chunk) spin up to 1 ms instead; not with ``FASTSPEC_SPIN_US=0``, and not for a
+    second, pool-wide, after a keeping thread was found losing its CPU to another thread (less
+    than 3/4 of a 1 ms window on its CPU, with an involuntary switch). Only where threads wait
     changes: the results are the same bits. Per calling thread; blocks may nest. With one
-    thread, or the NumPy backend's kernels only, it does nothing.
+    thread, or without the compiled core, it does nothing.
 
     Examples
     --------

@@ -35,6 +35,7 @@ cdef extern from "fs_pool.h" nogil:
     void fs_pool_set_threads(int n)
     int fs_pool_threads()
     void fs_pool_keep_awake(int on)
+    long fs_pool_spin_limit_ns()
 
 
 cdef extern from "fs_linear.h" nogil:

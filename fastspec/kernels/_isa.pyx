@@ -25,6 +25,7 @@ from fastspec.kernels._csrc cimport (
     fs_linear_get_path,
     fs_linear_set_path,
     fs_pool_keep_awake,
+    fs_pool_spin_limit_ns,
     fs_pool_set_threads,
     fs_pool_threads,
     FS_POOL_MAX,
@@ -299,6 +300,12 @@ def keep_awake(bint on):
     pool workers spin between jobs instead of sleeping (``fs_pool_keep_awake``, fs_pool.h).
     Calls pair per thread and may nest; an unpaired leave does nothing."""
     fs_pool_keep_awake(1 if on else 0)
+
+
+def _spin_limit_ns():
+    """How long a thread of the pool that waits now spins before it sleeps, in ns (the spin,
+    or 1 ms while the pool keeps its workers awake); for the tests."""
+    return fs_pool_spin_limit_ns()
 
 
 def _isa_from_env():
