@@ -30,7 +30,8 @@ def keep_threads():
 def _model(dtype="float32", weight_dtype=None, seed=0):
     # the FFN (192 x 1400: 29 panels, a remainder) and the head (192 x 2999) are split between
     # threads (FS_LIN_PARALLEL_MIN weights or more); the attention products (192 x 192,
-    # 192 x 64) stay on the caller
+    # 192 x 64) stay on the caller at one row and are split in blocks of enough rows
+    # (FS_LIN_PARALLEL_MACS multiply-adds)
     cfg = fs.ModelConfig(vocab_size=2999, dim=192, n_layers=2, n_heads=6, n_kv_heads=2,
                          ffn_dim=1400, max_seq_len=64, dtype=dtype, weight_dtype=weight_dtype)
     return fs.Transformer.random(cfg, seed=seed)
