@@ -89,12 +89,15 @@
  * chunks of 4 groups and 1.60x in chunks of one, its 576 x 192 ones 1.51x (serial before);
  * the embedded target's 4-row block (products of 256 x 704 and less: 0.72M multiply-adds)
  * went from 1.3 to 2.0 decode steps when split, so the bar was 4x the weights'. Since blocks
- * keep the pool's workers awake (FS_KEEP_MIN_ROWS, fs_model.c) the bar is the weights' own:
- * the embedded target's 4- to 16-row steps at 2 threads (Xeon guest, 2026-12-05, medians of
- * 15 rounds, two processes a build) float16 forced avx2 6 rows 0.58-0.59 -> 0.48-0.49 ms, 8
- * rows 0.66 -> 0.55, amx 6 rows 0.40-0.42 -> 0.31-0.35; q8_0 forced avx2 6 rows 0.50-0.54 ->
- * 0.39-0.43, amx 4 rows 0.22-0.25 -> 0.26-0.27 (the one loss), 6 rows 0.28-0.31 -> 0.27-0.28.
- * Products of 262144 weights or more were split already at every row count. */
+ * keep the pool's workers awake (FS_KEEP_MIN_ROWS, fs_model.c) it is the weights' number of
+ * multiply-adds (so from 4 rows a product of 65536 weights splits, below 4 rows one of
+ * 262144): the embedded target's steps at 2 threads (Xeon guest, 2026-12-05, medians of 15
+ * rounds, two processes a build) float16 forced avx2 6 rows 0.58-0.59 -> 0.48-0.49 ms, 8 rows
+ * 0.66 -> 0.55, amx 6 rows 0.40-0.42 -> 0.31-0.35; q8_0 forced avx2 6 rows 0.50-0.54 ->
+ * 0.39-0.43, amx 6 rows 0.28-0.31 -> 0.27-0.28 but 4 rows 0.22-0.25 -> 0.26-0.27 (and 16
+ * rows 0.51-0.55 -> 0.55). The SmolLM-135M shape's 576 x 192 products (k, v) now split from 4
+ * rows too: its 4- to 16-row steps (bf16, amx and forced avx2) and the real SmolLM2 file's
+ * (q8_0) were the same or 1-7% faster. Products of 262144 weights or more split as before. */
 #ifndef FS_LIN_ROWS_COMPUTE
 #define FS_LIN_ROWS_COMPUTE 4
 #endif
