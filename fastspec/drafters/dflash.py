@@ -318,8 +318,9 @@ class DFlashDrafter:
         keep = W - min(32, W // 2)
         drop = self.cache.length - keep
         k, v = self.cache.k, self.cache.v  # (layers, kv heads, capacity, head_dim)
-        k[:, :, :keep] = _rotate(k[:, :, drop:drop + keep], -drop, self.model.config.rope_theta)
-        v[:, :, :keep] = v[:, :, drop:drop + keep].copy()
+        _rotate_into(k[:, :, :keep], k[:, :, drop:drop + keep], -drop,
+                     self.model.config.rope_theta)
+        v[:, :, :keep] = v[:, :, drop:drop + keep]  # overlapping ranges: numpy copies via a buffer
         self.cache.crop(keep)
         self._offset += drop
 
@@ -375,16 +376,24 @@ class DFlashDrafter:
         return block[1:1 + g].copy()
 
 
-def _rotate(keys: np.ndarray, shift: int, theta: float) -> np.ndarray:
-    """Rotate RoPE'd keys (..., head_dim) by ``shift`` positions (rotate-half convention).
+def _rotate_into(out: np.ndarray, keys: np.ndarray, shift: int, theta: float) -> None:
+    """Write RoPE'd ``keys`` (..., head_dim) rotated by ``shift`` positions to ``out``.
 
-    Angles in float64, arithmetic in the keys' dtype.
+    Rotate-half convention; angles in float64, arithmetic in the keys' dtype. ``out`` has the
+    shape of ``keys`` and may overlap it: both halves are computed in full before it is
+    written (``x1 cos - x2 sin`` and ``x2 cos + x1 sin``, each two products and one sum).
     """
     D = keys.shape[-1]
+    h = D // 2
     angle = shift * theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)
     cos, sin = np.cos(angle).astype(keys.dtype), np.sin(angle).astype(keys.dtype)
-    x1, x2 = keys[..., :D // 2], keys[..., D // 2:]
-    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    x1, x2 = keys[..., :h], keys[..., h:]
+    first = x1 * cos
+    first -= x2 * sin
+    second = x2 * cos
+    second += x1 * sin
+    out[..., :h] = first
+    out[..., h:] = second
 
 
 def _rows(hidden, layer, n):
