@@ -9,6 +9,7 @@ import numpy as np
 from fastspec import kernels
 from fastspec.kernels.checks import check_index
 from fastspec.drafters.dflash_model import DFlashModel
+from fastspec.model.functional import rotate_half_into
 from fastspec.drafters.base import Proposal, SamplingParams, TreeProposal
 from fastspec.drafters.tree_sampling import sample_tree_without_replacement
 from fastspec.kernels.tree_shape import MAX_TREE_NODES
@@ -377,23 +378,11 @@ class DFlashDrafter:
 
 
 def _rotate_into(out: np.ndarray, keys: np.ndarray, shift: int, theta: float) -> None:
-    """Write RoPE'd ``keys`` (..., head_dim) rotated by ``shift`` positions to ``out``.
-
-    Rotate-half convention; angles in float64, arithmetic in the keys' dtype. ``out`` has the
-    shape of ``keys`` and may overlap it: both halves are computed in full before it is
-    written (``x1 cos - x2 sin`` and ``x2 cos + x1 sin``, each two products and one sum).
-    """
+    """Write RoPE'd ``keys`` (..., head_dim) rotated by ``shift`` positions to ``out`` (same
+    shape, may overlap ``keys``): angles in float64, arithmetic in the keys' dtype."""
     D = keys.shape[-1]
-    h = D // 2
     angle = shift * theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)
-    cos, sin = np.cos(angle).astype(keys.dtype), np.sin(angle).astype(keys.dtype)
-    x1, x2 = keys[..., :h], keys[..., h:]
-    first = x1 * cos
-    first -= x2 * sin
-    second = x2 * cos
-    second += x1 * sin
-    out[..., :h] = first
-    out[..., h:] = second
+    rotate_half_into(out, keys, np.cos(angle).astype(keys.dtype), np.sin(angle).astype(keys.dtype))
 
 
 def _rows(hidden, layer, n):

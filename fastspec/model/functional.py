@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 
-__all__ = ["rms_norm", "layer_norm", "rope_tables", "apply_rope", "gelu_tanh", "silu", "linear"]
+__all__ = ["rms_norm", "layer_norm", "rope_tables", "apply_rope", "rotate_half_into", "gelu_tanh",
+           "silu", "linear"]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
@@ -36,10 +37,27 @@ def rope_tables(max_positions: int, head_dim: int, theta: float, dtype) -> tuple
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     """Rotate ``x`` of shape (n, heads, D) by per-position ``cos, sin`` of shape (n, D/2)."""
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = np.empty(x.shape, dtype=np.result_type(x, c, s))
+    rotate_half_into(out, x, c, s)
+    return out
+
+
+def rotate_half_into(out: np.ndarray, x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> None:
+    """Write the rotate-half RoPE rotation of ``x`` (..., D) to ``out`` (same shape).
+
+    ``[x1 cos - x2 sin, x2 cos + x1 sin]`` with ``x1, x2`` the halves of the last axis and
+    ``cos, sin`` broadcasting against a half (..., D/2). ``out`` may overlap ``x``: both halves
+    are computed in full before it is written.
+    """
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
-    c, s = cos[:, None, :], sin[:, None, :]
-    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+    first = x1 * cos
+    first -= x2 * sin
+    second = x2 * cos
+    second += x1 * sin
+    out[..., :half] = first
+    out[..., half:] = second
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
