@@ -100,7 +100,12 @@ static inline int fs_f32_supported(int head_dim)
  * they are -> transposed): 9 heads on 3 kv heads, 16 rows (48 a kv head) 143 -> 130, 8 rows
  * (24) 66 -> 66, 6 rows (18) 50 -> 54, 3 rows (9) 30 -> 31; 4 heads on 2, 16 rows (32)
  * 67.5 -> 60, 12 rows (24) 48 -> 47, 8 rows (16) 32.5 -> 35. Below 24 rows a kv head the
- * transposition costs more than it saves. */
+ * transposition costs more than it saves.
+ * Only calls that run on the caller alone transpose: the pool's workers would read the copy
+ * from the caller's cache. Measured on the Xeon guest (2026-12-06, AMX build, 2 threads, head_dim
+ * 64, 300 keys; us a call, transposed -> as they are): 9 heads on 3, 8 rows 63-70 -> 39-44,
+ * 16 rows 100-107 -> 81-90; 4 heads on 2, 16 rows 54-56 -> 40; the real SmolLM2 q4_1 file's
+ * 8-row step at 2 threads (context 64) 6.7-7.0 -> 6.1-6.5 ms. */
 #ifndef FS_ATTN_KT_ROWS
 #define FS_ATTN_KT_ROWS 24
 #endif
@@ -238,12 +243,13 @@ static void fs_attention_f32_tiled(const float *q, const float *k, const float *
     j.per_kv = (n * j.group + FS_F32_ROWS - 1) / FS_F32_ROWS;
     j.nblocks = n_kv_heads * j.per_kv;
     j.scale = (float)(1.0 / sqrt((double)head_dim));
-    j.kt = fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length, n * j.group,
-                             &j.kt_stride);
     /* cost of a block ~ its multiply-adds: up to FS_F32_ROWS rows x keys x head_dim x 2 */
     double macs = 2.0 * n * n_heads * (double)length * head_dim;
     j.nchunks = fs_attn_parallel(macs) ? fs_pool_chunks(j.nblocks, (size_t)(macs / j.nblocks), 1)
                                        : 1;
+    j.kt = j.nchunks <= 1 ? fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length,
+                                              n * j.group, &j.kt_stride)
+                          : NULL;
     if (j.nchunks <= 1)
         fs_f32_blocks(&j, 0, j.nblocks);
     else
@@ -314,12 +320,13 @@ static void fs_attention_f32_tree(const float *q, const float *k, const float *v
     j.n = n; j.n_heads = n_heads; j.n_kv_heads = n_kv_heads; j.head_dim = head_dim;
     j.capacity = capacity; j.length = length;
     j.scale = (float)(1.0 / sqrt((double)head_dim));
-    /* the context keys, below the nodes, are every node's */
-    j.kt = fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length - n,
-                             n * (n_heads / n_kv_heads), &j.kt_stride);
     double macs = 2.0 * n * n_heads * (double)length * head_dim;
     j.nchunks = fs_attn_parallel(macs) && n <= FS_ATTN_TREE_POOL_MAX
                 ? fs_pool_chunks(n, (size_t)(macs / n), 1) : 1;
+    /* the context keys, below the nodes, are every node's */
+    j.kt = j.nchunks <= 1 ? fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length - n,
+                                              n * (n_heads / n_kv_heads), &j.kt_stride)
+                          : NULL;
     if (j.nchunks <= 1)
         fs_f32_tree_nodes(&j, 0, n, anc);
     else
