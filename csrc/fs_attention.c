@@ -105,7 +105,10 @@ static inline int fs_f32_supported(int head_dim)
  * from the caller's cache. Measured on the Xeon guest (2026-12-06, AMX build, 2 threads, head_dim
  * 64, 300 keys; us a call, transposed -> as they are): 9 heads on 3, 8 rows 63-70 -> 39-44,
  * 16 rows 100-107 -> 81-90; 4 heads on 2, 16 rows 54-56 -> 40; the real SmolLM2 q4_1 file's
- * 8-row step at 2 threads (context 64) 6.7-7.0 -> 6.1-6.5 ms. */
+ * 8-row step at 2 threads (context 64) 6.7-7.0 -> 6.1-6.5 ms. With blocks of 12 rows
+ * (FS_F32_ROWS) the threshold still holds at 1 thread (as they are -> transposed, same day):
+ * 9 heads on 3, 300 keys, 8 rows 75-79 -> 72-73, 16 rows 146-147 -> 131-139; 4 heads on 2,
+ * 400 keys, 8 and 16 rows the same. */
 #ifndef FS_ATTN_KT_ROWS
 #define FS_ATTN_KT_ROWS 24
 #endif

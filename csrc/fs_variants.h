@@ -242,7 +242,7 @@ int fs_linf_amx(void);
 #define FS_F32_TILE 128
 /* Query rows of one kv head per block: each key and value row loaded once for all of them
  * (values passes of 6 rows over a tile of keys in L1/L2; the SmolLM group of 3 heads fits four
- * times). 6 before: a 6-row block of the embedded target (12 rows a kv head) read each head's
+ * times). 6 before: a 6-row step of the embedded target (12 rows a kv head) read each head's
  * keys and values twice, from L3 after the weights' stream. Measured on the Xeon guest
  * (2026-12-06, AMX build, head_dim 64, us a call, 6 -> 12): 4 heads on 2, 400 keys, 1 thread,
  * 4 rows 24-26 -> 21, 6 rows 31-37 -> 29, 8 rows 45-49 -> 40; 9 heads on 3, 300 keys, 1 thread,
