@@ -135,12 +135,15 @@ static float *fs_attn_kt_buffer(size_t floats)
 }
 
 /* Transposed keys [0, keys) of every kv head (head kv at the result + kv * *stride), or NULL
- * when the call is too small to gain from them, too large, or out of memory. */
+ * (*stride 0) when the call runs in nchunks > 1 pool chunks, is too small to gain from them,
+ * too large, or out of memory. */
 static const float *fs_attn_transpose(const float *k, int n_kv_heads, int head_dim,
-                                      int capacity, int keys, int rows_per_kv, size_t *stride)
+                                      int capacity, int keys, int rows_per_kv, int nchunks,
+                                      size_t *stride)
 {
     fs_attn_keys_fn keys_fn = fs_disp->attn_f32_keys;
-    if (!keys_fn || keys <= 0 || rows_per_kv < FS_ATTN_KT_ROWS)
+    *stride = 0;
+    if (!keys_fn || nchunks > 1 || keys <= 0 || rows_per_kv < FS_ATTN_KT_ROWS)
         return NULL;
     *stride = (size_t)(keys + FS_F32_PANEL - 1) / FS_F32_PANEL * FS_F32_PANEL * head_dim;
     if (*stride * n_kv_heads > FS_ATTN_KT_MAX)
@@ -250,9 +253,8 @@ static void fs_attention_f32_tiled(const float *q, const float *k, const float *
     double macs = 2.0 * n * n_heads * (double)length * head_dim;
     j.nchunks = fs_attn_parallel(macs) ? fs_pool_chunks(j.nblocks, (size_t)(macs / j.nblocks), 1)
                                        : 1;
-    j.kt = j.nchunks <= 1 ? fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length,
-                                              n * j.group, &j.kt_stride)
-                          : NULL;
+    j.kt = fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length, n * j.group,
+                             j.nchunks, &j.kt_stride);
     if (j.nchunks <= 1)
         fs_f32_blocks(&j, 0, j.nblocks);
     else
@@ -327,9 +329,8 @@ static void fs_attention_f32_tree(const float *q, const float *k, const float *v
     j.nchunks = fs_attn_parallel(macs) && n <= FS_ATTN_TREE_POOL_MAX
                 ? fs_pool_chunks(n, (size_t)(macs / n), 1) : 1;
     /* the context keys, below the nodes, are every node's */
-    j.kt = j.nchunks <= 1 ? fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length - n,
-                                              n * (n_heads / n_kv_heads), &j.kt_stride)
-                          : NULL;
+    j.kt = fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length - n,
+                             n * (n_heads / n_kv_heads), j.nchunks, &j.kt_stride);
     if (j.nchunks <= 1)
         fs_f32_tree_nodes(&j, 0, n, anc);
     else

@@ -9,10 +9,10 @@ import numpy as np
 from fastspec import kernels
 from fastspec.kernels.checks import check_index
 from fastspec.drafters.dflash_model import DFlashModel
-from fastspec.model.functional import rotate_half_into
 from fastspec.drafters.base import Proposal, SamplingParams, TreeProposal
 from fastspec.drafters.tree_sampling import sample_tree_without_replacement
 from fastspec.kernels.tree_shape import MAX_TREE_NODES
+from fastspec.model.functional import rotate_half_into
 
 __all__ = ["DFlashDrafter", "denoise_schedule", "best_first_tree"]
 
