@@ -143,10 +143,11 @@ static void fs_pool_set_threads_impl(int n)
  *     on the last chunk, is woken as late as a worker);
  *   - a worker woken from sleep on the CPU of the caller that woke it moves to another CPU of
  *     its mask (fs_pool_leave_callers_cpu);
- *   - the caller watches its own CPU time (fs_pool_keep_check): when in a window of at least
- *     FS_POOL_KEEP_WINDOW_NS it had its CPU for less than three quarters of the time and was
- *     switched out involuntarily, another thread shares its CPU (a process beside it), and the
- *     pool stops keeping for FS_POOL_KEEP_QUIET_NS.
+ *   - the caller watches its own CPU time (fs_pool_keep_check): when in two windows of at
+ *     least FS_POOL_KEEP_WINDOW_NS, FS_POOL_KEEP_LOST_GAP_NS apart or less, it had its CPU for
+ *     less than three quarters of the time and was switched out involuntarily, another thread
+ *     shares its CPU (a process beside it), and the pool stops keeping for
+ *     FS_POOL_KEEP_QUIET_NS.
  * Medians of 12 prompts per process, after 1 ms / 100 ms of idle, builds alternated: before,
  * 10.2-13.3 / 17.4-19.4 ms (four processes); the long spin and the check without the move
  * 9.7-10.1 / 17.1-18.0 (six); all three 9.8-12.6 / 10.3-12.7 (four). Beside a busy loop on
@@ -162,6 +163,13 @@ static void fs_pool_set_threads_impl(int n)
 #endif
 #ifndef FS_POOL_KEEP_WINDOW_NS
 #define FS_POOL_KEEP_WINDOW_NS 1000000L
+#endif
+/* The pool stops keeping at the second window in which the caller lost its CPU within this
+ * long: a process beside it takes it every few milliseconds, while a single interruption (the
+ * host's, in a virtual machine) would stop the keeping for FS_POOL_KEEP_QUIET_NS, some 2000
+ * steps of a small model (docs/PERFORMANCE.md, 2026-12-06). */
+#ifndef FS_POOL_KEEP_LOST_GAP_NS
+#define FS_POOL_KEEP_LOST_GAP_NS 50000000L
 #endif
 
 static struct {
@@ -206,6 +214,8 @@ static _Thread_local int fs_pool_inside;
  * (fs_pool_keep_check). */
 static _Thread_local int fs_pool_keep_depth;
 static _Thread_local long fs_pool_keep_wall0, fs_pool_keep_cpu0, fs_pool_keep_nivcsw0;
+/* When this thread's last window in which it lost its CPU ended (fs_pool_keep_check). */
+static _Thread_local long fs_pool_keep_lost_at;
 
 static long fs_pool_clock_ns(clockid_t id)
 {
@@ -457,9 +467,10 @@ static void fs_pool_start_workers(int count)
 /* A caller inside fs_pool_keep_awake, at its first job (the first window starts) and at a job
  * that ends a window of at least FS_POOL_KEEP_WINDOW_NS: if in that window it had its CPU for
  * less than three quarters of the time and was switched out involuntarily (Linux; elsewhere
- * the time alone), another thread took its CPU, and the pool stops keeping for
- * FS_POOL_KEEP_QUIET_NS (last_preempt). A thread that slept by itself (a page fault on mapped
- * weights) is not counted. A new window starts either way: two system calls a window, none
+ * the time alone), it lost its CPU; at the second such window within FS_POOL_KEEP_LOST_GAP_NS,
+ * another thread takes its CPU, and the pool stops keeping for FS_POOL_KEEP_QUIET_NS
+ * (last_preempt). A thread that slept by itself (a page fault on mapped weights) is not
+ * counted. A new window starts either way: two system calls a window, none
  * between. */
 static void fs_pool_keep_check(void)
 {
@@ -467,9 +478,14 @@ static void fs_pool_keep_check(void)
     long now = fs_pool_now_ns(), wall = now - fs_pool_keep_wall0;
     if (fs_pool_keep_wall0 != 0 && wall < FS_POOL_KEEP_WINDOW_NS) return;
     long cpu = fs_pool_cpu_ns(), nivcsw = fs_pool_nivcsw();
-    if (fs_pool_keep_wall0 != 0 && 4 * (cpu - fs_pool_keep_cpu0) < 3 * wall &&
-        (nivcsw < 0 || nivcsw > fs_pool_keep_nivcsw0))
-        atomic_store_explicit(&fs_pool.last_preempt, now, memory_order_relaxed);
+    if (fs_pool_keep_wall0 != 0) {
+        int lost = 4 * (cpu - fs_pool_keep_cpu0) < 3 * wall &&
+                   (nivcsw < 0 || nivcsw > fs_pool_keep_nivcsw0);
+        if (lost && fs_pool_keep_lost_at != 0 &&
+            now - fs_pool_keep_lost_at < FS_POOL_KEEP_LOST_GAP_NS)
+            atomic_store_explicit(&fs_pool.last_preempt, now, memory_order_relaxed);
+        if (lost) fs_pool_keep_lost_at = now;
+    }
     fs_pool_keep_wall0 = now;
     fs_pool_keep_cpu0 = cpu;
     fs_pool_keep_nivcsw0 = nivcsw;
@@ -572,7 +588,10 @@ static int fs_pool_awake_impl(void)
 static void fs_pool_keep_awake_impl(int on)
 {
     if (on) {
-        if (fs_pool_keep_depth++ == 0) fs_pool_keep_wall0 = 0; /* a window from its first job */
+        if (fs_pool_keep_depth++ == 0) { /* a window from its first job */
+            fs_pool_keep_wall0 = 0;
+            fs_pool_keep_lost_at = 0;
+        }
     } else if (fs_pool_keep_depth > 0 && --fs_pool_keep_depth == 0) {
         atomic_store_explicit(&fs_pool.keep_job, 0, memory_order_relaxed);
     }
