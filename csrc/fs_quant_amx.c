@@ -21,6 +21,10 @@
  * A lone last panel is read twice (its copy's lanes are not stored) rather than tested for in
  * every block: 16 rows of q8_0 hot, 31 -> 29 ns a block x 16 columns; the real SmolLM2 file's
  * q8_0 verify_16 at 1 thread 12.8-13.1 -> 11.5-12.0 ms (2026-12-05, docs/PERFORMANCE.md).
+ * A call of 32 rows or more (a prompt) widens each pair once for up to FS_QA_PRE_TILES tiles
+ * of 16 rows (the widening was a quarter of a block's time): the embedded q8_0 target's
+ * 255-row prompt at 1 thread 8.3-8.4 -> 6.9-7.1 ms, 64 rows 1.80-1.85 -> 1.51-1.61 ms; the
+ * real SmolLM2 file's 256-row q8_0 prompt 192-193 -> 188-192 ms (2026-12-06).
  */
 #include "fs_quant.h"
 #include "fs_quant_kern.h"
@@ -41,6 +45,14 @@
 #define FS_QA_LAG 2
 #endif
 #define FS_QA_RING 4
+/* Calls of 32 rows or more whose rows have at most FS_QA_PRE_NB blocks run their full tiles of
+ * 16 rows FS_QA_PRE_TILES at a time (fs_qa_run): the scales of those rows by block fill dt (so
+ * FS_QA_PRE_TILES * FS_QA_PRE_NB <= FS_Q_AMX_MAX_NB), each pair widened once for them. */
+#ifndef FS_QA_PRE_TILES
+#define FS_QA_PRE_TILES 4
+#endif
+#define FS_QA_PRE_NB 128
+_Static_assert(FS_QA_PRE_TILES * FS_QA_PRE_NB <= FS_Q_AMX_MAX_NB, "dt holds the tiles' scales");
 _Static_assert(FS_QA_RING > FS_QA_LAG, "a block's sums must outlive its lag");
 
 FS_QA_ATTR static void fs_qa_config(int m)
@@ -110,8 +122,8 @@ FS_QA_ATTR static inline __attribute__((always_inline)) __m512 fs_qa_h16(const u
     fs_qa_widen(KIND, q0 + (size_t)(W) * qb, q1 + (size_t)(W) * qb,                          \
                 ub + (size_t)((W) % FS_QA_WRING) * 512)
 FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
-    const int KIND, const int M, const fs_qact *a, const uint8_t *P, size_t psz, float *y,
-    int out, int g, int two, const uint8_t *pnext, int r0, int m, int accumulate,
+    const int KIND, const int M, const int PRE, const fs_qact *a, const uint8_t *P, size_t psz,
+    float *y, int out, int g, int two, const uint8_t *pnext, int r0, int m, int accumulate,
     const float *dt, const float *dst, const int32_t *st, int32_t *cbuf, uint8_t *ub)
 {
     const int nb = a->nb, in = a->in, mm = M ? M : m;
@@ -132,21 +144,25 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     /* Each block is widened FS_QA_AHEAD blocks before its tile load, into a ring of
      * FS_QA_WRING blocks: a tile load right after the vector stores that wrote its bytes
      * stalls (measured 5x slower per block). */
-    for (int b = 0; b < nb && b < FS_QA_AHEAD; b++) FS_QA_WIDEN(b);
+    if (!PRE)
+        for (int b = 0; b < nb && b < FS_QA_AHEAD; b++) FS_QA_WIDEN(b);
     for (int b = 0; b < nb + FS_QA_LAG; b++) {
         if (b < nb) {
-            if (b + FS_QA_AHEAD < nb) FS_QA_WIDEN(b + FS_QA_AHEAD);
+            if (!PRE && b + FS_QA_AHEAD < nb) FS_QA_WIDEN(b + FS_QA_AHEAD);
             /* the same share of the pair that runs next (its scales and mins included: pstep
-             * bytes a block, as in fs_quant_x86.inc), while this pair computes */
-            const uint8_t *pf = pnext + (size_t)b * pstep;
-            for (size_t l = 0; l < pstep; l += 64) {
-                _mm_prefetch((const char *)(pf + l), _MM_HINT_T0);
-                _mm_prefetch((const char *)(pf + psz + l), _MM_HINT_T0);
+             * bytes a block, as in fs_quant_x86.inc), while this pair computes (pnext NULL:
+             * another tile of rows of this pair prefetches it) */
+            if (pnext) {
+                const uint8_t *pf = pnext + (size_t)b * pstep;
+                for (size_t l = 0; l < pstep; l += 64) {
+                    _mm_prefetch((const char *)(pf + l), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(pf + psz + l), _MM_HINT_T0);
+                }
+                _mm_prefetch((const char *)(pf + pstep - 1), _MM_HINT_T0);
+                _mm_prefetch((const char *)(pf + psz + pstep - 1), _MM_HINT_T0);
             }
-            _mm_prefetch((const char *)(pf + pstep - 1), _MM_HINT_T0);
-            _mm_prefetch((const char *)(pf + psz + pstep - 1), _MM_HINT_T0);
             _tile_loadd(0, qa + (size_t)b * FS_Q_BLOCK, in);
-            _tile_loadd(1, ub + (size_t)(b % FS_QA_WRING) * 512, 64);
+            _tile_loadd(1, ub + (size_t)(PRE ? b : b % FS_QA_WRING) * 512, 64);
             _tile_zero(4);
             _tile_dpbssd(4, 0, 1);
             _tile_stored(4, cbuf + (b % FS_QA_RING) * 256, 64);
@@ -190,8 +206,50 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
     _Alignas(64) int32_t st[KIND == FS_Q4_0 ? FS_Q_AMX_MAX_NB * 16 : 16];
     const int nb = a->nb;
     size_t psz = fs_quant_panel_bytes(KIND, a->in);
-    int configured = 0;
-    for (int r0 = 0; r0 < a->n; r0 += 16) {
+    int configured = 0, r_pre = 0;
+    int np = (g_hi - g_lo + 1) / 2, slots = FS_Q_STREAM_SLOTS(np, FS_QSTREAMS);
+    if (a->n >= 2 * 16 && nb <= FS_QA_PRE_NB) {
+        /* Many rows (a prompt): up to FS_QA_PRE_TILES full tiles of 16 rows at a time, each
+         * pair of panels widened once for all of them (wb) instead of once per tile. */
+        _Alignas(64) uint8_t wb[FS_QA_PRE_NB * 512];
+        const size_t qoff = FS_Q_PANEL_QS(KIND, nb), qb = KIND == FS_Q8_0 ? 256 : 128;
+        int full = a->n / 16 * 16;
+        fs_qa_config(16);
+        configured = 16;
+        for (int s0 = 0; s0 < full; s0 += 16 * FS_QA_PRE_TILES) {
+            int tiles = (full - s0) / 16 < FS_QA_PRE_TILES ? (full - s0) / 16 : FS_QA_PRE_TILES;
+            for (int t = 0; t < tiles; t++)
+                for (int r = 0; r < 16; r++)
+                    for (int b = 0; b < nb; b++) {
+                        size_t i = (size_t)(s0 + 16 * t + r) * nb + b;
+                        size_t o = ((size_t)t * nb + b) * 16 + r;
+                        dt[o] = a->d[i];
+                        if (KIND == FS_Q4_1) dst[o] = a->ds[i];
+                        if (KIND == FS_Q4_0) st[o] = 8 * a->s[i];
+                    }
+            for (int i = 0; i < slots; i++) {
+                int p = FS_Q_STREAM_UNIT(i, np, FS_QSTREAMS), pn = -1;
+                if (p < 0) continue;
+                for (int k = i + 1; k < slots && pn < 0; k++)
+                    pn = FS_Q_STREAM_UNIT(k, np, FS_QSTREAMS);
+                int g = g_lo + 2 * p, two = g + 1 < g_hi;
+                const uint8_t *pan0 = P + (size_t)g * psz, *pan1 = two ? pan0 + psz : pan0;
+                for (int b = 0; b < nb; b++)
+                    fs_qa_widen(KIND, pan0 + qoff + (size_t)b * qb, pan1 + qoff + (size_t)b * qb,
+                                wb + (size_t)b * 512);
+                const uint8_t *pnext = P + (size_t)(pn < 0 ? g : g_lo + 2 * pn) * psz;
+                for (int t = 0; t < tiles; t++) {
+                    size_t o = (size_t)t * nb * 16;
+                    fs_qa_pair(KIND, 16, 1, a, P, psz, y, out, g, two, t == 0 ? pnext : NULL,
+                               s0 + 16 * t, 16, accumulate, dt + o,
+                               KIND == FS_Q4_1 ? dst + o : dst, KIND == FS_Q4_0 ? st + o : st,
+                               cbuf, wb);
+                }
+            }
+        }
+        r_pre = full;
+    }
+    for (int r0 = r_pre; r0 < a->n; r0 += 16) {
         int m = a->n - r0 < 16 ? a->n - r0 : 16;
         if (m != configured) {
             fs_qa_config(m);
@@ -206,7 +264,6 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
             }
         /* the pairs in the interleaved streams of FS_Q_STREAM_UNIT, each prefetching the
          * one that runs next */
-        int np = (g_hi - g_lo + 1) / 2, slots = FS_Q_STREAM_SLOTS(np, FS_QSTREAMS);
         for (int i = 0; i < slots; i++) {
             int p = FS_Q_STREAM_UNIT(i, np, FS_QSTREAMS), pn = -1;
             if (p < 0) continue;
@@ -215,10 +272,10 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
             int g = g_lo + 2 * p;
             const uint8_t *pnext = P + (size_t)(pn < 0 ? g : g_lo + 2 * pn) * psz;
             if (m == 16)
-                fs_qa_pair(KIND, 16, a, P, psz, y, out, g, g + 1 < g_hi, pnext, r0, m,
+                fs_qa_pair(KIND, 16, 0, a, P, psz, y, out, g, g + 1 < g_hi, pnext, r0, m,
                            accumulate, dt, dst, st, cbuf, ub);
             else
-                fs_qa_pair(KIND, 0, a, P, psz, y, out, g, g + 1 < g_hi, pnext, r0, m,
+                fs_qa_pair(KIND, 0, 0, a, P, psz, y, out, g, g + 1 < g_hi, pnext, r0, m,
                            accumulate, dt, dst, st, cbuf, ub);
         }
     }
