@@ -144,7 +144,7 @@ static void fs_pool_set_threads_impl(int n)
  *   - a worker woken from sleep on the CPU of the caller that woke it moves to another CPU of
  *     its mask (fs_pool_leave_callers_cpu);
  *   - the caller watches its own CPU time (fs_pool_keep_check): when in two windows of at
- *     least FS_POOL_KEEP_WINDOW_NS, FS_POOL_KEEP_LOST_GAP_NS apart or less, it had its CPU for
+ *     least FS_POOL_KEEP_WINDOW_NS, less than FS_POOL_KEEP_LOST_GAP_NS apart, it had its CPU for
  *     less than three quarters of the time and was switched out involuntarily, another thread
  *     shares its CPU (a process beside it), and the pool stops keeping for
  *     FS_POOL_KEEP_QUIET_NS.
@@ -164,10 +164,11 @@ static void fs_pool_set_threads_impl(int n)
 #ifndef FS_POOL_KEEP_WINDOW_NS
 #define FS_POOL_KEEP_WINDOW_NS 1000000L
 #endif
-/* The pool stops keeping at the second window in which the caller lost its CPU within this
- * long: a process beside it takes it every few milliseconds, while a single interruption (the
- * host's, in a virtual machine) would stop the keeping for FS_POOL_KEEP_QUIET_NS, some 2000
- * steps of a small model (docs/PERFORMANCE.md, 2026-12-06). */
+/* The pool stops keeping at a window in which the caller lost its CPU that starts less than
+ * this long after the end of another such window: a process beside it takes the CPU every few
+ * milliseconds, while a single interruption (the host's, in a virtual machine) would stop the
+ * keeping for FS_POOL_KEEP_QUIET_NS, some 2000 steps of a small model (docs/PERFORMANCE.md,
+ * 2026-12-06). */
 #ifndef FS_POOL_KEEP_LOST_GAP_NS
 #define FS_POOL_KEEP_LOST_GAP_NS 50000000L
 #endif
@@ -192,7 +193,7 @@ static struct {
     long last_end;             /* when the last job of the pool ended */
     _Atomic long last_stall;   /* when a job's caller last waited long for a worker (awake) */
     _Atomic int keep_job;      /* the last job's caller was inside fs_pool_keep_awake */
-    _Atomic long last_preempt; /* when a caller inside fs_pool_keep_awake last lost its CPU */
+    _Atomic long last_preempt; /* when a caller inside fs_pool_keep_awake lost its CPU twice */
     _Atomic int waker_cpu;     /* the CPU of the keeping caller that last woke workers, or -1 */
     pthread_t tid[FS_POOL_MAX];
 #if !FS_POOL_FUTEX
@@ -307,8 +308,8 @@ static void fs_pool_work(uint32_t g)
 }
 
 /* The last job's caller was inside fs_pool_keep_awake (and has not left it), and no caller
- * lost its CPU there in the last FS_POOL_KEEP_QUIET_NS (see "A block of rows keeps the
- * workers awake" above). */
+ * lost its CPU there twice within FS_POOL_KEEP_LOST_GAP_NS in the last FS_POOL_KEEP_QUIET_NS
+ * (see "A block of rows keeps the workers awake" above). */
 static int fs_pool_keeping(long now)
 {
     return atomic_load_explicit(&fs_pool.keep_job, memory_order_relaxed) &&
@@ -467,11 +468,11 @@ static void fs_pool_start_workers(int count)
 /* A caller inside fs_pool_keep_awake, at its first job (the first window starts) and at a job
  * that ends a window of at least FS_POOL_KEEP_WINDOW_NS: if in that window it had its CPU for
  * less than three quarters of the time and was switched out involuntarily (Linux; elsewhere
- * the time alone), it lost its CPU; at the second such window within FS_POOL_KEEP_LOST_GAP_NS,
- * another thread takes its CPU, and the pool stops keeping for FS_POOL_KEEP_QUIET_NS
- * (last_preempt). A thread that slept by itself (a page fault on mapped weights) is not
- * counted. A new window starts either way: two system calls a window, none
- * between. */
+ * the time alone), it lost its CPU; at the second such window less than
+ * FS_POOL_KEEP_LOST_GAP_NS after the first, another thread takes its CPU, and the pool stops
+ * keeping for FS_POOL_KEEP_QUIET_NS (last_preempt). A thread that slept by itself (a page
+ * fault on mapped weights) is not counted. A new window starts either way: two system calls a
+ * window, none between. */
 static void fs_pool_keep_check(void)
 {
     if (fs_pool_keep_depth == 0) return;
@@ -481,8 +482,9 @@ static void fs_pool_keep_check(void)
     if (fs_pool_keep_wall0 != 0) {
         int lost = 4 * (cpu - fs_pool_keep_cpu0) < 3 * wall &&
                    (nivcsw < 0 || nivcsw > fs_pool_keep_nivcsw0);
+        /* from the end of the last lost window to the start of this one (0 back to back) */
         if (lost && fs_pool_keep_lost_at != 0 &&
-            now - fs_pool_keep_lost_at < FS_POOL_KEEP_LOST_GAP_NS)
+            fs_pool_keep_wall0 - fs_pool_keep_lost_at < FS_POOL_KEEP_LOST_GAP_NS)
             atomic_store_explicit(&fs_pool.last_preempt, now, memory_order_relaxed);
         if (lost) fs_pool_keep_lost_at = now;
     }

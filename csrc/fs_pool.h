@@ -69,8 +69,8 @@ int fs_pool_awake(void);
  * pool awake: the workers after them, and the caller waiting for their last chunk, spin up to
  * FS_POOL_KEEP_SPIN_NS (fs_pool.c, 1 ms) instead of the spin (none with FASTSPEC_SPIN_US=0),
  * and a worker woken on the caller's CPU moves to another; unless a keeping caller lost its
- * CPU in the last FS_POOL_KEEP_QUIET_NS (1 s). Only where and how long threads wait: the
- * same chunks. */
+ * CPU in two windows less than FS_POOL_KEEP_LOST_GAP_NS (50 ms) apart in the last
+ * FS_POOL_KEEP_QUIET_NS (1 s). Only where and how long threads wait: the same chunks. */
 void fs_pool_keep_awake(int on);
 /* How long a thread of this copy's pool that waits now spins before it sleeps, in ns: the
  * spin, or FS_POOL_KEEP_SPIN_NS while the pool keeps awake; 0 with FASTSPEC_SPIN_US=0 and in

@@ -21,13 +21,16 @@
  * A lone last panel is read twice (its copy's lanes are not stored) rather than tested for in
  * every block: 16 rows of q8_0 hot, 31 -> 29 ns a block x 16 columns; the real SmolLM2 file's
  * q8_0 verify_16 at 1 thread 12.8-13.1 -> 11.5-12.0 ms (2026-12-05, docs/PERFORMANCE.md).
- * A call of 32 rows or more (a prompt) widens each pair once for up to FS_QA_PRE_TILES tiles
- * of 16 rows (the widening was a quarter of a block's time): the embedded q8_0 target's
- * 255-row prompt at 1 thread 8.3-8.4 -> 6.9-7.1 ms, 64 rows 1.80-1.85 -> 1.51-1.61 ms; the
- * real SmolLM2 file's 256-row q8_0 prompt 192-193 -> 188-192 ms (2026-12-06).
+ * A call of 32 rows or more (a prompt) of rows of at most FS_QA_PRE_NB blocks widens each
+ * pair once for up to FS_QA_PRE_TILES tiles of 16 rows (the widening was a quarter of a
+ * block's time): the embedded q8_0 target's 255-row prompt at 1 thread 8.3-8.4 -> 6.9-7.1 ms,
+ * 64 rows 1.80-1.85 -> 1.51-1.61 ms; the real SmolLM2 file's 256-row q8_0 prompt 192-193 ->
+ * 188-192 ms (2026-12-06).
  */
 #include "fs_quant.h"
 #include "fs_quant_kern.h"
+
+#include <stdlib.h>
 
 #if FS_Q_AMX
 #include <immintrin.h>
@@ -116,8 +119,9 @@ FS_QA_ATTR static inline __attribute__((always_inline)) __m512 fs_qa_h16(const u
 
 /* Rows [r0, r0 + m) (m <= 16; M: m when known at compile time, else 0) x panels g, g + 1
  * (two: whether g + 1 exists; if not, the lanes of the second panel compute panel g again and
- * are not stored). dt, dst, st: the rows' block scales, d * s and 8 * s (q4_0) by block, 16 a
- * block. */
+ * are not stored). PRE: ub holds every block of the pair widened already (block b at
+ * b * 512), else ub is the ring the blocks are widened into here. dt, dst, st: the rows' block
+ * scales, d * s and 8 * s (q4_0) by block, 16 a block. */
 #define FS_QA_WIDEN(W)                                                                        \
     fs_qa_widen(KIND, q0 + (size_t)(W) * qb, q1 + (size_t)(W) * qb,                          \
                 ub + (size_t)((W) % FS_QA_WRING) * 512)
@@ -208,10 +212,12 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
     size_t psz = fs_quant_panel_bytes(KIND, a->in);
     int configured = 0, r_pre = 0;
     int np = (g_hi - g_lo + 1) / 2, slots = FS_Q_STREAM_SLOTS(np, FS_QSTREAMS);
-    if (a->n >= 2 * 16 && nb <= FS_QA_PRE_NB) {
-        /* Many rows (a prompt): up to FS_QA_PRE_TILES full tiles of 16 rows at a time, each
-         * pair of panels widened once for all of them (wb) instead of once per tile. */
-        _Alignas(64) uint8_t wb[FS_QA_PRE_NB * 512];
+    /* Many rows (a prompt): up to FS_QA_PRE_TILES full tiles of 16 rows at a time, each pair
+     * of panels widened once for all of them (wb, on the heap: the stack of a thread may be
+     * small) instead of once per tile; without the memory, tile by tile below. */
+    uint8_t *wb = a->n >= 2 * 16 && nb <= FS_QA_PRE_NB
+                      ? (uint8_t *)aligned_alloc(64, (size_t)nb * 512) : NULL;
+    if (wb) {
         const size_t qoff = FS_Q_PANEL_QS(KIND, nb), qb = KIND == FS_Q8_0 ? 256 : 128;
         int full = a->n / 16 * 16;
         fs_qa_config(16);
@@ -248,6 +254,7 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
             }
         }
         r_pre = full;
+        free(wb);
     }
     for (int r0 = r_pre; r0 < a->n; r0 += 16) {
         int m = a->n - r0 < 16 ? a->n - r0 : 16;

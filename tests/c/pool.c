@@ -244,7 +244,7 @@ static void busy_wait_us(long us)
  * keep until the outermost 0, and an unpaired 0 changes nothing; a caller that slept 3 ms
  * inside it still keeps (Linux: the check counts a lost CPU only with an involuntary switch);
  * with FASTSPEC_SPIN_US=0, 0 inside it too. These are states of the pool, not races, but a
- * caller preempted for a millisecond in between (a loaded machine) stops the keeping for a
+ * caller preempted twice within 50 ms in between (a loaded machine) stops the keeping for a
  * second, as it should: up to 5 tries, 1.1 s apart. Last (Linux), a second thread pinned to
  * the caller's CPU with the caller stops the keeping within 100 windows of 1.5 ms. */
 static void *hold_cpu(void *arg)
