@@ -119,16 +119,17 @@ FS_QA_ATTR static inline __attribute__((always_inline)) __m512 fs_qa_h16(const u
 
 /* Rows [r0, r0 + m) (m <= 16; M: m when known at compile time, else 0) x panels g, g + 1
  * (two: whether g + 1 exists; if not, the lanes of the second panel compute panel g again and
- * are not stored). PRE: ub holds every block of the pair widened already (block b at
- * b * 512), else ub is the ring the blocks are widened into here. dt, dst, st: the rows' block
- * scales, d * s and 8 * s (q4_0) by block, 16 a block. */
+ * are not stored). PRE: ub holds every block of the pair widened (block b at b * 512; fill:
+ * widen them there first), else ub is the ring the blocks are widened into on the way. dt,
+ * dst, st: the rows' block scales, d * s and 8 * s (q4_0) by block, 16 a block. */
 #define FS_QA_WIDEN(W)                                                                        \
     fs_qa_widen(KIND, q0 + (size_t)(W) * qb, q1 + (size_t)(W) * qb,                          \
-                ub + (size_t)((W) % FS_QA_WRING) * 512)
+                ub + (size_t)(PRE ? (W) : (W) % FS_QA_WRING) * 512)
 FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
-    const int KIND, const int M, const int PRE, const fs_qact *a, const uint8_t *P, size_t psz,
-    float *y, int out, int g, int two, const uint8_t *pnext, int r0, int m, int accumulate,
-    const float *dt, const float *dst, const int32_t *st, int32_t *cbuf, uint8_t *ub)
+    const int KIND, const int M, const int PRE, int fill, const fs_qact *a, const uint8_t *P,
+    size_t psz, float *y, int out, int g, int two, const uint8_t *pnext, int r0, int m,
+    int accumulate, const float *dt, const float *dst, const int32_t *st, int32_t *cbuf,
+    uint8_t *ub)
 {
     const int nb = a->nb, in = a->in, mm = M ? M : m;
     const size_t qoff = FS_Q_PANEL_QS(KIND, nb), moff = FS_Q_PANEL_M(nb);
@@ -147,9 +148,8 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
     const int8_t *qa = a->q + (size_t)r0 * in;
     /* Each block is widened FS_QA_AHEAD blocks before its tile load, into a ring of
      * FS_QA_WRING blocks: a tile load right after the vector stores that wrote its bytes
-     * stalls (measured 5x slower per block). */
-    if (!PRE)
-        for (int b = 0; b < nb && b < FS_QA_AHEAD; b++) FS_QA_WIDEN(b);
+     * stalls (measured 5x slower per block). PRE: every block before the first (fill). */
+    for (int b = 0; b < nb && (PRE ? fill : b < FS_QA_AHEAD); b++) FS_QA_WIDEN(b);
     for (int b = 0; b < nb + FS_QA_LAG; b++) {
         if (b < nb) {
             if (!PRE && b + FS_QA_AHEAD < nb) FS_QA_WIDEN(b + FS_QA_AHEAD);
@@ -210,82 +210,59 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
     _Alignas(64) int32_t st[KIND == FS_Q4_0 ? FS_Q_AMX_MAX_NB * 16 : 16];
     const int nb = a->nb;
     size_t psz = fs_quant_panel_bytes(KIND, a->in);
-    int configured = 0, r_pre = 0;
+    int configured = 0;
     int np = (g_hi - g_lo + 1) / 2, slots = FS_Q_STREAM_SLOTS(np, FS_QSTREAMS);
-    /* Many rows (a prompt): up to FS_QA_PRE_TILES full tiles of 16 rows at a time, each pair
-     * of panels widened once for all of them (wb, on the heap: the stack of a thread may be
-     * small) instead of once per tile; without the memory, tile by tile below. */
+    /* Many rows (a prompt): full tiles of 16 rows up to FS_QA_PRE_TILES at a time, each pair of
+     * panels widened once for all of them (wb, on the heap: the stack of a thread may be
+     * small); a last partial tile, and every tile without the memory, one by one, widening
+     * into the ring ub. */
     uint8_t *wb = a->n >= 2 * 16 && nb <= FS_QA_PRE_NB
                       ? (uint8_t *)aligned_alloc(64, (size_t)nb * 512) : NULL;
-    if (wb) {
-        const size_t qoff = FS_Q_PANEL_QS(KIND, nb), qb = KIND == FS_Q8_0 ? 256 : 128;
-        int full = a->n / 16 * 16;
-        fs_qa_config(16);
-        configured = 16;
-        for (int s0 = 0; s0 < full; s0 += 16 * FS_QA_PRE_TILES) {
-            int tiles = (full - s0) / 16 < FS_QA_PRE_TILES ? (full - s0) / 16 : FS_QA_PRE_TILES;
-            for (int t = 0; t < tiles; t++)
-                for (int r = 0; r < 16; r++)
-                    for (int b = 0; b < nb; b++) {
-                        size_t i = (size_t)(s0 + 16 * t + r) * nb + b;
-                        size_t o = ((size_t)t * nb + b) * 16 + r;
-                        dt[o] = a->d[i];
-                        if (KIND == FS_Q4_1) dst[o] = a->ds[i];
-                        if (KIND == FS_Q4_0) st[o] = 8 * a->s[i];
-                    }
-            for (int i = 0; i < slots; i++) {
-                int p = FS_Q_STREAM_UNIT(i, np, FS_QSTREAMS), pn = -1;
-                if (p < 0) continue;
-                for (int k = i + 1; k < slots && pn < 0; k++)
-                    pn = FS_Q_STREAM_UNIT(k, np, FS_QSTREAMS);
-                int g = g_lo + 2 * p, two = g + 1 < g_hi;
-                const uint8_t *pan0 = P + (size_t)g * psz, *pan1 = two ? pan0 + psz : pan0;
-                for (int b = 0; b < nb; b++)
-                    fs_qa_widen(KIND, pan0 + qoff + (size_t)b * qb, pan1 + qoff + (size_t)b * qb,
-                                wb + (size_t)b * 512);
-                const uint8_t *pnext = P + (size_t)(pn < 0 ? g : g_lo + 2 * pn) * psz;
-                for (int t = 0; t < tiles; t++) {
-                    size_t o = (size_t)t * nb * 16;
-                    fs_qa_pair(KIND, 16, 1, a, P, psz, y, out, g, two, t == 0 ? pnext : NULL,
-                               s0 + 16 * t, 16, accumulate, dt + o,
-                               KIND == FS_Q4_1 ? dst + o : dst, KIND == FS_Q4_0 ? st + o : st,
-                               cbuf, wb);
-                }
-            }
-        }
-        r_pre = full;
-        free(wb);
-    }
-    for (int r0 = r_pre; r0 < a->n; r0 += 16) {
-        int m = a->n - r0 < 16 ? a->n - r0 : 16;
+    for (int r0 = 0; r0 < a->n;) {
+        int m = a->n - r0 < 16 ? a->n - r0 : 16, pre = wb && m == 16;
+        int tiles = pre ? (a->n - r0) / 16 : 1;
+        tiles = tiles < FS_QA_PRE_TILES ? tiles : FS_QA_PRE_TILES;
         if (m != configured) {
             fs_qa_config(m);
             configured = m;
         }
-        for (int r = 0; r < m; r++)
-            for (int b = 0; b < nb; b++) {
-                size_t i = (size_t)(r0 + r) * nb + b;
-                dt[b * 16 + r] = a->d[i];
-                if (KIND == FS_Q4_1) dst[b * 16 + r] = a->ds[i];
-                if (KIND == FS_Q4_0) st[b * 16 + r] = 8 * a->s[i];
-            }
+        for (int t = 0; t < tiles; t++)
+            for (int r = 0; r < m; r++)
+                for (int b = 0; b < nb; b++) {
+                    size_t i = (size_t)(r0 + 16 * t + r) * nb + b;
+                    size_t o = ((size_t)t * nb + b) * 16 + r;
+                    dt[o] = a->d[i];
+                    if (KIND == FS_Q4_1) dst[o] = a->ds[i];
+                    if (KIND == FS_Q4_0) st[o] = 8 * a->s[i];
+                }
         /* the pairs in the interleaved streams of FS_Q_STREAM_UNIT, each prefetching the
-         * one that runs next */
+         * one that runs next (in its first tile of rows) */
         for (int i = 0; i < slots; i++) {
             int p = FS_Q_STREAM_UNIT(i, np, FS_QSTREAMS), pn = -1;
             if (p < 0) continue;
             for (int k = i + 1; k < slots && pn < 0; k++)
                 pn = FS_Q_STREAM_UNIT(k, np, FS_QSTREAMS);
-            int g = g_lo + 2 * p;
+            int g = g_lo + 2 * p, two = g + 1 < g_hi;
             const uint8_t *pnext = P + (size_t)(pn < 0 ? g : g_lo + 2 * pn) * psz;
-            if (m == 16)
-                fs_qa_pair(KIND, 16, 0, a, P, psz, y, out, g, g + 1 < g_hi, pnext, r0, m,
-                           accumulate, dt, dst, st, cbuf, ub);
-            else
-                fs_qa_pair(KIND, 0, 0, a, P, psz, y, out, g, g + 1 < g_hi, pnext, r0, m,
-                           accumulate, dt, dst, st, cbuf, ub);
+            for (int t = 0; t < tiles; t++) {
+                size_t o = (size_t)t * nb * 16;
+                const uint8_t *pf = t == 0 ? pnext : NULL;
+                const float *dto = dt + o, *dsto = KIND == FS_Q4_1 ? dst + o : dst;
+                const int32_t *sto = KIND == FS_Q4_0 ? st + o : st;
+                if (pre)
+                    fs_qa_pair(KIND, 16, 1, t == 0, a, P, psz, y, out, g, two, pf,
+                               r0 + 16 * t, 16, accumulate, dto, dsto, sto, cbuf, wb);
+                else if (m == 16)
+                    fs_qa_pair(KIND, 16, 0, 0, a, P, psz, y, out, g, two, pf, r0, m,
+                               accumulate, dto, dsto, sto, cbuf, ub);
+                else
+                    fs_qa_pair(KIND, 0, 0, 0, a, P, psz, y, out, g, two, pf, r0, m,
+                               accumulate, dto, dsto, sto, cbuf, ub);
+            }
         }
+        r0 += tiles * m; /* tiles > 1 only with m = 16 */
     }
+    free(wb);
     _tile_release();
 }
 

@@ -89,6 +89,25 @@ def test_every_path_equals_the_twin_and_rows_alone(kind, inp, all_paths):
 
 @pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
 @pytest.mark.parametrize("kind", Q.QUANT_KINDS)
+@pytest.mark.parametrize("inp", (96, 4096))
+def test_prompt_blocks_equal_the_twin(kind, inp, all_paths):
+    """70 rows (a prompt's products: on amx, four tiles of 16 rows share each pair's widened
+    weights, then a tile of 6) and rows of 128 blocks, the most that sharing takes."""
+    W = _weights(kind, 9, inp, seed=inp)
+    x = _rows(70, inp, seed=7)
+    with fs.using_backend("numpy"):
+        want = Q.linear_q(x, W)
+
+    def body():
+        got = Q.linear_q(x, W)
+        assert np.array_equal(_bits(got), _bits(want)), (kind, inp)
+        return True
+
+    assert all(all_paths(body).values())
+
+
+@pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
+@pytest.mark.parametrize("kind", Q.QUANT_KINDS)
 def test_accumulate_bias_and_threads(kind, all_paths):
     inp, out = 96, 33
     W = _weights(kind, out, inp)

@@ -334,7 +334,7 @@ def _check_proposal(proposal, g: int, vocab: int, room: int
     if parents is None and count > g:
         raise ValueError(f"drafter proposed {count} tokens, more than gamma = {g}")
     if count:
-        ids = tokens.tolist()  # a short list: cheaper than two NumPy reductions (see stats)
+        ids = tokens.tolist()  # a few tokens: cheaper than two NumPy reductions (see stats)
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"drafter proposed token ids outside [0, {vocab}): {ids}")
     if tokens.dtype != np.int64 or not tokens.flags.c_contiguous:
