@@ -6,6 +6,7 @@ every variant against a scalar reference computed from the GGUF blocks."""
 import copy
 import pickle
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -140,6 +141,36 @@ def test_accumulate_bias_and_threads(kind, all_paths):
         finally:
             fs.kernels.set_threads(prev)
     assert np.array_equal(_bits(one), _bits(two))
+
+
+@pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
+@pytest.mark.parametrize("kind", Q.QUANT_KINDS)
+def test_rows_quantized_on_the_threads_equal_the_twin(kind, all_paths):
+    """From 16 rows, with the workers awake, the activations are quantized by row chunks on
+    the threads (fs_linear_q_many): every call of a loop, on every path, equals the twin. The
+    product is large enough to be split, so its job wakes the workers for the next calls; the
+    loop outlasts the 20 ms in which the pool reports them asleep after a late worker."""
+    W = _weights(kind, 576, 576, seed=3)
+    x = _rows(37, 576, seed=11)
+    x[5] *= 1e-30  # rows of very different scales, in different chunks
+    x[30] *= 1e6
+    with fs.using_backend("numpy"):
+        want = _bits(Q.linear_q(x, W))
+    prev = fs.kernels.get_threads()
+
+    def body():
+        fs.kernels.set_threads(2)
+        same = []
+        with fs.kernels.keep_threads_awake():
+            end = time.perf_counter() + 0.1
+            while len(same) < 6 or time.perf_counter() < end:
+                same.append(np.array_equal(_bits(Q.linear_q(x, W)), want))
+        return all(same)
+
+    try:
+        assert all(all_paths(body).values())
+    finally:
+        fs.kernels.set_threads(prev)
 
 
 def test_backends_pack_and_quantize_the_same(backend):
