@@ -49,13 +49,12 @@
 #endif
 #define FS_QA_RING 4
 /* Calls of 32 rows or more whose rows have at most FS_QA_PRE_NB blocks run their full tiles of
- * 16 rows FS_QA_PRE_TILES at a time (fs_qa_run): the scales of those rows by block fill dt (so
- * FS_QA_PRE_TILES * FS_QA_PRE_NB <= FS_Q_AMX_MAX_NB), each pair widened once for them. */
+ * 16 rows FS_QA_PRE_TILES at a time (fs_qa_run): the scales of those rows by block fill dt,
+ * each pair widened once for them. */
 #ifndef FS_QA_PRE_TILES
 #define FS_QA_PRE_TILES 4
 #endif
 #define FS_QA_PRE_NB 128
-_Static_assert(FS_QA_PRE_TILES * FS_QA_PRE_NB <= FS_Q_AMX_MAX_NB, "dt holds the tiles' scales");
 _Static_assert(FS_QA_RING > FS_QA_LAG, "a block's sums must outlive its lag");
 
 FS_QA_ATTR static void fs_qa_config(int m)
@@ -204,20 +203,29 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
 {
     _Alignas(64) int32_t cbuf[FS_QA_RING * 16 * 16];
     _Alignas(64) uint8_t ub[FS_QA_WRING * 512];
-    /* the activation scales by block (16 rows a block), so that a block's 16 are adjacent */
-    _Alignas(64) float dt[FS_Q_AMX_MAX_NB * 16];
-    _Alignas(64) float dst[KIND == FS_Q4_1 ? FS_Q_AMX_MAX_NB * 16 : 16];
-    _Alignas(64) int32_t st[KIND == FS_Q4_0 ? FS_Q_AMX_MAX_NB * 16 : 16];
     const int nb = a->nb;
     size_t psz = fs_quant_panel_bytes(KIND, a->in);
     int configured = 0;
     int np = (g_hi - g_lo + 1) / 2, slots = FS_Q_STREAM_SLOTS(np, FS_QSTREAMS);
     /* Many rows (a prompt): full tiles of 16 rows up to FS_QA_PRE_TILES at a time, each pair of
-     * panels widened once for all of them (wb, on the heap: the stack of a thread may be
-     * small); a last partial tile, and every tile without the memory, one by one, widening
-     * into the ring ub. */
-    uint8_t *wb = a->n >= 2 * 16 && nb <= FS_QA_PRE_NB
-                      ? (uint8_t *)aligned_alloc(64, (size_t)nb * 512) : NULL;
+     * panels widened once for all of them (wb); a last partial tile, and every tile without
+     * the memory, one by one, widening into the ring ub. The activation scales by block (16
+     * rows a block, so that a block's 16 are adjacent) of up to that many tiles: dt, and dst
+     * (q4_1) or st (q4_0). All on the heap, one block a call: on the stack they took this
+     * frame to 46 KB (q8_0) and 79 KB (q4), and a 16-row product of 16384-input rows crashed
+     * a Python thread of 80 KiB stack. Without the memory, the portable kernel (same bits). */
+    int tmax = a->n >= 2 * 16 && nb <= FS_QA_PRE_NB ? FS_QA_PRE_TILES : 1;
+    size_t nsc = (size_t)tmax * (size_t)nb * 16, scb = FS_Q_UP64(nsc * 4);
+    size_t wbb = tmax > 1 ? (size_t)nb * 512 : 0;
+    uint8_t *heap = (uint8_t *)aligned_alloc(64, (KIND == FS_Q8_0 ? 1 : 2) * scb + wbb);
+    if (heap == NULL) {
+        fs_qpart_def(KIND, a, P, y, out, g_lo, g_hi, accumulate);
+        return;
+    }
+    float *dt = (float *)heap;
+    float *dst = (float *)(heap + scb);   /* q4_1 */
+    int32_t *st = (int32_t *)(heap + scb); /* q4_0 */
+    uint8_t *wb = tmax > 1 ? heap + (KIND == FS_Q8_0 ? 1 : 2) * scb : NULL;
     for (int r0 = 0; r0 < a->n;) {
         int m = a->n - r0 < 16 ? a->n - r0 : 16, pre = wb && m == 16;
         int tiles = pre ? (a->n - r0) / 16 : 1;
@@ -262,7 +270,7 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_run(
         }
         r0 += tiles * m; /* tiles > 1 only with m = 16 */
     }
-    free(wb);
+    free(heap);
     _tile_release();
 }
 

@@ -173,6 +173,46 @@ def test_rows_quantized_on_the_threads_equal_the_twin(kind, all_paths):
         fs.kernels.set_threads(prev)
 
 
+_SMALL_STACK = """
+import threading, numpy as np, fastspec as fs
+from fastspec.kernels import quant as Q, _isa
+rng = np.random.default_rng(0)
+x = rng.standard_normal((16, 16384)).astype(np.float32)
+cases = []
+for kind in Q.QUANT_KINDS:
+    W = Q.QuantMatrix.from_float(kind, rng.standard_normal((40, 16384)).astype(np.float32))
+    with fs.using_backend("numpy"):
+        cases.append((W, Q.linear_q(x, W)))
+info = fs.kernels.isa_info()
+paths = [n for n in ("portable", "avx2", "avx512", "avx512bf16", "amx")
+         if n in info["available"] and n in info["kernels"]]
+ok = []
+def body():
+    for name in paths:
+        _isa.set_isa(name)
+        ok.extend(np.array_equal(Q.linear_q(x, W), want) for W, want in cases)
+threading.stack_size(64 * 1024)
+t = threading.Thread(target=body)
+t.start()
+t.join()
+print(len(ok), all(ok))
+"""
+
+
+@pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
+def test_products_run_on_a_small_thread_stack():
+    """A 16-row product of rows of 16384 inputs (the longest the AMX tiles take) on a thread
+    of 64 KiB stack, every kind on every path: the kernels keep their large buffers off the
+    stack (the AMX kernel's scales took its frame to 79 KB and crashed such a thread)."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-c", _SMALL_STACK], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    count, same = run.stdout.split()
+    assert int(count) >= 3 and same == "True", run.stdout
+
+
 def test_backends_pack_and_quantize_the_same(backend):
     for kind in Q.QUANT_KINDS:
         W = _weights(kind, 9, 64)
