@@ -207,14 +207,15 @@ size_t fs_quant_scratch_bytes(int kind, int n, int in)
     return 64 + 4 * FS_Q_UP64((size_t)n * in) + 6 * FS_Q_UP64((size_t)n * nb * 4);
 }
 
-void fs_quant_interleave(const fs_qact *a, int with_unsigned)
+/* fs_quant_interleave of rows [r0, r1) (each row's copies depend on that row alone). */
+static void fs_quant_interleave_rows(const fs_qact *a, int with_unsigned, int r0, int r1)
 {
     int n = a->n, in = a->in, nb = a->nb;
     int8_t *qi = (int8_t *)a->qi;
     uint8_t *qui = (uint8_t *)a->qui;
     float *dt = (float *)a->dt, *dst = (float *)a->dst;
     int32_t *st = (int32_t *)a->st;
-    for (int r = 0; r < n; r++)
+    for (int r = r0; r < r1; r++)
         for (int b = 0; b < nb; b++) {
             size_t i = (size_t)b * n + r, k = (size_t)r * nb + b;
             memcpy(qi + i * FS_Q_BLOCK, a->q + (size_t)r * in + (size_t)b * FS_Q_BLOCK, FS_Q_BLOCK);
@@ -225,6 +226,11 @@ void fs_quant_interleave(const fs_qact *a, int with_unsigned)
             dst[i] = a->ds[k];
             st[i] = a->s[k];
         }
+}
+
+void fs_quant_interleave(const fs_qact *a, int with_unsigned)
+{
+    fs_quant_interleave_rows(a, with_unsigned, 0, a->n);
 }
 
 typedef struct {
@@ -271,6 +277,7 @@ typedef struct {
     float *d, *ds;
     int32_t *s;
     int n, in, nb, with_unsigned, nchunks;
+    const fs_qact *interleave; /* NULL: no block-interleaved copies */
 } fs_qrows_job;
 
 static void fs_qrows_part(const fs_qrows_job *j, int r0, int r1)
@@ -281,6 +288,7 @@ static void fs_qrows_part(const fs_qrows_job *j, int r0, int r1)
     for (size_t i = r0 * nb; i < r1 * nb; i++) j->ds[i] = j->d[i] * (float)j->s[i];
     if (j->with_unsigned)
         for (size_t i = r0 * in; i < r1 * in; i++) j->qu[i] = (uint8_t)(j->q[i] ^ 0x80);
+    if (j->interleave) fs_quant_interleave_rows(j->interleave, j->with_unsigned, r0, r1);
 }
 
 static void fs_qrows_chunk(void *ctx, int c)
@@ -350,7 +358,8 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
      * step of the real SmolLM2 q8_0 file on the Intel Xeon spent ~10% of its time here at 2
      * threads, ~4 points of it in the copies); x NULL keeps the rows' bytes, and makes the
      * unsigned copy only. */
-    fs_qrows_job qr = {x, q, qu, d, ds, s, n, in, nb, (reads & FS_QREAD_UNSIGNED) != 0, 1};
+    fs_qrows_job qr = {x, q, qu, d, ds, s, n, in, nb, (reads & FS_QREAD_UNSIGNED) != 0, 1,
+                       n > 1 && (reads & FS_QREAD_INTERLEAVED) ? &a : NULL};
     if (x) {
         qr.nchunks = n >= FS_QROWS_PARALLEL_MIN && fs_pool_awake()
                          ? fs_pool_chunks(n, (size_t)in * 4, 1) : 1;
@@ -358,11 +367,11 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
             fs_pool_run(fs_qrows_chunk, &qr, qr.nchunks);
         else
             fs_qrows_part(&qr, 0, n);
-    } else if (qr.with_unsigned) {
-        for (size_t i = 0; i < (size_t)n * in; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+    } else {
+        if (qr.with_unsigned)
+            for (size_t i = 0; i < (size_t)n * in; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
+        if (qr.interleave) fs_quant_interleave(&a, qr.with_unsigned);
     }
-    if (n > 1 && (reads & FS_QREAD_INTERLEAVED))
-        fs_quant_interleave(&a, reads & FS_QREAD_UNSIGNED);
     fs_pool_run_jobs(run, count);
 }
 

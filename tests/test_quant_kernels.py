@@ -146,16 +146,18 @@ def test_accumulate_bias_and_threads(kind, all_paths):
 @pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
 @pytest.mark.parametrize("kind", Q.QUANT_KINDS)
 def test_rows_quantized_on_the_threads_equal_the_twin(kind, all_paths):
-    """From 16 rows, with the workers awake, the activations are quantized by row chunks on
-    the threads (fs_linear_q_many): every call of a loop, on every path, equals the twin. The
-    product is large enough to be split, so its job wakes the workers for the next calls; the
-    loop outlasts the 20 ms in which the pool reports them asleep after a late worker."""
+    """From 16 rows, with the workers awake, the activations (and the block-interleaved copies
+    the avx2/avx512 kernels read) are made by row chunks on the threads (fs_linear_q_many):
+    every call of a loop, on every path, equals the twin. The product is large enough to be
+    split, so its job wakes the workers for the next calls; the loop outlasts the 20 ms in
+    which the pool reports them asleep after a late worker; the calls alternate two inputs, so
+    a row a chunk left out keeps the other input's bytes."""
     W = _weights(kind, 576, 576, seed=3)
-    x = _rows(37, 576, seed=11)
-    x[5] *= 1e-30  # rows of very different scales, in different chunks
-    x[30] *= 1e6
+    xs = [_rows(37, 576, seed=11), _rows(37, 576, seed=12)]
+    xs[0][5] *= 1e-30  # rows of very different scales, in different chunks
+    xs[0][30] *= 1e6
     with fs.using_backend("numpy"):
-        want = _bits(Q.linear_q(x, W))
+        want = [_bits(Q.linear_q(x, W)) for x in xs]
     prev = fs.kernels.get_threads()
 
     def body():
@@ -164,7 +166,8 @@ def test_rows_quantized_on_the_threads_equal_the_twin(kind, all_paths):
         with fs.kernels.keep_threads_awake():
             end = time.perf_counter() + 0.1
             while len(same) < 6 or time.perf_counter() < end:
-                same.append(np.array_equal(_bits(Q.linear_q(x, W)), want))
+                i = len(same) % 2
+                same.append(np.array_equal(_bits(Q.linear_q(xs[i], W)), want[i]))
         return all(same)
 
     try:
