@@ -86,7 +86,7 @@ typedef struct {
      * names: fs_isa_quant_kernel. */
     fs_qpart_fn qpart, qpart_big;
     int qbig_rows[3];  /* per kind (FS_Q8_0, FS_Q4_0, FS_Q4_1) */
-    int qbig_max_nb;  /* qpart_big for rows of at most this many blocks (AMX: the stack) */
+    int qbig_max_nb;  /* qpart_big for rows of at most this many blocks */
     /* where qpart_big does not run: qpart_mid (qpart's reads) from qmid_rows rows (the amx
      * path's rows longer than its tiles take: avx512_vnni_x16) */
     fs_qpart_fn qpart_mid;

@@ -257,8 +257,8 @@ static void fs_q_chunk(void *ctx, int c)
     }
 }
 
-/* The activations of rows [r0, r1): quantized (fs_quant_rows), d x s, and the unsigned copy
- * where a product reads it; each row's bytes depend on that row alone, so any cut of the rows
+/* The activations of rows [r0, r1): quantized (fs_quant_rows), d x s, and the unsigned and
+ * block-interleaved copies where a product reads them; each row's bytes depend on that row alone, so any cut of the rows
  * gives the same bytes. From FS_QROWS_PARALLEL_MIN rows (a prompt, a 16-row block), while the
  * pool's workers are awake (fs_pool_awake, as for the layers' row-wise phases), the rows are
  * cut over the threads: before, the caller quantized alone and the worker waited (3.6% of a
@@ -356,8 +356,8 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
     /* The activations: the row-major arrays, unless x is NULL (the previous call's, still in
      * scratch), then only the copies these products read (the AMX tiles read none: a 16-row
      * step of the real SmolLM2 q8_0 file on the Intel Xeon spent ~10% of its time here at 2
-     * threads, ~4 points of it in the copies); x NULL keeps the rows' bytes, and makes the
-     * unsigned copy only. */
+     * threads, ~4 points of it in the copies); x NULL keeps the rows' bytes and remakes only
+     * the unsigned and interleaved copies. */
     fs_qrows_job qr = {x, q, qu, d, ds, s, n, in, nb, (reads & FS_QREAD_UNSIGNED) != 0, 1,
                        n > 1 && (reads & FS_QREAD_INTERLEAVED) ? &a : NULL};
     if (x) {

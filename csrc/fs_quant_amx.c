@@ -175,8 +175,9 @@ FS_QA_ATTR static inline __attribute__((always_inline)) void fs_qa_pair(
         int e = b - FS_QA_LAG;
         if (e < 0) continue;
         const int32_t *ce = cbuf + (e % FS_QA_RING) * 256;
-        const float *de = dt + (size_t)e * 16, *dse = dst + (size_t)e * 16;
-        const int32_t *se = st + (size_t)e * 16;
+        const float *de = dt + (size_t)e * 16;
+        const float *dse = KIND == FS_Q4_1 ? dst + (size_t)e * 16 : dst;
+        const int32_t *se = KIND == FS_Q4_0 ? st + (size_t)e * 16 : st;
         __m512 dw = fs_qa_h16(pan0 + (size_t)e * 16, pan1 + (size_t)e * 16);
         __m512 mw = KIND == FS_Q4_1 ? fs_qa_h16(pan0 + moff + (size_t)e * 16,
                                                  pan1 + moff + (size_t)e * 16)

@@ -91,8 +91,9 @@
 #ifndef FS_Q_AMX_MIN_ROWS_Q4
 #define FS_Q_AMX_MIN_ROWS_Q4 2
 #endif
-/* The most blocks a row may have on the AMX tiles (16384 inputs), for the activation scales
- * by block on the stack; longer rows run the path's qpart_mid (avx512_vnni_x16) from
+/* The most blocks a row may have on the AMX tiles (16384 inputs: the limit of the activation
+ * scales by block when they were on the stack, now on the heap; not measured beyond it);
+ * longer rows run the path's qpart_mid (avx512_vnni_x16) from
  * FS_Q_X16_MIN_ROWS rows, else its qpart (fs_qpart_amx itself, called directly, falls back
  * to AVX512-VNNI, which reads the interleaved copies). */
 #define FS_Q_AMX_MAX_NB 512

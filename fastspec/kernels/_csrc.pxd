@@ -36,6 +36,7 @@ cdef extern from "fs_pool.h" nogil:
     int fs_pool_threads()
     void fs_pool_keep_awake(int on)
     long fs_pool_spin_limit_ns()
+    int fs_pool_awake()
 
 
 cdef extern from "fs_linear.h" nogil:

@@ -25,6 +25,7 @@ from fastspec.kernels._csrc cimport (
     fs_linear_get_path,
     fs_linear_set_path,
     fs_pool_keep_awake,
+    fs_pool_awake,
     fs_pool_spin_limit_ns,
     fs_pool_set_threads,
     fs_pool_threads,
@@ -306,6 +307,12 @@ def _spin_limit_ns():
     """How long a thread of the pool that waits now spins before it sleeps, in ns (the spin,
     or 1 ms while the pool keeps its workers awake); for the tests."""
     return fs_pool_spin_limit_ns()
+
+
+def _pool_awake():
+    """Whether the pool's workers are awake now, so that a job of row-wise work (the layers'
+    phases, a prompt's activations) would run on them (``fs_pool_awake``); for the tests."""
+    return bool(fs_pool_awake())
 
 
 def _isa_from_env():
