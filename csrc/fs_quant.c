@@ -258,15 +258,15 @@ static void fs_q_chunk(void *ctx, int c)
 }
 
 /* The activations of rows [r0, r1): quantized (fs_quant_rows), d x s, and the unsigned and
- * block-interleaved copies where a product reads them; each row's bytes depend on that row alone, so any cut of the rows
- * gives the same bytes. From FS_QROWS_PARALLEL_MIN rows (a prompt, a 16-row block), while the
- * pool's workers are awake (fs_pool_awake, as for the layers' row-wise phases), the rows are
- * cut over the threads: before, the caller quantized alone and the worker waited (3.6% of a
- * 2-thread 256-row prompt's `perf` samples on the real SmolLM2 q8_0 file, Intel Xeon with AMX).
- * Script figures, 2 threads, processes alternated (2026-12-06): the embedded q8_0 target's
- * 255-row prompt 5.34-5.83 -> 5.17-5.50 ms (amx), 11.75-11.94 -> 10.91-11.47 ms (forced avx2,
- * which also reads the unsigned copy); its 16-row step 679-686 -> 663-670 us; 1 thread the
- * same. */
+ * block-interleaved copies where a product reads them; each row's bytes depend on that row
+ * alone, so any cut of the rows gives the same bytes. From FS_QROWS_PARALLEL_MIN rows (a
+ * prompt, a 16-row block), while the pool's workers are awake (fs_pool_awake, as for the
+ * layers' row-wise phases), the rows are cut over the threads: before, the caller quantized
+ * alone and the worker waited (3.6% of a 2-thread 256-row prompt's `perf` samples on the real
+ * SmolLM2 q8_0 file, Intel Xeon with AMX). Script figures, 2 threads, processes alternated
+ * (2026-12-06): the embedded q8_0 target's 255-row prompt 5.34-5.83 -> 5.17-5.50 ms (amx),
+ * 11.75-11.94 -> 10.91-11.47 ms (forced avx2, which also reads the unsigned copy); its 16-row
+ * step 679-686 -> 663-670 us; 1 thread the same. */
 #ifndef FS_QROWS_PARALLEL_MIN
 #define FS_QROWS_PARALLEL_MIN 16
 #endif
