@@ -151,7 +151,7 @@ def test_rows_quantized_on_the_threads_equal_the_twin(kind, all_paths):
     every call of a loop, on every path, equals the twin. The product is large enough to be
     split, so its job wakes the workers for the next calls; the loop runs until three calls
     started with the workers awake (the pool reports them asleep for 20 ms after a late
-    worker), else the test skips after the comparisons; the calls alternate two inputs, so a
+    worker), and skips after the comparisons when no path saw them awake; the calls alternate two inputs, so a
     row a chunk left out keeps the other input's bytes."""
     from fastspec.kernels import _isa
 
@@ -179,8 +179,8 @@ def test_rows_quantized_on_the_threads_equal_the_twin(kind, all_paths):
     finally:
         fs.kernels.set_threads(prev)
     assert all(ok for ok, _ in runs.values()), runs
-    if not all(awake for _, awake in runs.values()):
-        pytest.skip(f"the pool's workers were not awake at any call on some path: {runs}")
+    if not any(awake for _, awake in runs.values()):
+        pytest.skip(f"the pool's workers were not awake at any call: {runs}")
 
 
 _SMALL_STACK = """
