@@ -283,9 +283,11 @@ typedef struct {
 static void fs_qrows_part(const fs_qrows_job *j, int r0, int r1)
 {
     size_t in = (size_t)j->in, nb = (size_t)j->nb;
-    fs_quant_rows(j->x + r0 * in, r1 - r0, j->in, j->q + r0 * in, j->d + r0 * nb,
-                  j->s + r0 * nb);
-    for (size_t i = r0 * nb; i < r1 * nb; i++) j->ds[i] = j->d[i] * (float)j->s[i];
+    if (j->x) { /* else the previous call's rows, still in scratch: the copies only */
+        fs_quant_rows(j->x + r0 * in, r1 - r0, j->in, j->q + r0 * in, j->d + r0 * nb,
+                      j->s + r0 * nb);
+        for (size_t i = r0 * nb; i < r1 * nb; i++) j->ds[i] = j->d[i] * (float)j->s[i];
+    }
     if (j->with_unsigned)
         for (size_t i = r0 * in; i < r1 * in; i++) j->qu[i] = (uint8_t)(j->q[i] ^ 0x80);
     if (j->interleave) fs_quant_interleave_rows(j->interleave, j->with_unsigned, r0, r1);
@@ -356,22 +358,15 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
     /* The activations: the row-major arrays, unless x is NULL (the previous call's, still in
      * scratch), then only the copies these products read (the AMX tiles read none: a 16-row
      * step of the real SmolLM2 q8_0 file on the Intel Xeon spent ~10% of its time here at 2
-     * threads, ~4 points of it in the copies); x NULL keeps the rows' bytes and remakes only
-     * the unsigned and interleaved copies. */
+     * threads, ~4 points of it in the copies). */
     fs_qrows_job qr = {x, q, qu, d, ds, s, n, in, nb, (reads & FS_QREAD_UNSIGNED) != 0, 1,
                        n > 1 && (reads & FS_QREAD_INTERLEAVED) ? &a : NULL};
-    if (x) {
-        qr.nchunks = n >= FS_QROWS_PARALLEL_MIN && fs_pool_awake()
-                         ? fs_pool_chunks(n, (size_t)in * 4, 1) : 1;
-        if (qr.nchunks > 1)
-            fs_pool_run(fs_qrows_chunk, &qr, qr.nchunks);
-        else
-            fs_qrows_part(&qr, 0, n);
-    } else {
-        if (qr.with_unsigned)
-            for (size_t i = 0; i < (size_t)n * in; i++) qu[i] = (uint8_t)(q[i] ^ 0x80);
-        if (qr.interleave) fs_quant_interleave(&a, qr.with_unsigned);
-    }
+    qr.nchunks = x && n >= FS_QROWS_PARALLEL_MIN && fs_pool_awake()
+                     ? fs_pool_chunks(n, (size_t)in * 4, 1) : 1;
+    if (qr.nchunks > 1)
+        fs_pool_run(fs_qrows_chunk, &qr, qr.nchunks);
+    else
+        fs_qrows_part(&qr, 0, n);
     fs_pool_run_jobs(run, count);
 }
 

@@ -151,8 +151,8 @@ def test_rows_quantized_on_the_threads_equal_the_twin(kind, all_paths):
     every call of a loop, on every path, equals the twin. The product is large enough to be
     split, so its job wakes the workers for the next calls; the loop runs until three calls
     started with the workers awake (the pool reports them asleep for 20 ms after a late
-    worker), and skips after the comparisons when no path saw them awake; the calls alternate two inputs, so a
-    row a chunk left out keeps the other input's bytes."""
+    worker), and skips after the comparisons when no path saw them awake; the calls alternate
+    two inputs, so a row a chunk left out keeps the other input's bytes."""
     from fastspec.kernels import _isa
 
     W = _weights(kind, 1536, 576, seed=3)
@@ -196,9 +196,7 @@ for kind in Q.QUANT_KINDS:
         cases.append((W, Q.linear_q(x, W)))
 fs.set_backend("cython")
 fs.kernels.set_threads(1)  # the products run on the small thread itself
-info = fs.kernels.isa_info()
-paths = [n for n in ("portable", "avx2", "avx512", "avx512bf16", "amx")
-         if n in info["available"] and n in info["kernels"]]
+paths = sys.argv[2].split(",")  # the test module's _paths()
 ok = []
 def body():
     for name in paths:
@@ -227,8 +225,8 @@ def test_products_run_on_a_small_thread_stack():
     import subprocess
 
     def run(what):
-        return subprocess.run([sys.executable, "-c", _SMALL_STACK, what], capture_output=True,
-                              text=True, timeout=600)
+        return subprocess.run([sys.executable, "-c", _SMALL_STACK, what, ",".join(_paths())],
+                              capture_output=True, text=True, timeout=600)
 
     control = run("control")
     if control.returncode != 0 or "refused" in control.stdout:

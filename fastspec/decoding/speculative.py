@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from fastspec import kernels
-from fastspec.kernels.checks import check_index
+from fastspec.kernels.checks import check_index, int_range
 from fastspec.kernels.cache import KVCache
 from fastspec.drafters.base import Drafter, Proposal, Target
 from fastspec.decoding.stats import DecodeStats, GenerationResult
@@ -334,9 +334,9 @@ def _check_proposal(proposal, g: int, vocab: int, room: int
     if parents is None and count > g:
         raise ValueError(f"drafter proposed {count} tokens, more than gamma = {g}")
     if count:
-        ids = tokens.tolist()  # a few tokens: cheaper than two NumPy reductions (see stats)
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"drafter proposed token ids outside [0, {vocab}): {ids}")
+        low, high = int_range(tokens)
+        if low < 0 or high >= vocab:
+            raise ValueError(f"drafter proposed token ids outside [0, {vocab}): {tokens.tolist()}")
     if tokens.dtype != np.int64 or not tokens.flags.c_contiguous:
         tokens = np.ascontiguousarray(tokens, dtype=np.int64)
     q = proposal.q

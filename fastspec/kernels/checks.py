@@ -53,6 +53,19 @@ def check_index(value, name, low, high):
     return value
 
 
+def int_range(a: np.ndarray) -> tuple[int, int]:
+    """Return ``(min, max)`` of a non-empty integer array as Python ints.
+
+    Up to 64 values (a drafter's proposal or block, every round) through a list: right after a
+    forward, whose weights have left the caches, two NumPy reductions cost several microseconds
+    more (docs/PERFORMANCE.md, 2026-12-06).
+    """
+    if a.size <= 64:
+        values = a.tolist()
+        return min(values), max(values)
+    return int(a.min()), int(a.max())
+
+
 def check_attention_args(q, k_cache, v_cache, length, out):
     """Validate :func:`attention` arguments; return ``(n, n_heads, head_dim, n_kv_heads)``."""
     check_float_array(q, "q", 3)

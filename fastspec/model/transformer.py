@@ -10,7 +10,7 @@ import numpy as np
 
 from fastspec import kernels
 from fastspec.kernels.bf16 import BF16, RoundingMatrix, as_storage, from_bits, storage_dtype
-from fastspec.kernels.checks import check_index
+from fastspec.kernels.checks import check_index, int_range
 from fastspec.kernels.quant import gather as _gather_quant
 from fastspec.kernels.cache import KVCache
 from fastspec.model.config import ModelConfig
@@ -181,11 +181,7 @@ class Transformer(ContextForward, NumpyForward, StateDict):
             raise ValueError(f"{name} must be 1-D")
         if arr.size == 0:
             raise ValueError(f"{name} must not be empty")
-        if arr.size <= 64:  # a drafter's block, every round: a list beats two NumPy reductions
-            values = arr.tolist()
-            low, high = min(values), max(values)
-        else:
-            low, high = arr.min(), arr.max()
+        low, high = int_range(arr)
         if low < 0 or high >= self.config.vocab_size:
             bad = arr[(arr < 0) | (arr >= self.config.vocab_size)][0]
             raise ValueError(f"{name} must be in [0, {self.config.vocab_size}), got {int(bad)}")
