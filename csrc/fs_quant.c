@@ -313,7 +313,7 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
     float *d = (float *)(qu + FS_Q_UP64((size_t)n * in));
     float *ds = (float *)((uint8_t *)d + FS_Q_UP64((size_t)n * nb * 4));
     int32_t *s = (int32_t *)((uint8_t *)ds + FS_Q_UP64((size_t)n * nb * 4));
-    fs_qact a = {q, qu, d, ds, s, n, in, nb, q, qu, d, ds, s, n == 1 ? fs_disp->qpf_one : 0};
+    fs_qact a = {q, qu, d, ds, s, n, in, nb, q, qu, d, ds, s, n == 1 ? fs_disp->qpf_one : 0, 0};
     if (n > 1) { /* one row: the interleaved layout is the row's own, no copy (decode) */
         a.qi = (int8_t *)((uint8_t *)s + FS_Q_UP64((size_t)n * nb * 4));
         a.qui = (uint8_t *)a.qi + FS_Q_UP64((size_t)n * in);
@@ -329,6 +329,7 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
     if (threads < 1) threads = 1;
     int align = FS_LIN_CHUNK_ALIGN / FS_Q_COLS > 0 ? FS_LIN_CHUNK_ALIGN / FS_Q_COLS : 1;
     fs_q_job job[FS_Q_MANY_MAX];
+    fs_qact aj[FS_Q_MANY_MAX];  /* a, with each matrix's stream flag */
     fs_pool_job run[FS_Q_MANY_MAX] = {{0}};
     int reads = 0;
     for (int i = 0; i < count; i++) {
@@ -336,7 +337,10 @@ void fs_linear_q_many(int count, const int *kind, const float *x, const uint8_t 
         job[i].out = out[i];
         job[i].accumulate = accumulate;
         job[i].ng = out[i] > 0 ? (out[i] + FS_Q_COLS - 1) / FS_Q_COLS : 0;
-        job[i].a = &a;
+        aj[i] = a;
+        aj[i].stream = n == 1 && !a.pf_one && kind[i] == FS_Q8_0
+                       && fs_quant_packed_bytes(FS_Q8_0, in, out[i]) >= FS_Q_STREAM_MIN_BYTES;
+        job[i].a = &aj[i];
         job[i].P = P[i];
         job[i].bias = bias ? bias[i] : NULL;
         job[i].y = y[i];

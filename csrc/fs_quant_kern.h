@@ -147,6 +147,23 @@
  * slower at one row of the real file too (AMD CPUs do not set pf_one). */
 #define FS_Q_USE_ONE_WIDE(n, in, pf_one) \
     ((n) == 1 && (pf_one) > 0 && (in) >= FS_Q_ONE_STREAM_MIN_IN)
+/* A one-row q8_0 product of a matrix of at least this many packed bytes, on a CPU whose
+ * one-row products prefetch as blocks do (fs_qact.pf_one 0: not Intel), runs the VNNI ymm
+ * tile's eight k steps a block two at a time in a loop instead of fully unrolled
+ * (fs_qact.stream): the weights then come from beyond L2 (a decode step of a model larger than
+ * the L3), where the unrolled block streamed slower. Measured on an AMD EPYC (Zen 4, 1 thread,
+ * default build; docs/PERFORMANCE.md, 2026-12-06): the Qwen3-0.6B shape's q8_0 decode step on
+ * the avx512bf16 path against the avx2 path in one process (paths alternated), 1.08-1.19 times
+ * as long unrolled (nine runs), 0.98-1.03 with the steps in a loop (five runs: as with the
+ * AVX2 tile); the real SmolLM2 file 0.99-1.13 -> 0.98-1.03 (not established). Hot in L2
+ * (576 x 1536) one row took 24-25 us unrolled and 31-32 us with the steps two at a time, so
+ * smaller matrices (all of the embedded models', whose decode step reads 3 MB from L3: 121-126
+ * against 141-142 us with the loop everywhere) stay unrolled. Same bits: the same exact
+ * integer sums. */
+#ifndef FS_Q_STREAM_MIN_BYTES
+#define FS_Q_STREAM_MIN_BYTES (512 * 1024)
+#endif
+
 /* Slots of N units in S streams, and the unit slot I runs (-1: a hole of the last). */
 #define FS_Q_STREAM_SLOTS(N, S) ((S) * (((N) + (S) - 1) / (S)))
 #define FS_Q_STREAM_UNIT(I, N, S)                                              \
@@ -175,6 +192,9 @@ typedef struct fs_qact {
     /* set only for a product of one row: > 0, its tiles prefetch this many bytes ahead into L1
      * and nothing into L2 (FS_Q_PF_ONE_INTEL); 0: as blocks (FS_Q_PF_BYTES, FS_Q_PF_FAR) */
     int pf_one;
+    /* set only for a one-row q8_0 product of at least FS_Q_STREAM_MIN_BYTES on a CPU without
+     * pf_one: the VNNI tiles run their block's k steps two at a time (FS_Q_STREAM_MIN_BYTES) */
+    int stream;
 } fs_qact;
 
 /* Fill a's interleaved copies (qi ... st, n * in bytes and n * nb values each, which a's

@@ -108,6 +108,29 @@ def test_prompt_blocks_equal_the_twin(kind, inp, all_paths):
 
 
 @pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
+@pytest.mark.parametrize("out", (2047, 2048))
+def test_one_row_of_a_large_q8_0_matrix_equals_the_twin(out, all_paths):
+    """One row of q8_0 matrices of 2.1 MiB, above FS_Q_STREAM_MIN_BYTES (fs_quant_kern.h): on
+    a CPU that is not Intel the VNNI tiles run their k steps unrolled by two there, the same
+    bits; beside a row of a small matrix (the fully unrolled tile) and a block of 3."""
+    W = _weights("q8_0", out, 1024, seed=out)
+    small = _weights("q8_0", 40, 1024, seed=3)
+    x = _rows(3, 1024, seed=5)
+    with fs.using_backend("numpy"):
+        want, want_small = Q.linear_q(x, W), Q.linear_q(x[:1], small)
+
+    def body():
+        for r in range(3):
+            got = Q.linear_q(x[r:r + 1], W)
+            assert np.array_equal(_bits(got), _bits(want[r:r + 1])), (out, r)
+        assert np.array_equal(_bits(Q.linear_q(x[:1], small)), _bits(want_small))
+        assert np.array_equal(_bits(Q.linear_q(x, W)), _bits(want)), (out, "block")
+        return True
+
+    assert all(all_paths(body).values())
+
+
+@pytest.mark.skipif("cython" not in BACKENDS, reason="Cython extension not built")
 @pytest.mark.parametrize("kind", Q.QUANT_KINDS)
 def test_accumulate_bias_and_threads(kind, all_paths):
     inp, out = 96, 33

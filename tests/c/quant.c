@@ -306,13 +306,16 @@ int main(void)
                             /* each row alone; and a split of the panels in two parts */
                             for (int r = 0; r < n && n <= 17; r++) {
                                 /* one row: the interleaved layout is the row's own; odd
-                                 * rows prefetch as on an Intel CPU (pf_one), the same bits */
+                                 * rows prefetch as on an Intel CPU (pf_one), rows 2, 6, ...
+                                 * of q8_0 run the VNNI tiles' stream loop (fs_qact.stream,
+                                 * FS_Q_STREAM_MIN_BYTES): the same bits */
                                 fs_qact a1 = {q + (size_t)r * in, qu + (size_t)r * in,
                                               d + (size_t)r * nb, ds + (size_t)r * nb,
                                               s + (size_t)r * nb, 1, in, nb,
                                               q + (size_t)r * in, qu + (size_t)r * in,
                                               d + (size_t)r * nb, ds + (size_t)r * nb,
-                                              s + (size_t)r * nb, r % 2 ? FS_Q_PF_ONE_INTEL : 0};
+                                              s + (size_t)r * nb, r % 2 ? FS_Q_PF_ONE_INTEL : 0,
+                                              kind == FS_Q8_0 && r % 4 == 2};
                                 float *y1 = malloc(sizeof(float) * out);
                                 memcpy(y1, yinit + (size_t)r * out, sizeof(float) * out);
                                 vs[v].fn(kind, &a1, P, y1, out, 0, ng / 2, acc);
