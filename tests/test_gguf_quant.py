@@ -166,6 +166,22 @@ def test_non_finite_scales_are_a_clear_error(tmp_path, kind, value):
         Transformer.load(path, weight_dtype=kind)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16"])
+def test_non_finite_scales_are_a_clear_error_when_dequantized(tmp_path, kind, weight_dtype):
+    """A float load (the default for a quantized file) dequantizes the blocks: a NaN or
+    infinite scale there is the same clear error, not a model whose logits are NaN. The bad
+    scale sits in row 3, which the header checks (row 0 of each tensor) do not read."""
+    path = tmp_path / "bad.gguf"
+    write_model(path, types=(NATIVE[kind],), dim=128, n_heads=4, n_kv=2, ffn=256)
+    Transformer.load(path, weight_dtype=weight_dtype)  # the file before: loads
+    for value in (np.nan, -np.inf):
+        _write_with(path, "blk.0.ffn_up.weight", _blocks_with(kind, value, 256, 128),
+                    NATIVE[kind])
+        with pytest.raises(ValueError, match=r"blk\.0\.ffn_up\.weight.*NaN or infinite"):
+            Transformer.load(path, weight_dtype=weight_dtype)
+
+
 def _write_with(path, name, raw, qt):
     """Rewrite GGUF file ``path`` with tensor ``name`` replaced by ``raw`` blocks of ``qt``."""
     r = gguf.GGUFReader(path)

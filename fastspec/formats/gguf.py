@@ -131,7 +131,9 @@ class GGUFTensor:
     ``[start, stop)`` as a new array: F16 as float16, BF16 as uint16 bit patterns, F32 and
     every quantized type dequantized to float32 (``gguf.quants.dequantize``; a quant block
     never crosses a row, so any row range dequantizes alone). For ``attn_q``/``attn_k`` of a
-    ``llama`` file it undoes llama.cpp's row permutation, reading whole heads.
+    ``llama`` file it undoes llama.cpp's row permutation, reading whole heads. Dequantized
+    values that are not finite (a NaN or infinite scale or min) are a ValueError naming the
+    file and the tensor.
 
     The tensor reads through its file's memory map: the :class:`GGUFFile` must stay open
     (it does while a tensor references it).
@@ -152,7 +154,12 @@ class GGUFTensor:
             return raw.view(np.uint16)
         if self.type_name in ("F32", "F16"):
             return raw
-        return _gguf().quants.dequantize(raw, self._t.tensor_type)
+        out = _gguf().quants.dequantize(raw, self._t.tensor_type)
+        if not np.isfinite(out).all():  # a NaN or infinite scale (or min) in the blocks
+            raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
+                             "dequantizes to NaN or infinite values: its blocks hold a NaN "
+                             "or infinite scale or min")
+        return out
 
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Return rows ``[start, stop)`` (first axis) in :attr:`dtype`, a new array.
