@@ -111,8 +111,8 @@ def test_prompt_blocks_equal_the_twin(kind, inp, all_paths):
 @pytest.mark.parametrize("out", (2047, 2048))
 def test_one_row_of_a_large_q8_0_matrix_equals_the_twin(out, all_paths):
     """One row of q8_0 matrices of 2.1 MiB, above FS_Q_STREAM_MIN_BYTES (fs_quant_kern.h): on
-    a CPU that is not Intel the VNNI tiles run their k steps unrolled by two there, the same
-    bits; beside a row of a small matrix (the fully unrolled tile) and a block of 3."""
+    a CPU that is not Intel the VNNI tiles run their k steps two at a time in a loop there,
+    the same bits; beside a row of a small matrix (the fully unrolled tile) and a block of 3."""
     W = _weights("q8_0", out, 1024, seed=out)
     small = _weights("q8_0", 40, 1024, seed=3)
     x = _rows(3, 1024, seed=5)
