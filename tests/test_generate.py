@@ -217,6 +217,38 @@ def test_16_bit_folder_keeps_its_dtype_unless_told(capsys, tmp_path, choice, wei
     assert report["tokens"] == fs.generate(model, [1, 5, 7, 9], 12).tokens
 
 
+def test_16_bit_folder_auto_in_the_library(tmp_path):
+    from fastspec.tools.bench_real import write_random_folder
+
+    cfg = fs.ModelConfig(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                         ffn_dim=96, max_seq_len=128)
+    write_random_folder(cfg, tmp_path)  # torch_dtype "bfloat16"
+    assert fs.Transformer.load(tmp_path, weight_dtype="auto").config.weight_dtype == "bfloat16"
+    wide = fs.Transformer.load(tmp_path, dtype="float64", weight_dtype="auto")
+    assert wide.config.weight_dtype is None and wide.config.dtype == "float64"
+
+
+@pytest.mark.parametrize("choice, weight_dtype", [("auto", "q4_1"), ("float32", None)])
+def test_gguf_file_keeps_its_blocks_unless_told(capsys, tmp_path, choice, weight_dtype):
+    """The default ``--weight-dtype auto`` runs a Q4_1 file as q4_1 (its own blocks), not as
+    dequantized float32 (7x slower decode on the real SmolLM2 file)."""
+    pytest.importorskip("gguf")
+    from _gguf_writer import write_model
+
+    path = tmp_path / "m.gguf"
+    write_model(path, types=(__import__("gguf").GGMLQuantizationType.Q4_1,), dim=64,
+                n_layers=2, n_heads=4, n_kv=2, ffn=128)
+    argv = ["--model", str(path), "--prompt-ids", "1,5,7,9", "--max-new-tokens", "12",
+            "--drafter", "none", "--json"] + ([] if choice == "auto" else
+                                               ["--weight-dtype", choice])
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["weight_dtype"] == (weight_dtype or "float32")
+    model = fs.Transformer.load(path, weight_dtype=weight_dtype)
+    assert report["tokens"] == fs.generate(model, [1, 5, 7, 9], 12).tokens
+
+
 def test_weight_dtype_is_for_folders(capsys):
     rc, _, err = _run(capsys, "--prompt-ids", "1,2", "--weight-dtype", "float32")
     assert rc == 2 and "--weight-dtype applies to --model folders" in err

@@ -70,6 +70,41 @@ def test_default_weight_dtype_of_a_quantized_file_is_float32(tmp_path):
     assert model.config.weight_dtype is None and model.layers[0].wq.dtype == np.float32
 
 
+@pytest.mark.parametrize("qt, want", [
+    (Q.Q8_0, "q8_0"), (Q.Q4_0, "q4_0"), (Q.Q4_1, "q4_1"), (Q.Q4_K, "q8_0"), (Q.Q6_K, "q8_0"),
+    (Q.IQ2_XS, "q8_0"), (Q.F16, "float16"), (Q.BF16, "bfloat16"), (Q.F32, None)])
+def test_auto_keeps_the_file_storage(tmp_path, qt, want):
+    """``weight_dtype="auto"``: a Q8_0/Q4_0/Q4_1 file's own kind (its blocks kept), another
+    quantized type's q8_0 (the conversion within 0.8%), a 16-bit file's 16 bits, F32's None;
+    float64 compute: None."""
+    path = tmp_path / "m.gguf"
+    write_model(path, types=(qt,), dim=256, ffn=512)
+    assert GGUFFile(path).own_weight_dtype() == want
+    assert GGUFFile(path).own_weight_dtype("float64") is None
+    model = Transformer.load(path, weight_dtype="auto")
+    assert model.config.weight_dtype == want
+    if want in NATIVE and NATIVE[want] == qt:
+        raw, _ = file_blocks(path, "blk.1.ffn_down.weight")
+        np.testing.assert_array_equal(model.layers[1].w_down.to_blocks(), raw)
+    wide = Transformer.load(path, dtype="float64", weight_dtype="auto")
+    assert wide.config.dtype == "float64" and wide.config.weight_dtype is None
+
+
+@pytest.mark.parametrize("vocab, want", [(300, "q4_0"), (650, "q8_0")])
+def test_auto_follows_the_type_of_most_elements(tmp_path, vocab, want):
+    """A Q8_0 embedding and seven Q4_0 layer matrices (19200 or 41600 elements against
+    36864): the type holding more elements decides, not the count of tensors; the other
+    type's matrices keep their blocks where they are at least as precise."""
+    path = tmp_path / "m.gguf"
+    write_model(path, types=(Q.Q8_0,) + (Q.Q4_0,) * 7, vocab=vocab, dim=64, n_layers=1,
+                n_heads=4, n_kv=2, ffn=128)
+    model = Transformer.load(path, weight_dtype="auto")
+    assert model.config.weight_dtype == want
+    assert model.embed.kind == "q8_0" and model.layers[0].w_up.kind == want
+    raw, _ = file_blocks(path, "token_embd.weight")
+    np.testing.assert_array_equal(model.embed.to_blocks(), raw)
+
+
 def test_every_type_converts_to_its_nearest_native_kind(tmp_path):
     """Types cycle over the matrices (26 of them: 3 layers of 7, embedding, head, ...)."""
     path = tmp_path / "m.gguf"

@@ -87,8 +87,9 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=positive_int, default=512, metavar="N",
                    help="longest reply (default 512)")
     add_sampling_options(p)
-    p.add_argument("--weight-dtype", choices=WEIGHT_DTYPES, default=None,
-                   help="storage of the matrices (default: float32 for GGUF, the folder's own)")
+    p.add_argument("--weight-dtype", choices=("auto",) + WEIGHT_DTYPES, default="auto",
+                   help="storage of the matrices (default auto: the file's own, as in "
+                        "fastspec generate: a GGUF file's Q8_0/Q4_0/Q4_1 blocks as they are)")
     add_threads_option(p)
     p.set_defaults(run=run)
 
@@ -104,8 +105,7 @@ def run(args: argparse.Namespace) -> int:
         model, tok = load_pretrained(resolve(args.model), weight_dtype=args.weight_dtype)
         if tok.chat_template is None:
             raise GenerateError(f"{args.model}: the model has no chat template")
-        drafter = load_drafter(spec, model, None, args.temperature > 0,
-                               args.weight_dtype or "auto")
+        drafter = load_drafter(spec, model, None, args.temperature > 0, args.weight_dtype)
         gamma = drafter_gamma(args, spec.kind) if spec.kind != "none" else None
     except (GenerateError, FileNotFoundError, ValueError) as exc:
         print(f"fastspec chat: {exc}", file=sys.stderr)

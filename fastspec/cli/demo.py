@@ -31,12 +31,13 @@ def add_parser(sub) -> None:
                                          "dflash_tree"), default="all",
                    help="which drafter(s) to compare with vanilla (default all; *_tree: the "
                         "drafter proposing trees)")
-    p.add_argument("--weight-dtype", choices=("float16", "float32", "bfloat16", "q8_0", "q4_0",
-                                              "q4_1"), default=None, metavar="DTYPE",
-                   help="storage of the models' matrices: float16 (the embedded models' "
-                        "default), float32, bfloat16, or quantized q8_0, q4_0, q4_1 (derived "
-                        "from the embedded weights at load; with --model: a GGUF file's "
-                        "Q8_0/Q4_0/Q4_1 blocks kept as they are; default there float32)")
+    p.add_argument("--weight-dtype", choices=("auto", "float16", "float32", "bfloat16", "q8_0",
+                                              "q4_0", "q4_1"), default="auto", metavar="DTYPE",
+                   help="storage of the models' matrices: auto (default: the files' own, "
+                        "float16 for the embedded models; with --model as in fastspec "
+                        "generate, a GGUF file's Q8_0/Q4_0/Q4_1 blocks as they are), "
+                        "float16, float32, bfloat16, or quantized q8_0, q4_0, q4_1 (derived "
+                        "from the embedded weights at load)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="timed runs per method, fastest reported (default 1)")

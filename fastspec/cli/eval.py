@@ -24,8 +24,9 @@ def add_parser(sub) -> None:
                         "(fastspec.models.find('smollm2') gives the SmolLM2 file)")
     p.add_argument("--suite", choices=("grounded", "open"), default="grounded",
                    help="with --model: input-grounded edits (12) or open-ended requests (4)")
-    p.add_argument("--weight-dtype", choices=WEIGHT_DTYPES,
-                   default=None, help="with --model: storage dtype of the matrices")
+    p.add_argument("--weight-dtype", choices=("auto",) + WEIGHT_DTYPES, default="auto",
+                   help="with --model: storage dtype of the matrices (default auto: the "
+                        "file's own, as in fastspec generate)")
     p.add_argument("--prompts", type=positive_int, default=20, help="number of prompts (20)")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N")
     p.add_argument("--temperatures", type=non_negative_float, nargs="+", default=[0.0, 1.0])

@@ -117,16 +117,6 @@ def _check_length(n_prompt: int, max_new: int, max_seq_len: int, where: str) -> 
                             f"--max-new-tokens {max_seq_len - n_prompt} or less")
 
 
-def _folder_weight_dtype(choice: str, config: dict) -> str | None:
-    """The ``weight_dtype`` to load a folder with: ``choice``, or for ``"auto"`` the folder's
-    own dtype (``config.json``'s ``torch_dtype``, or ``dtype`` in newer transformers) when it
-    is bfloat16 or float16, else None (float32)."""
-    if choice != "auto":
-        return choice
-    stored = config.get("torch_dtype") or config.get("dtype")
-    return stored if stored in ("bfloat16", "float16") else None
-
-
 def _load(args):
     """Return ``(target, tokenizer or None, prompt ids, bundle or None)``; checks come first."""
     if args.model is None and args.weight_dtype != "auto":
@@ -162,8 +152,8 @@ def _load(args):
     ids = _prompt_ids(args, tok)
     config = hf_config(raw)
     _check_length(len(ids), args.max_new_tokens, config.max_seq_len, str(folder / "config.json"))
-    return (Transformer.load(folder, weight_dtype=_folder_weight_dtype(args.weight_dtype, raw),
-                             mmap=args.mmap), tok, ids, None)
+    return (Transformer.load(folder, weight_dtype=args.weight_dtype, mmap=args.mmap), tok, ids,
+            None)
 
 
 def _load_gguf(args, path: Path):
@@ -172,8 +162,8 @@ def _load_gguf(args, path: Path):
 
     if args.mmap:
         raise GenerateError("--mmap applies to Hugging Face folders")
-    wdt = None if args.weight_dtype == "auto" else args.weight_dtype
-    model, tok = load_pretrained(path, weight_dtype=wdt, tokenizer=args.prompt_ids is None)
+    model, tok = load_pretrained(path, weight_dtype=args.weight_dtype,
+                                 tokenizer=args.prompt_ids is None)
     ids = _prompt_ids(args, tok)
     _check_length(len(ids), args.max_new_tokens, model.config.max_seq_len, str(path))
     return model, tok, ids, None
@@ -187,9 +177,8 @@ def load_drafter(spec: DrafterSpec, target, bundle, sampling: bool, weight_dtype
     if spec.kind == "ngram":
         return NgramDrafter.tuned()
     if spec.kind == "draft":
-        draft = bundle.draft if spec.path is None else Transformer.load(
-            spec.path, weight_dtype=_folder_weight_dtype(
-                weight_dtype, json_io.read_json_object(Path(spec.path) / "config.json") or {}))
+        draft = (bundle.draft if spec.path is None
+                 else Transformer.load(spec.path, weight_dtype=weight_dtype))
         if draft.config.vocab_size != target.config.vocab_size:
             raise GenerateError(f"--drafter draft:{spec.path}: the draft model's vocabulary "
                                 f"({draft.config.vocab_size} ids) differs from the target's "
@@ -306,10 +295,12 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the text and figures as JSON")
     p.add_argument("--weight-dtype", choices=("auto",) + WEIGHT_DTYPES,
                    default="auto",
-                   help="storage of a --model's matrices (default auto: a folder's own dtype "
-                        "when it is bfloat16 or float16, else float32; a GGUF file's float32; "
-                        "16-bit matrices halve the bytes each decode step reads, q8_0 "
-                        "and q4_* (GGUF's blocks) quarter or eighth them)")
+                   help="storage of a --model's matrices (default auto: the file's own: a "
+                        "GGUF file's Q8_0/Q4_0/Q4_1 blocks as they are (another quantized "
+                        "type converted to q8_0), its F16/BF16 as 16-bit; a folder's "
+                        "bfloat16 or float16; else float32; 16-bit matrices halve the bytes "
+                        "each decode step reads, q8_0 and q4_* (GGUF's blocks) quarter or "
+                        "eighth them)")
     p.add_argument("--mmap", action="store_true",
                    help="map a --model folder's safetensors instead of reading them: tensors "
                         "already in their storage dtype are not read at load (the first "

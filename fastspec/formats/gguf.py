@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from fastspec.formats.gguf_header import check_header
-from fastspec.formats.gguf_quant import NEAREST_NATIVE, native_kind, quant_matrix
+from fastspec.formats.gguf_quant import (NEAREST_NATIVE, native_kind, own_weight_dtype,
+                                         quant_matrix)
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import MATRICES, hf_layer_keys
@@ -374,9 +375,10 @@ class GGUFFile:
         ----------
         dtype : {"float32", "float64"}, optional
             Compute dtype; default float32.
-        weight_dtype : {"float32", "float16", "bfloat16", "float64", "q8_0", "q4_0", "q4_1"}, optional
+        weight_dtype : {"float32", "float16", "bfloat16", "float64", "q8_0", "q4_0", "q4_1", "auto"}, optional
             Storage dtype of the matrices; default ``dtype`` (the file's quantization is not
-            kept unless a quantized kind is asked for: see :meth:`GGUFTensor.quant`).
+            kept unless a quantized kind is asked for: see :meth:`GGUFTensor.quant`);
+            ``"auto"``: :meth:`own_weight_dtype`.
 
         Raises
         ------
@@ -384,6 +386,8 @@ class GGUFFile:
             See :meth:`hf_config`; a missing, unexpected or misshapen tensor, or one whose type
             the ``gguf`` package cannot dequantize (named with the file).
         """
+        if weight_dtype == "auto":
+            weight_dtype = self.own_weight_dtype(dtype)
         if isinstance(weight_dtype, str) and weight_dtype.lower() in NATIVE_QUANT_TYPES:
             weight_dtype = weight_dtype.lower()
         try:
@@ -395,6 +399,16 @@ class GGUFFile:
             raise self._error(str(exc)) from None
         self._check_tensors(config)
         return config
+
+    def own_weight_dtype(self, dtype: str | None = None) -> str | None:
+        """Return the ``weight_dtype`` that keeps the file's own storage (``"auto"``): see
+        :func:`~fastspec.formats.gguf_quant.own_weight_dtype` (reads tensor headers only)."""
+        elements: dict[str, int] = {}
+        for t in self._tensors.values():
+            if len(t.shape) >= 2:  # the matrices
+                name = t.tensor_type.name
+                elements[name] = elements.get(name, 0) + int(t.n_elements)
+        return own_weight_dtype(elements, dtype)
 
     def _check_tensors(self, c: ModelConfig) -> None:
         wanted = {_gguf_name(hf): shape for hf, shape in _hf_shapes(c).items()}

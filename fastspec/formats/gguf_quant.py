@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NEAREST_NATIVE", "native_kind", "quant_matrix"]
+__all__ = ["NEAREST_NATIVE", "native_kind", "own_weight_dtype", "quant_matrix"]
 
 #: Precision order of the native kinds (the two 4-bit grids are not nested: one is never
 #: converted into the other, which costs ~6% relative RMS).
@@ -46,6 +46,40 @@ def native_kind(type_name: str, requested: str) -> str:
     if own is None or _PRECISION[own] < _PRECISION[requested]:
         return requested
     return own
+
+
+def own_weight_dtype(elements: dict[str, int], dtype: str | None = None) -> str | None:
+    """Return the ``weight_dtype`` that keeps a GGUF file's own storage (``"auto"``).
+
+    The type holding most of the elements of the file's matrices decides: Q8_0, Q4_0 and Q4_1
+    give their own kind (the blocks are kept, and the other matrices take their
+    :func:`native_kind`: a Q4_1 file's Q8_0 embedding stays q8_0); any other quantized type
+    gives ``"q8_0"``, the conversion that adds at most ~0.6% relative RMS (the 4-bit one adds
+    up to 7%, docs/FORMATS.md); F16 gives ``"float16"``, BF16 ``"bfloat16"`` and F32 None
+    (float32). With ``dtype="float64"``: None (16-bit and quantized storage compute in
+    float32).
+
+    Parameters
+    ----------
+    elements : dict[str, int]
+        GGUF type name -> elements of the file's matrices of that type, in file order (a
+        tie goes to the first).
+    dtype : {"float32", "float64"}, optional
+        The compute dtype the model will have (default float32).
+
+    Returns
+    -------
+    str or None
+        A ``weight_dtype`` (None: the compute dtype).
+    """
+    if dtype not in (None, "float32") or not elements:
+        return None
+    top = max(elements, key=lambda name: elements[name])
+    if top in ("Q8_0", "Q4_0", "Q4_1"):
+        return top.lower()
+    if top in NEAREST_NATIVE:
+        return "q8_0"
+    return {"F16": "float16", "BF16": "bfloat16"}.get(top)  # F32 (others fail the checks)
 
 
 def quant_matrix(tensor: Any, requested: str):

@@ -30,9 +30,9 @@ from fastspec.model.schema import hf_layer_keys, layer_attrs
 if TYPE_CHECKING:  # the model builds itself from read_hf; no import cycle at run time
     from fastspec.model.transformer import Transformer
 
-__all__ = ["read_hf", "read_hf_config", "iter_hf", "FileTensor", "save_hf", "read_safetensors",
-           "write_safetensors", "hf_config", "hf_export_config", "hf_tensor_names", "rope_theta",
-           "weight_files"]
+__all__ = ["read_hf", "read_hf_config", "own_weight_dtype", "iter_hf", "FileTensor", "save_hf",
+           "read_safetensors", "write_safetensors", "hf_config", "hf_export_config",
+           "hf_tensor_names", "rope_theta", "weight_files"]
 
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
 MAX_HEADER_BYTES = 100 * 2**20
@@ -340,6 +340,26 @@ def hf_tensor_names(c: ModelConfig) -> list[str]:
     return names
 
 
+def own_weight_dtype(config: dict, dtype: str | None = None) -> str | None:
+    """Return the ``weight_dtype`` that keeps a folder's own storage (``"auto"``).
+
+    ``"bfloat16"`` or ``"float16"`` when ``config.json`` says the checkpoint is stored so
+    (``torch_dtype``, or ``dtype`` in newer transformers) and the compute dtype is float32
+    (the default); otherwise None (the compute dtype).
+
+    Parameters
+    ----------
+    config : dict
+        The folder's ``config.json``.
+    dtype : {"float32", "float64"}, optional
+        The compute dtype the model will have (default float32).
+    """
+    stored = config.get("torch_dtype") or config.get("dtype")
+    if dtype not in (None, "float32") or stored not in ("bfloat16", "float16"):
+        return None
+    return stored
+
+
 def read_hf_config(folder: str | os.PathLike, dtype: str | None = None,
                    weight_dtype: str | None = None) -> ModelConfig:
     """Return the :class:`ModelConfig` of a Hugging Face folder, its weights checked present.
@@ -352,6 +372,8 @@ def read_hf_config(folder: str | os.PathLike, dtype: str | None = None,
     cfg = read_json_object(cfg_path)
     if cfg is None:
         raise ValueError(f"{folder}: no config.json (not a Hugging Face checkpoint folder)")
+    if weight_dtype == "auto":
+        weight_dtype = own_weight_dtype(cfg, dtype)
     config = hf_config(cfg, dtype or "float32").replace(weight_dtype=weight_dtype)
     files = weight_files(folder)
     missing = [n for n in hf_tensor_names(config) if n not in files]
@@ -411,8 +433,9 @@ def read_hf(folder: str | os.PathLike, dtype: str | None = None,
         ``model.safetensors.index.json``).
     dtype : {"float32", "float64"}, optional
         Model dtype (default float32); bf16/f16 weights are converted.
-    weight_dtype : {"float16", "bfloat16", "float32", "float64"}, optional
-        Storage dtype of the matrices (:class:`~fastspec.ModelConfig`); default ``dtype``.
+    weight_dtype : {"float16", "bfloat16", "float32", "float64", "auto"}, optional
+        Storage dtype of the matrices (:class:`~fastspec.ModelConfig`); default ``dtype``;
+        ``"auto"``: the folder's own (:func:`own_weight_dtype`).
         With ``"bfloat16"`` BF16 tensors are read as bit patterns, never widened (other
         tensors are rounded to bf16 once); norms and biases are widened to ``dtype``.
 

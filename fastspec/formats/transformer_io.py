@@ -64,7 +64,7 @@ def load_transformer(cls: type[Transformer], path: Path, dtype: str | None = Non
         cfg["dtype"] = dtype
         if cfg.get("weight_dtype") in ("float16", BF16) and dtype != "float32":
             cfg["weight_dtype"] = None
-    if weight_dtype is not None:
+    if weight_dtype not in (None, "auto"):  # "auto": the file's own, as None
         cfg["weight_dtype"] = weight_dtype
     return cls.from_state_dict(ModelConfig.from_dict(cfg), sd)
 

@@ -221,13 +221,18 @@ class StateDict:
         path : path-like
         dtype : {"float32", "float64"}, optional
             Compute dtype; default: the file's (float32 for a Hugging Face folder or GGUF).
-        weight_dtype : {"float16", "bfloat16", "float32", "float64", "q8_0", "q4_0", "q4_1"}, optional
+        weight_dtype : {"float16", "bfloat16", "float32", "float64", "q8_0", "q4_0", "q4_1", "auto"}, optional
             Storage dtype of the matrices (see :class:`ModelConfig`); default: the file's
             ``weight_dtype`` when it fits ``dtype`` (float16 and bfloat16 need float32), else
             ``dtype`` (a quantized GGUF file too: float32 unless a quantized kind is asked
             for). A quantized kind keeps a GGUF file's Q8_0/Q4_0/Q4_1 blocks as they are and
-            converts other types to the nearest native kind (docs/FORMATS.md). A bf16 Hugging Face checkpoint loaded with ``"bfloat16"`` keeps its bit
-            patterns (no widening, no rounding).
+            converts other types to the nearest native kind (docs/FORMATS.md). A bf16 Hugging
+            Face checkpoint loaded with ``"bfloat16"`` keeps its bit patterns (no widening, no
+            rounding). ``"auto"`` keeps the file's own storage where ``dtype`` allows: a GGUF
+            file's main quantized kind (another quantized type: q8_0) or 16-bit type
+            (:meth:`~fastspec.formats.gguf.GGUFFile.own_weight_dtype`), a folder's bfloat16 or
+            float16 ``torch_dtype`` (:func:`~fastspec.formats.hf_folder.own_weight_dtype`),
+            an ``.npz`` file's ``weight_dtype`` (as None); what the command line loads with.
         mmap : bool, default False
             Hugging Face folders and GGUF files (their F32/F16/BF16 tensors): map every tensor whose file dtype is its storage dtype
             (a bf16 folder loaded with ``weight_dtype="bfloat16"``, a float16 one with

@@ -207,7 +207,7 @@ def _model_bundle(args):
     from fastspec.tools.eval_suites import suite
 
     model, tok = load_pretrained(resolve(args.model),
-                                 weight_dtype=getattr(args, "weight_dtype", None))
+                                 weight_dtype=getattr(args, "weight_dtype", None) or "auto")
     prompt = args.prompt if args.prompt is not None else suite("grounded")[0].message
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
                                   add_generation_prompt=True, tokenize=True)
@@ -235,7 +235,8 @@ def demo_main(args) -> int:
         print("fastspec demo: the embedded model files are not installed "
               f"(looked in {pretrained.data_dir()})", file=sys.stderr)
         return 1
-    bundle = pretrained.load(weight_dtype=getattr(args, "weight_dtype", None))
+    wdt = getattr(args, "weight_dtype", None)
+    bundle = pretrained.load(weight_dtype=None if wdt == "auto" else wdt)  # their float16
     tok = bundle.tokenizer
     prompt = args.prompt if args.prompt is not None else _default_prompt()
     ids = tok.encode(prompt, add_bos=True)
