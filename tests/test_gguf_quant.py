@@ -71,12 +71,12 @@ def test_default_weight_dtype_of_a_quantized_file_is_float32(tmp_path):
 
 
 @pytest.mark.parametrize("qt, want", [
-    (Q.Q8_0, "q8_0"), (Q.Q4_0, "q4_0"), (Q.Q4_1, "q4_1"), (Q.Q4_K, "q8_0"), (Q.Q6_K, "q8_0"),
+    (Q.Q8_0, "q8_0"), (Q.Q4_0, "q4_0"), (Q.Q4_1, "q4_1"), (Q.Q4_K, "q4_1"), (Q.Q6_K, "q8_0"),
     (Q.IQ2_XS, "q8_0"), (Q.F16, "float16"), (Q.BF16, "bfloat16"), (Q.F32, None)])
 def test_auto_keeps_the_file_storage(tmp_path, qt, want):
-    """``weight_dtype="auto"``: a Q8_0/Q4_0/Q4_1 file's own kind (its blocks kept), another
-    quantized type's q8_0 (the conversion within 0.8%), a 16-bit file's 16 bits, F32's None;
-    float64 compute: None."""
+    """``weight_dtype="auto"``: a Q8_0/Q4_0/Q4_1 file's own kind (its blocks kept), Q4_K's
+    q4_1 (its values kept), another quantized type's q8_0 (the conversion within 0.8%), a
+    16-bit file's 16 bits, F32's None; float64 compute: None."""
     path = tmp_path / "m.gguf"
     write_model(path, types=(qt,), dim=256, ffn=512)
     assert GGUFFile(path).own_weight_dtype() == want
@@ -88,6 +88,63 @@ def test_auto_keeps_the_file_storage(tmp_path, qt, want):
         np.testing.assert_array_equal(model.layers[1].w_down.to_blocks(), raw)
     wide = Transformer.load(path, dtype="float64", weight_dtype="auto")
     assert wide.config.dtype == "float64" and wide.config.weight_dtype is None
+
+
+def _q4_k_blocks(rows, cols, rng, exact):
+    """Random Q4_K super-blocks; ``exact``: d and dmin powers of two (every d * sc and
+    dmin * m is then a float16 value), else spread like trained scales."""
+    raw = rng.integers(0, 256, size=(rows, cols // 256 * 144), dtype=np.uint8)
+    b = raw.reshape(-1, 144)
+    if exact:
+        d, dmin = np.full(len(b), 2.0 ** -10), np.full(len(b), 2.0 ** -9)
+    else:
+        d, dmin = rng.uniform(2e-4, 3e-3, len(b)), rng.uniform(1e-4, 2e-3, len(b))
+    b[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    b[:, 2:4] = dmin.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return raw
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_q4_k_keeps_its_values_as_q4_1(exact):
+    """Each Q4_K sub-block of 32 becomes a Q4_1 block with the same 4-bit values: the same
+    float32 weights where the scales d * sc and mins dmin * m are float16 values, else within
+    the float16 rounding of each (half an ulp: 2**-11 relative) -- 0.02-0.05% relative RMS
+    where dequantizing and quantizing again gives 1.6%."""
+    from gguf.quants import Q4_K, dequantize
+
+    from fastspec.formats.gguf_quant import q4_k_as_q4_1
+
+    rows, cols = 7, 768
+    raw = _q4_k_blocks(rows, cols, np.random.default_rng(3), exact)
+    want = dequantize(raw, Q.Q4_K).reshape(rows, cols)
+    got = dequantize(q4_k_as_q4_1(raw), Q.Q4_1).reshape(rows, cols)
+    if exact:
+        np.testing.assert_array_equal(got, want)
+        return
+    b = raw.reshape(-1, 144)
+    sc, m = Q4_K.get_scale_min(b[:, 4:16])
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float64) * sc
+    dm = b[:, 2:4].copy().view(np.float16).astype(np.float64) * m
+    bound = (15 * d + dm) * 2.0 ** -11 * (1 + 1e-6)  # per sub-block of 32
+    err = np.abs(got - want).reshape(-1, 32)
+    assert (err <= bound.reshape(-1, 1) + 1e-12).all()
+    assert np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2)) < 6e-4
+
+
+def test_a_q4_k_file_loads_as_q4_1_with_its_values(tmp_path):
+    """Through the loader (``weight_dtype="q4_1"`` and ``"auto"``): the layers dequantize to
+    the float load's values within the float16 rounding of the scales."""
+    path = tmp_path / "m.gguf"
+    write_model(path, arch="llama", types=(Q.Q4_K,), dim=256, ffn=512, tied=False)
+    ref = Transformer.load(path)
+    for wdt in ("q4_1", "auto"):
+        model = Transformer.load(path, weight_dtype=wdt)
+        assert model.config.weight_dtype == "q4_1"
+        for got, want in ((model.layers[1].w_down, ref.layers[1].w_down),
+                          (model.layers[0].wk, ref.layers[0].wk)):  # llama: permuted rows
+            assert got.kind == "q4_1"
+            w = got.dequantize().T
+            assert np.sqrt(np.mean((w - want) ** 2) / np.mean(want ** 2)) < 1e-3
 
 
 @pytest.mark.parametrize("vocab, want", [(300, "q4_0"), (650, "q8_0")])
