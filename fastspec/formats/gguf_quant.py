@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NEAREST_NATIVE", "native_kind", "own_weight_dtype", "q4_k_as_q4_1",
+__all__ = ["NEAREST_NATIVE", "SCALED_INT8", "native_kind", "own_weight_dtype", "q4_k_as_q4_1",
            "quant_matrix"]
 
 #: Precision order of the native kinds (the two 4-bit grids are not nested: one is never
@@ -128,13 +128,42 @@ def q4_k_as_q4_1(raw: np.ndarray) -> np.ndarray:
     return out
 
 
+#: GGUF types whose blocks of 32 are one f16 scale ``d`` (the block's first two bytes) times
+#: integers of int8 range: Q4_0 ``q - 8``, Q5_0 ``q - 16``, IQ4_NL a table of int8 values.
+#: Stored as q8_0 they keep ``d`` and those integers: the same weights, bit for bit.
+SCALED_INT8 = ("Q4_0", "Q5_0", "IQ4_NL")
+
+
+def _scaled_int8_as_q8_0(tensor: Any, step: int) -> np.ndarray | None:
+    """The q8_0 blocks of a :data:`SCALED_INT8` tensor: each block's ``d`` and its values
+    divided by ``d`` (``gguf``'s dequantized float32 values, exact products of ``d`` and the
+    integers, so the division is exact); None if a block does not hold that form."""
+    raw = tensor.blocks()
+    rows, cols = tensor.shape
+    nb = cols // 32
+    raw = raw.reshape(rows, nb, -1)
+    out = np.empty((rows, nb, 34), dtype=np.uint8)
+    out[:, :, :2] = raw[:, :, :2]
+    d = raw[:, :, :2].copy().view(np.float16).astype(np.float32)  # (rows, nb, 1)
+    for r in range(0, rows, step):
+        w = tensor.read(r, min(r + step, rows)).reshape(-1, nb, 32)
+        dr = d[r:r + step]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            q = np.where(dr != 0, np.rint(w / dr), 0).astype(np.float32)
+        if np.abs(q).max(initial=0) > 127 or not np.array_equal(q * dr, w):
+            return None
+        out[r:r + step, :, 2:] = q.astype(np.int8).view(np.uint8)
+    return out.reshape(rows, nb * 34)
+
+
 def quant_matrix(tensor: Any, requested: str):
     """Return GGUF matrix ``tensor`` (a :class:`~fastspec.formats.gguf.GGUFTensor`) as a
     :class:`~fastspec.kernels.quant.QuantMatrix` of :func:`native_kind`.
 
     A tensor whose type is that kind keeps its blocks (``tensor.blocks()``), byte for byte:
     nothing is dequantized. A Q4_K tensor stored as q4_1 keeps its 4-bit values
-    (:func:`q4_k_as_q4_1`). Any other is read (dequantized) :data:`_CHUNK` elements at a time,
+    (:func:`q4_k_as_q4_1`), a :data:`SCALED_INT8` one stored as q8_0 its scales and integers
+    (exactly the same weights). Any other is read (dequantized) :data:`_CHUNK` elements at a time,
     whole heads for a permuted llama ``attn_q``/``attn_k``, and each block of rows quantized
     into the result.
 
@@ -155,6 +184,10 @@ def quant_matrix(tensor: Any, requested: str):
             return QuantMatrix.from_blocks(kind, q4_k_as_q4_1(tensor.blocks()), cols)
         h = tensor.head_rows or 1
         step = max(h, _CHUNK // max(1, cols) // h * h)
+        if tensor.type_name in SCALED_INT8 and kind == "q8_0":
+            blocks = _scaled_int8_as_q8_0(tensor, step)
+            if blocks is not None:
+                return QuantMatrix.from_blocks(kind, blocks, cols)
         parts = [as_quant(tensor.read(r, min(r + step, rows)), kind, rows_are_outputs=True)
                  .to_blocks() for r in range(0, rows, step)]
         return QuantMatrix.from_blocks(kind, np.concatenate(parts), cols)
