@@ -6,6 +6,8 @@ converts every other type to its nearest native kind within the error docs/FORMA
 (CONVERSION_RMS here), and ``save`` / ``fastspec quantize`` write files that load back to the
 same blocks, bit for bit, in fastspec and in transformers' GGUF loader.
 """
+import warnings
+
 import numpy as np
 import pytest
 
@@ -290,6 +292,23 @@ def test_non_finite_scales_are_a_clear_error_when_dequantized(tmp_path, kind, we
                     NATIVE[kind])
         with pytest.raises(ValueError, match=r"blk\.0\.ffn_up\.weight.*NaN or infinite"):
             Transformer.load(path, weight_dtype=weight_dtype)
+
+
+@pytest.mark.parametrize("d", [60000.0, np.nan])
+def test_q4_k_scales_beyond_float16_are_a_clear_error(tmp_path, d):
+    """A Q4_K super-block whose d * sc overflows float16 (or is NaN) cannot become a q4_1
+    block: a ValueError naming the tensor, no warning; the float load still reads it."""
+    path = tmp_path / "bad.gguf"
+    write_model(path, types=(Q.Q4_K,), dim=256, ffn=512)
+    raw = np.array(file_blocks(path, "blk.0.ffn_up.weight")[0])
+    raw[2, 0:2] = np.array([d], np.float16).view(np.uint8)
+    _write_with(path, "blk.0.ffn_up.weight", raw, Q.Q4_K)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ValueError, match=r"blk\.0\.ffn_up\.weight.*(inf|nan|NaN)"):
+            Transformer.load(path, weight_dtype="q4_1")
+    if np.isfinite(d):
+        assert np.isfinite(Transformer.load(path).layers[0].w_up).all()
 
 
 def _write_with(path, name, raw, qt):

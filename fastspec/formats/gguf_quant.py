@@ -120,8 +120,9 @@ def q4_k_as_q4_1(raw: np.ndarray) -> np.ndarray:
         dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         sc, m = Q4_K.get_scale_min(b[:, 4:16])  # (n, 8) each
         o = out[r:r + step].reshape(n, 8, 20)
-        o[:, :, 0:2] = (d * sc).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
-        o[:, :, 2:4] = (-(dmin * m)).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
+        with np.errstate(over="ignore"):  # beyond float16: inf, refused by the q4_1 checks
+            o[:, :, 0:2] = (d * sc).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
+            o[:, :, 2:4] = (-(dmin * m)).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
         qs = b[:, 16:].reshape(n, 4, 32)  # bytes 32i..: sub-block 2i low, 2i + 1 high nibbles
         q = np.stack((qs & 0x0F, qs >> 4), axis=2).reshape(n, 8, 32)
         o[:, :, 4:] = q[:, :, :16] | (q[:, :, 16:] << 4)
