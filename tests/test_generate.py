@@ -4,6 +4,7 @@ import io
 import json
 import sys
 
+import numpy as np
 import pytest
 
 import fastspec as fs
@@ -226,6 +227,26 @@ def test_16_bit_folder_auto_in_the_library(tmp_path):
     assert fs.Transformer.load(tmp_path, weight_dtype="auto").config.weight_dtype == "bfloat16"
     wide = fs.Transformer.load(tmp_path, dtype="float64", weight_dtype="auto")
     assert wide.config.weight_dtype is None and wide.config.dtype == "float64"
+
+
+def test_auto_is_every_model_command_default_and_keeps_npz_and_embedded_storage(tmp_path):
+    """``auto`` is the default of each command that loads a model; an ``.npz`` file and the
+    embedded models keep their own storage with it (float16 for the embedded files)."""
+    from fastspec.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["generate"], ["chat", "--model", "x"], ["demo"], ["eval"]):
+        assert parser.parse_args(argv).weight_dtype == "auto", argv
+    cfg = fs.ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                         ffn_dim=64, max_seq_len=32)
+    fs.Transformer.random(cfg.replace(weight_dtype="float16"), seed=0).save(tmp_path / "m.npz")
+    assert fs.Transformer.load(tmp_path / "m.npz", weight_dtype="auto").config.weight_dtype \
+        == "float16"
+    fs.Transformer.random(cfg, seed=0).save(tmp_path / "f.npz")
+    loaded = fs.Transformer.load(tmp_path / "f.npz", weight_dtype="auto")
+    assert loaded.config.weight_dtype is None and loaded.layers[0].wq.dtype == np.float32
+    bundle = fs.pretrained.load(weight_dtype="auto")
+    assert bundle.target.config.weight_dtype == "float16"
 
 
 @pytest.mark.parametrize("choice, weight_dtype", [("auto", "q4_1"), ("float32", None)])

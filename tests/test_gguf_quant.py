@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import fastspec as fs
+from fastspec.formats import gguf_quant
 from fastspec.formats.gguf import GGUFFile, NEAREST_NATIVE
 from fastspec.model import ModelConfig, Transformer
 from fastspec.model.quantized import float_matrix
@@ -93,6 +94,20 @@ def test_auto_keeps_the_file_storage(tmp_path, qt, want):
     assert wide.config.dtype == "float64" and wide.config.weight_dtype is None
 
 
+@pytest.mark.parametrize("qt", [Q.F16, Q.BF16, Q.F32])
+def test_auto_keeps_a_float_embedding_of_a_4_bit_file_in_q8_0(tmp_path, qt):
+    """A float embedding (the tied head) in a Q4_1 file: auto stores it as q8_0 (0.54%
+    relative RMS), not in the file's 4-bit kind (7.8%); an explicit q4_1 still asks for
+    q4_1 everywhere."""
+    path = tmp_path / "m.gguf"
+    write_model(path, types=(qt,) + (Q.Q4_1,) * 7, vocab=300, dim=64, n_layers=1, n_heads=4,
+                n_kv=2, ffn=128)
+    auto = Transformer.load(path, weight_dtype="auto")
+    assert auto.config.weight_dtype == "q4_1" and auto.layers[0].w_up.kind == "q4_1"
+    assert auto.embed.kind == "q8_0"
+    assert Transformer.load(path, weight_dtype="q4_1").embed.kind == "q4_1"
+
+
 def _q4_k_blocks(rows, cols, rng, exact):
     """Random Q4_K super-blocks; ``exact``: d and dmin powers of two (every d * sc and
     dmin * m is then a float16 value), else spread like trained scales."""
@@ -108,7 +123,7 @@ def _q4_k_blocks(rows, cols, rng, exact):
 
 
 @pytest.mark.parametrize("exact", [True, False])
-def test_q4_k_keeps_its_values_as_q4_1(exact):
+def test_q4_k_keeps_its_values_as_q4_1(exact, monkeypatch):
     """Each Q4_K sub-block of 32 becomes a Q4_1 block with the same 4-bit values: the same
     float32 weights where the scales d * sc and mins dmin * m are float16 values, else within
     the float16 rounding of each (half an ulp: 2**-11 relative) -- 0.02-0.05% relative RMS
@@ -117,6 +132,7 @@ def test_q4_k_keeps_its_values_as_q4_1(exact):
 
     from fastspec.formats.gguf_quant import q4_k_as_q4_1
 
+    monkeypatch.setattr(gguf_quant, "_CHUNK", 1000)  # chunks of 2 rows, the last one short
     rows, cols = 7, 768
     raw = _q4_k_blocks(rows, cols, np.random.default_rng(3), exact)
     want = dequantize(raw, Q.Q4_K).reshape(rows, cols)
@@ -150,13 +166,16 @@ def test_a_q4_k_file_loads_as_q4_1_with_its_values(tmp_path):
             assert np.sqrt(np.mean((w - want) ** 2) / np.mean(want ** 2)) < 1e-3
 
 
-def test_scaled_int8_types_become_q8_0_exactly(tmp_path):
+@pytest.mark.parametrize("chunk", [None, 3 * 256])
+def test_scaled_int8_types_become_q8_0_exactly(tmp_path, monkeypatch, chunk):
     """Q4_0, Q5_0 and IQ4_NL blocks are an f16 scale times int8-range integers: stored as
     q8_0 they keep both, so every matrix (a llama file: q/k rows permuted) dequantizes to the
     float load's values bit for bit (requantized they were 0.12-0.53% off)."""
     path = tmp_path / "m.gguf"
     write_model(path, arch="llama", types=(Q.Q4_0, Q.Q5_0, Q.IQ4_NL), dim=256, ffn=512,
                 tied=False)
+    if chunk:  # rows 3 at a time (a short last chunk), permuted q/k a head (64 rows) at a time
+        monkeypatch.setattr(gguf_quant, "_CHUNK", chunk)
     ref = Transformer.load(path)
     model = Transformer.load(path, weight_dtype="q8_0")
     pairs = [(model.head, ref.head)] + [
@@ -165,6 +184,29 @@ def test_scaled_int8_types_become_q8_0_exactly(tmp_path):
     for got, want in pairs:
         assert got.kind == "q8_0"
         np.testing.assert_array_equal(got.dequantize().T, want)
+
+
+def test_scaled_int8_falls_back_when_a_block_is_not_scale_times_integers(tmp_path):
+    """Values that are not the block's scale times integers (here one weight nudged) take
+    the requantizing path instead: the check that guards the exact one can fail."""
+    path = tmp_path / "m.gguf"
+    write_model(path, types=(Q.Q5_0,), dim=256, ffn=512)
+    t = dict(GGUFFile(path).tensors(GGUFFile(path).config()))[
+        "model.layers.0.mlp.down_proj.weight"]
+
+    class Nudged:
+        type_name, shape, head_rows, file, name = t.type_name, t.shape, None, t.file, t.name
+        blocks = t.blocks
+
+        def read(self, start=0, stop=None):
+            w = t.read(start, stop)
+            w.flat[5] = np.nextafter(w.flat[5], np.inf)
+            return w
+
+    assert gguf_quant._scaled_int8_as_q8_0(t, 64) is not None
+    assert gguf_quant._scaled_int8_as_q8_0(Nudged(), 64) is None
+    q = gguf_quant.quant_matrix(Nudged(), "q8_0")  # requantized: close, not equal
+    assert q.kind == "q8_0" and not np.array_equal(q.dequantize().T, float_matrix(t.read()).T)
 
 
 @pytest.mark.parametrize("vocab, want", [(300, "q4_0"), (650, "q8_0")])

@@ -37,7 +37,8 @@ def add_parser(sub) -> None:
                         "float16 for the embedded models; with --model as in fastspec "
                         "generate, a GGUF file's Q8_0/Q4_0/Q4_1 blocks as they are), "
                         "float16, float32, bfloat16, or quantized q8_0, q4_0, q4_1 (derived "
-                        "from the embedded weights at load)")
+                        "from the embedded weights at load; with --model a GGUF file's blocks "
+                        "of that kind are kept, others converted)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="timed runs per method, fastest reported (default 1)")

@@ -296,8 +296,9 @@ def add_parser(sub) -> None:
     p.add_argument("--weight-dtype", choices=("auto",) + WEIGHT_DTYPES,
                    default="auto",
                    help="storage of a --model's matrices (default auto: the file's own: a "
-                        "GGUF file's Q8_0/Q4_0/Q4_1 blocks as they are (another quantized "
-                        "type converted to q8_0), its F16/BF16 as 16-bit; a folder's "
+                        "GGUF file's Q8_0/Q4_0/Q4_1 blocks as they are (Q4_K as q4_1 with its "
+                        "4-bit values, another quantized type converted to q8_0), its "
+                        "F16/BF16 as 16-bit; a folder's "
                         "bfloat16 or float16; else float32; 16-bit matrices halve the bytes "
                         "each decode step reads, q8_0 and q4_* (GGUF's blocks) quarter or "
                         "eighth them)")

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from fastspec.formats.gguf_header import check_header
-from fastspec.formats.gguf_quant import (NEAREST_NATIVE, native_kind, own_weight_dtype,
-                                         quant_matrix)
+from fastspec.formats.gguf_quant import (AUTO_FLOAT_KIND, NEAREST_NATIVE, native_kind,
+                                         own_weight_dtype, quant_matrix)
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import MATRICES, hf_layer_keys
@@ -140,9 +140,10 @@ class GGUFTensor:
     (it does while a tensor references it).
     """
 
-    def __init__(self, file: GGUFFile, tensor: Any, head_rows: int | None = None) -> None:
+    def __init__(self, file: GGUFFile, tensor: Any, head_rows: int | None = None,
+                 float_kind: str | None = None) -> None:
         self.file, self.name = file, tensor.name
-        self._t, self.head_rows = tensor, head_rows
+        self._t, self.head_rows, self.float_kind = tensor, head_rows, float_kind
         self.type_name = tensor.tensor_type.name
         self.shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
         self.ndim = len(self.shape)
@@ -401,14 +402,9 @@ class GGUFFile:
         return config
 
     def own_weight_dtype(self, dtype: str | None = None) -> str | None:
-        """Return the ``weight_dtype`` that keeps the file's own storage (``"auto"``): see
-        :func:`~fastspec.formats.gguf_quant.own_weight_dtype` (reads tensor headers only)."""
-        elements: dict[str, int] = {}
-        for t in self._tensors.values():
-            if len(t.shape) >= 2:  # the matrices
-                name = t.tensor_type.name
-                elements[name] = elements.get(name, 0) + int(t.n_elements)
-        return own_weight_dtype(elements, dtype)
+        """The ``weight_dtype`` keeping the file's own storage (``"auto"``; headers only):
+        :func:`~fastspec.formats.gguf_quant.own_weight_dtype`."""
+        return own_weight_dtype(self._tensors.values(), dtype)
 
     def _check_tensors(self, c: ModelConfig) -> None:
         wanted = {_gguf_name(hf): shape for hf, shape in _hf_shapes(c).items()}
@@ -439,8 +435,10 @@ class GGUFFile:
 
     # --- tensors ---------------------------------------------------------------------------
 
-    def tensors(self, config: ModelConfig) -> Iterator[tuple[str, GGUFTensor]]:
+    def tensors(self, config: ModelConfig,
+                float_kind: str | None = None) -> Iterator[tuple[str, GGUFTensor]]:
         """Yield ``(Hugging Face name, tensor)`` for every tensor of ``config``, in file order.
+        ``float_kind``: the kind a quantized model stores F32/F16/BF16 matrices in instead.
 
         ``config`` comes from :meth:`config` (which checked the tensors). Nothing is read until
         asked: :meth:`fastspec.Transformer.from_tensors` reads each block by block.
@@ -454,7 +452,7 @@ class GGUFFile:
                 hf = f"model.layers.{layer}.{_LEAF[leaf]}"
                 if leaf.split(".")[0] in permuted:
                     head_rows = config.head_dim  # ggml's normal RoPE: permuted rows
-            yield hf, GGUFTensor(self, t, head_rows)
+            yield hf, GGUFTensor(self, t, head_rows, float_kind)
 
 
 def read_metadata(source: str | os.PathLike | GGUFFile) -> dict[str, Any]:
@@ -495,4 +493,5 @@ def load_gguf(cls: type[Transformer], source: str | os.PathLike | GGUFFile,
     """
     file = source if isinstance(source, GGUFFile) else GGUFFile(source)
     config = file.config(dtype, weight_dtype)
-    return cls.from_tensors(config, file.tensors(config), mmap=mmap)
+    floats = AUTO_FLOAT_KIND.get(config.weight_dtype) if weight_dtype == "auto" else None
+    return cls.from_tensors(config, file.tensors(config, floats), mmap=mmap)

@@ -9,12 +9,12 @@ of rows at a time (:func:`quant_matrix`).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["NEAREST_NATIVE", "SCALED_INT8", "native_kind", "own_weight_dtype", "q4_k_as_q4_1",
-           "quant_matrix"]
+__all__ = ["AUTO_FLOAT_KIND", "NEAREST_NATIVE", "SCALED_INT8", "native_kind",
+           "own_weight_dtype", "q4_k_as_q4_1", "quant_matrix"]
 
 #: Precision order of the native kinds (the two 4-bit grids are not nested: one is never
 #: converted into the other, which costs ~6% relative RMS).
@@ -49,23 +49,30 @@ def native_kind(type_name: str, requested: str) -> str:
     return own
 
 
-def own_weight_dtype(elements: dict[str, int], dtype: str | None = None) -> str | None:
+#: The kind ``weight_dtype="auto"`` stores a file's F32/F16/BF16 matrices in, by the kind it
+#: chose (an output or embedding kept in float in a 4-bit file: q8_0, 0.54% relative RMS,
+#: rather than the 4-bit kind's 7.8%).
+AUTO_FLOAT_KIND = {"q4_0": "q8_0", "q4_1": "q8_0"}
+
+
+def own_weight_dtype(tensors: Iterable[Any], dtype: str | None = None) -> str | None:
     """Return the ``weight_dtype`` that keeps a GGUF file's own storage (``"auto"``).
 
     The type holding most of the elements of the file's matrices decides: Q8_0, Q4_0 and Q4_1
     give their own kind (the blocks are kept, and the other matrices take their
-    :func:`native_kind`: a Q4_1 file's Q8_0 embedding stays q8_0), Q4_K (most of a Q4_K_M
-    file) gives ``"q4_1"`` (its 4-bit values kept, :func:`q4_k_as_q4_1`; the file's Q6_K
-    matrices become q8_0); any other quantized type gives ``"q8_0"``, the conversion that adds
-    at most ~0.6% relative RMS (the other 4-bit ones add up to 7%, docs/FORMATS.md); F16 gives
-    ``"float16"``, BF16 ``"bfloat16"`` and F32 None (float32). With ``dtype="float64"``: None
-    (16-bit and quantized storage compute in float32).
+    :func:`native_kind`: a Q4_1 file's Q8_0 embedding stays q8_0, a float one becomes q8_0,
+    :data:`AUTO_FLOAT_KIND`), Q4_K (most of a Q4_K_M file) gives ``"q4_1"`` (its 4-bit values
+    kept, :func:`q4_k_as_q4_1`; the file's Q6_K matrices become q8_0); any other quantized
+    type gives ``"q8_0"``, the conversion that adds at most ~0.6% relative RMS (the other 4-bit
+    ones add up to 7%, docs/FORMATS.md); F16 gives ``"float16"``, BF16 ``"bfloat16"`` and F32
+    None (float32). With ``dtype="float64"``: None (16-bit and quantized storage compute in
+    float32).
 
     Parameters
     ----------
-    elements : dict[str, int]
-        GGUF type name -> elements of the file's matrices of that type, in file order (a
-        tie goes to the first).
+    tensors : iterable of gguf ReaderTensor
+        The file's tensors (``shape``, ``tensor_type``, ``n_elements``); those of two or more
+        axes are its matrices. A tie goes to the type met first.
     dtype : {"float32", "float64"}, optional
         The compute dtype the model will have (default float32).
 
@@ -74,6 +81,11 @@ def own_weight_dtype(elements: dict[str, int], dtype: str | None = None) -> str 
     str or None
         A ``weight_dtype`` (None: the compute dtype).
     """
+    elements: dict[str, int] = {}
+    for t in tensors:
+        if len(t.shape) >= 2:
+            name = t.tensor_type.name
+            elements[name] = elements.get(name, 0) + int(t.n_elements)
     if dtype not in (None, "float32") or not elements:
         return None
     top = max(elements, key=lambda name: elements[name])
@@ -93,7 +105,7 @@ def q4_k_as_q4_1(raw: np.ndarray) -> np.ndarray:
     dmin * m`` (``d``, ``dmin`` float16, ``sc``, ``m`` 6-bit, ``q`` 4-bit): a Q4_1 block
     ``w = d' * q + m'`` with ``d' = d * sc`` and ``m' = -dmin * m``, both exact in float32
     and rounded to float16 (nearest even) here: the only error of the conversion (about
-    ``2**-11`` of each scale and min; 0.04% relative RMS on the synthetic blocks of
+    ``2**-11`` of each scale and min; 0.022% relative RMS on the synthetic blocks of
     docs/FORMATS.md, against 1.6% for dequantizing and quantizing again). Where both products
     are float16 values the result dequantizes to the same float32 values, bit for bit.
 
@@ -120,7 +132,7 @@ def q4_k_as_q4_1(raw: np.ndarray) -> np.ndarray:
         dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         sc, m = Q4_K.get_scale_min(b[:, 4:16])  # (n, 8) each
         o = out[r:r + step].reshape(n, 8, 20)
-        with np.errstate(over="ignore"):  # beyond float16: inf, refused by the q4_1 checks
+        with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN: refused by the q4_1 checks
             o[:, :, 0:2] = (d * sc).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
             o[:, :, 2:4] = (-(dmin * m)).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
         qs = b[:, 16:].reshape(n, 4, 32)  # bytes 32i..: sub-block 2i low, 2i + 1 high nibbles
@@ -131,7 +143,7 @@ def q4_k_as_q4_1(raw: np.ndarray) -> np.ndarray:
 
 #: GGUF types whose blocks of 32 are one f16 scale ``d`` (the block's first two bytes) times
 #: integers of int8 range: Q4_0 ``q - 8``, Q5_0 ``q - 16``, IQ4_NL a table of int8 values.
-#: Stored as q8_0 they keep ``d`` and those integers: the same weights, bit for bit.
+#: Stored as q8_0 they keep ``d`` and those integers: the same weight values.
 SCALED_INT8 = ("Q4_0", "Q5_0", "IQ4_NL")
 
 
@@ -176,6 +188,8 @@ def quant_matrix(tensor: Any, requested: str):
     """
     from fastspec.model.quantized import QuantMatrix, as_quant
 
+    if tensor.type_name not in NEAREST_NATIVE and getattr(tensor, "float_kind", None):
+        requested = tensor.float_kind  # weight_dtype="auto": AUTO_FLOAT_KIND
     kind = native_kind(tensor.type_name, requested)
     rows, cols = tensor.shape
     try:

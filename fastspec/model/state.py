@@ -229,7 +229,8 @@ class StateDict:
             converts other types to the nearest native kind (docs/FORMATS.md). A bf16 Hugging
             Face checkpoint loaded with ``"bfloat16"`` keeps its bit patterns (no widening, no
             rounding). ``"auto"`` keeps the file's own storage where ``dtype`` allows: a GGUF
-            file's main quantized kind (another quantized type: q8_0) or 16-bit type
+            file's main quantized kind (Q4_K: q4_1; another quantized type: q8_0; its float
+            matrices in a 4-bit model: q8_0) or 16-bit type
             (:meth:`~fastspec.formats.gguf.GGUFFile.own_weight_dtype`), a folder's bfloat16 or
             float16 ``torch_dtype`` (:func:`~fastspec.formats.hf_folder.own_weight_dtype`),
             an ``.npz`` file's ``weight_dtype`` (as None); what the command line loads with.

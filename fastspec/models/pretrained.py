@@ -62,8 +62,9 @@ def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
     ----------
     dtype : {"float32", "float64"}, default "float32"
         Compute dtype (activations, KV caches, logits).
-    weight_dtype : {"float16", "float32", "float64", "bfloat16", "q8_0", "q4_0", "q4_1"}, optional
-        Storage dtype of the matrices (see :class:`~fastspec.ModelConfig`). Default: float16
+    weight_dtype : {"float16", "float32", "float64", "bfloat16", "q8_0", "q4_0", "q4_1", "auto"}, optional
+        Storage dtype of the matrices (see :class:`~fastspec.ModelConfig`). Default (and
+        ``"auto"``, the files' own storage): float16
         with float32 compute (the files' own values, half the memory traffic of a decode step,
         results bit-identical to ``weight_dtype="float32"``), else ``dtype``. A quantized
         kind derives the quantized target and draft model from the files' float16 values at
@@ -81,7 +82,7 @@ def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
     missing = [name for name in _FILES.values() if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"embedded model files missing from {folder}: {missing}")
-    if weight_dtype is None:
+    if weight_dtype in (None, "auto"):
         weight_dtype = "float16" if dtype == "float32" else dtype
     target = Transformer.load(folder / _FILES["target"], dtype=dtype, weight_dtype=weight_dtype)
     draft = Transformer.load(folder / _FILES["draft"], dtype=dtype, weight_dtype=weight_dtype)

@@ -235,8 +235,7 @@ def demo_main(args) -> int:
         print("fastspec demo: the embedded model files are not installed "
               f"(looked in {pretrained.data_dir()})", file=sys.stderr)
         return 1
-    wdt = getattr(args, "weight_dtype", None)
-    bundle = pretrained.load(weight_dtype=None if wdt == "auto" else wdt)  # their float16
+    bundle = pretrained.load(weight_dtype=getattr(args, "weight_dtype", None))  # auto: float16
     tok = bundle.tokenizer
     prompt = args.prompt if args.prompt is not None else _default_prompt()
     ids = tok.encode(prompt, add_bos=True)
