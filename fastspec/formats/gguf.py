@@ -187,8 +187,8 @@ class GGUFTensor:
 
     def native_kind(self, requested: str) -> str:
         """The quantized kind this tensor is stored in for a model of ``requested`` kind
-        (:func:`fastspec.formats.gguf_quant.native_kind`)."""
-        return native_kind(self.type_name, requested)
+        (:func:`fastspec.formats.gguf_quant.native_kind`; :attr:`float_kind` for a float one)."""
+        return native_kind(self.type_name, requested, self.float_kind)
 
     def blocks(self) -> np.ndarray:
         """Return the raw Q8_0/Q4_0/Q4_1 blocks as uint8 ``(out, in/32 * block bytes)`` (rows

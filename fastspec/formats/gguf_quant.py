@@ -35,18 +35,19 @@ NEAREST_NATIVE = {
 _CHUNK = 1 << 18
 
 
-def native_kind(type_name: str, requested: str) -> str:
+def native_kind(type_name: str, requested: str, float_kind: str | None = None) -> str:
     """The quantized kind a tensor of GGUF type ``type_name`` is stored in, in a model of
     ``requested`` kind: its :data:`NEAREST_NATIVE` kind unless ``requested`` is more precise
-    (q8_0 over the 4-bit kinds, which rank equal); a float type: ``requested``.
+    (q8_0 over the 4-bit kinds, which rank equal); a float type: ``float_kind`` when given
+    (``weight_dtype="auto"``: :data:`AUTO_FLOAT_KIND`), else ``requested``.
 
     So a Q4_1 file loaded as q4_1 (or q4_0) keeps its blocks and its Q8_0 embedding, and
     loaded as q8_0 has every matrix in q8_0.
     """
     own = NEAREST_NATIVE.get(type_name)
-    if own is None or _PRECISION[own] < _PRECISION[requested]:
-        return requested
-    return own
+    if own is None:
+        return float_kind or requested
+    return requested if _PRECISION[own] < _PRECISION[requested] else own
 
 
 #: The kind ``weight_dtype="auto"`` stores a file's F32/F16/BF16 matrices in, by the kind it
@@ -89,12 +90,9 @@ def own_weight_dtype(tensors: Iterable[Any], dtype: str | None = None) -> str | 
     if dtype not in (None, "float32") or not elements:
         return None
     top = max(elements, key=lambda name: elements[name])
-    if top in ("Q8_0", "Q4_0", "Q4_1"):
-        return top.lower()
-    if top == "Q4_K":
-        return "q4_1"
-    if top in NEAREST_NATIVE:
-        return "q8_0"
+    if top in NEAREST_NATIVE:  # its own native kind, Q4_K's transcoded q4_1, else q8_0
+        own = NEAREST_NATIVE[top]
+        return own if own == top.lower() or top == "Q4_K" else "q8_0"
     return {"F16": "float16", "BF16": "bfloat16"}.get(top)  # F32 (others fail the checks)
 
 
@@ -188,9 +186,7 @@ def quant_matrix(tensor: Any, requested: str):
     """
     from fastspec.model.quantized import QuantMatrix, as_quant
 
-    if tensor.type_name not in NEAREST_NATIVE and getattr(tensor, "float_kind", None):
-        requested = tensor.float_kind  # weight_dtype="auto": AUTO_FLOAT_KIND
-    kind = native_kind(tensor.type_name, requested)
+    kind = native_kind(tensor.type_name, requested, getattr(tensor, "float_kind", None))
     rows, cols = tensor.shape
     try:
         if tensor.type_name.lower() == kind:
