@@ -164,8 +164,6 @@ def test_bad_file_is_named(tmp_path, case):
 
 
 EXTRA = {
-    "rope_freqs.weight": (dict(extra={"rope_freqs.weight": np.ones(16, np.float32)}),
-                          "'rope_freqs.weight'"),
     "F64 tensor": (dict(skip=("blk.0.ffn_norm.weight",),
                         extra={"blk.0.ffn_norm.weight": np.ones(64)}), "type F64"),
     "extra tensor": (dict(extra={"blk.0.attn_output.bias": np.ones(64, np.float32)}),

@@ -33,7 +33,8 @@ import numpy as np
 
 from fastspec.formats import json_io
 from fastspec.formats.json_io import read_json_object
-from fastspec.formats.hf_folder import rope_theta, weight_files, read_safetensors, write_safetensors
+from fastspec.formats.hf_folder import weight_files, read_safetensors, write_safetensors
+from fastspec.formats.hf_rope import rope_theta
 from fastspec.model.schema import hf_layer_keys, layer_attrs
 
 if TYPE_CHECKING:  # annotations only

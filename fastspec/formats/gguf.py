@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from fastspec.formats.gguf_header import check_header
+from fastspec.formats.gguf_names import (LEAF, ROPE_FREQS, TOP, gguf_tensor_name, hf_shapes,
+                                         unpermute)
 from fastspec.formats.gguf_quant import (AUTO_FLOAT_KIND, NEAREST_NATIVE, native_kind,
                                          own_weight_dtype, quant_matrix)
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
-from fastspec.model.schema import MATRICES, hf_layer_keys
-from fastspec.model.state import layer_schema
 
 if TYPE_CHECKING:  # annotations only
     from fastspec.model.transformer import Transformer
@@ -52,25 +52,6 @@ _CHUNK = 1 << 18
 #: The reader's own entries for the file header: not key/value pairs of the file.
 _HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
 
-#: GGUF tensor names -> Hugging Face names (whole-model tensors, then per-layer leaves).
-_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
-        "output.weight": "lm_head.weight"}
-_LEAF = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight", "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight", "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight", "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_HF_TOP = {hf: g for g, hf in _TOP.items()}
-_HF_LEAF = {hf: g for g, hf in _LEAF.items()}
-
-
 def _gguf():
     """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
     try:
@@ -84,45 +65,6 @@ def _gguf():
 def gguf_package():
     """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
     return _gguf()
-
-
-def gguf_tensor_name(hf: str) -> str:
-    """Return the GGUF name of a model's Hugging Face tensor name (``model.norm.weight`` ->
-    ``output_norm.weight``, ``model.layers.3.mlp.up_proj.weight`` -> ``blk.3.ffn_up.weight``)."""
-    return _gguf_name(hf)
-
-
-def _gguf_name(hf: str) -> str:
-    """Return the GGUF name of Hugging Face tensor name ``hf`` (one :data:`_TOP`/_LEAF entry)."""
-    if hf in _HF_TOP:
-        return _HF_TOP[hf]
-    _, _, layer, leaf = hf.split(".", 3)  # model.layers.N.<leaf>
-    return f"blk.{layer}.{_HF_LEAF[leaf]}"
-
-
-def _hf_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Return every tensor a model of ``c`` needs: Hugging Face name -> shape in file layout
-    (matrices ``(out, in)``, as ``nn.Linear`` and GGUF's row order keep them)."""
-    shapes, attrs = layer_schema(c)
-    out = {"model.embed_tokens.weight": (c.vocab_size, c.dim), "model.norm.weight": (c.dim,)}
-    if not c.tie_embeddings:
-        out["lm_head.weight"] = (c.vocab_size, c.dim)
-    for i in range(c.n_layers):
-        for attr, key in zip(attrs, hf_layer_keys(f"model.layers.{i}.", attrs)):
-            out[key] = shapes[attr][::-1] if attr in MATRICES else shapes[attr]
-    return out
-
-
-def _unpermute(rows: np.ndarray, head_rows: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row permutation within each head of ``head_rows`` rows.
-
-    ``convert_hf_to_gguf.py`` (``LlamaModel.permute``) reorders each head's rows from
-    rotate-half pairs (HF) to adjacent pairs (ggml's normal RoPE); this is its inverse.
-    ``rows`` : ndarray of shape (k * head_rows,) or (k * head_rows, in), whole heads.
-    """
-    n = rows.shape[0] // head_rows
-    return (rows.reshape(n, head_rows // 2, 2, *rows.shape[1:]).swapaxes(1, 2)
-            .reshape(rows.shape))
 
 
 class GGUFTensor:
@@ -182,7 +124,7 @@ class GGUFTensor:
             for r in range(a, b, step):
                 out[r - a:r - a + step] = self._convert(self._t.data[r:min(r + step, b)])
         if self.head_rows:
-            out = _unpermute(out, h)
+            out = unpermute(out, h)
         return out[start - a:stop - a]
 
     def native_kind(self, requested: str) -> str:
@@ -200,7 +142,7 @@ class GGUFTensor:
         if raw.ndim != 2 or raw.shape[0] != self.shape[0]:
             raise ValueError(f"{self.file.path}: tensor {self.name!r} has {raw.shape} bytes "
                              f"of blocks, not {self.shape[0]} rows")
-        return _unpermute(raw, self.head_rows) if self.head_rows else raw
+        return unpermute(raw, self.head_rows) if self.head_rows else raw
 
     def quant(self, requested: str):
         """Return the matrix as a :class:`~fastspec.kernels.quant.QuantMatrix` for a model
@@ -321,16 +263,14 @@ class GGUFFile:
         Raises
         ------
         ValueError
-            An unsupported architecture, RoPE scaling, ``rope_freqs.weight``, sliding window
-            or other feature, or a missing or invalid key (named with the file).
+            An unsupported architecture, RoPE scaling, sliding window or other feature, or a
+            missing or invalid key (named with the file). (``rope_freqs.weight`` is read by
+            :meth:`config`, not here.)
         """
         arch = self.architecture
         if not isinstance(arch, str) or arch not in ARCHITECTURES:
             raise self._error(f"general.architecture {arch!r} is not supported; supported: "
                               f"{sorted(ARCHITECTURES)}")
-        if "rope_freqs.weight" in self._tensors:
-            raise self._error("tensor 'rope_freqs.weight' (per-frequency RoPE scaling, "
-                              "Llama 3.1+) is not supported: fastspec runs default RoPE")
         context = self._key(f"{arch}.context_length", int)
         for key, value in self.metadata.items():
             if key.startswith(arch + "."):
@@ -392,8 +332,9 @@ class GGUFFile:
         if isinstance(weight_dtype, str) and weight_dtype.lower() in NATIVE_QUANT_TYPES:
             weight_dtype = weight_dtype.lower()
         try:
-            config = hf_config(self.hf_config(), dtype or "float32").replace(
-                weight_dtype=weight_dtype)
+            hf = self.hf_config()
+            config = hf_config(hf, dtype or "float32").replace(
+                weight_dtype=weight_dtype, rope_freq_factors=self._freq_factors(hf["head_dim"]))
         except ValueError as exc:
             if str(exc).startswith(str(self.path)):
                 raise
@@ -401,19 +342,35 @@ class GGUFFile:
         self._check_tensors(config)
         return config
 
+    def _freq_factors(self, head_dim: int) -> tuple[float, ...] | None:
+        """Llama 3.1+'s ``rope_freqs.weight`` (per-frequency RoPE divisors), else None."""
+        t = self._tensors.get(ROPE_FREQS)
+        if t is None:
+            return None
+        shape = tuple(int(n) for n in t.shape.tolist())
+        if t.tensor_type.name != "F32" or shape != (head_dim // 2,):  # as llama.cpp asks
+            raise self._error(f"tensor {ROPE_FREQS!r} is {t.tensor_type.name} of shape "
+                              f"{shape}; RoPE of head size {head_dim} needs F32 of shape "
+                              f"({head_dim // 2},)")
+        values = np.asarray(t.data, dtype=np.float64).ravel()
+        if not (np.isfinite(values).all() and (values > 0).all()):
+            raise self._error(f"tensor {ROPE_FREQS!r} holds a value that is not positive "
+                              "and finite")
+        return tuple(values.tolist())
+
     def own_weight_dtype(self, dtype: str | None = None) -> str | None:
         """The ``weight_dtype`` keeping the file's own storage (``"auto"``; headers only):
         :func:`~fastspec.formats.gguf_quant.own_weight_dtype`."""
         return own_weight_dtype(self._tensors.values(), dtype)
 
     def _check_tensors(self, c: ModelConfig) -> None:
-        wanted = {_gguf_name(hf): shape for hf, shape in _hf_shapes(c).items()}
+        wanted = {gguf_tensor_name(hf): shape for hf, shape in hf_shapes(c).items()}
         missing = [g for g in wanted if g not in self._tensors]
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise self._error(f"missing tensors {missing[:5]}{more} (a {self.architecture} "
                               f"model of {c.n_layers} layers needs them)")
-        unexpected = [g for g in self._tensors if g not in wanted]
+        unexpected = [g for g in self._tensors if g not in wanted and g != ROPE_FREQS]
         if unexpected:
             raise self._error(f"unexpected tensor {unexpected[0]!r}: not part of a "
                               f"{self.architecture} model fastspec runs")
@@ -445,11 +402,13 @@ class GGUFFile:
         """
         permuted = ("attn_q", "attn_k") if self.architecture == "llama" else ()
         for name, t in self._tensors.items():
-            hf = _TOP.get(name)
+            if name == ROPE_FREQS:  # in config.rope_freq_factors
+                continue
+            hf = TOP.get(name)
             head_rows = None
             if hf is None:
                 _, layer, leaf = name.split(".", 2)
-                hf = f"model.layers.{layer}.{_LEAF[leaf]}"
+                hf = f"model.layers.{layer}.{LEAF[leaf]}"
                 if leaf.split(".")[0] in permuted:
                     head_rows = config.head_dim  # ggml's normal RoPE: permuted rows
             yield hf, GGUFTensor(self, t, head_rows, float_kind)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastspec.formats.gguf import ARCHITECTURES, gguf_package, gguf_tensor_name
+from fastspec.formats.gguf import ARCHITECTURES, gguf_package
+from fastspec.formats.gguf_names import ROPE_FREQS, gguf_tensor_name, permute
 
 if TYPE_CHECKING:  # annotations only
     from fastspec.model.transformer import Transformer
@@ -51,13 +52,6 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
         raise ValueError("a model with both q/k/v biases and QK-norm has no GGUF architecture "
                          "fastspec reads")
     return "qwen2" if c.qkv_bias else "qwen3" if c.qk_norm else "llama"
-
-
-def _permute(rows: np.ndarray, head_rows: int) -> np.ndarray:
-    """llama.cpp's q/k row order within each head (the inverse of ``gguf._unpermute``)."""
-    n = rows.shape[0] // head_rows
-    return (rows.reshape(n, 2, head_rows // 2, *rows.shape[1:]).swapaxes(1, 2)
-            .reshape(rows.shape))
 
 
 def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
@@ -161,8 +155,10 @@ def save_gguf(model: "Transformer", path: str | os.PathLike, *,
             g = gguf_tensor_name(hf)
             arr, qt = _tensor(gguf, a)
             if arch == "llama" and g.split(".")[-2] in ("attn_q", "attn_k"):
-                arr = _permute(arr, c.head_dim)
+                arr = permute(arr, c.head_dim)
             w.add_tensor(g, arr, raw_dtype=qt)
+        if c.rope_freq_factors is not None:
+            w.add_tensor(ROPE_FREQS, np.asarray(c.rope_freq_factors, dtype=np.float32))
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_tensors_to_file(progress=False)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import numpy as np
 
 from fastspec.formats import json_io
+from fastspec.formats.hf_rope import rope_freq_factors, rope_theta
 from fastspec.formats.json_io import read_json_object
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import hf_layer_keys, layer_attrs
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # the model builds itself from read_hf; no import cycle at ru
 
 __all__ = ["read_hf", "read_hf_config", "own_weight_dtype", "iter_hf", "FileTensor", "save_hf",
            "read_safetensors", "write_safetensors", "hf_config", "hf_export_config",
-           "hf_tensor_names", "rope_theta", "weight_files"]
+           "hf_tensor_names", "weight_files"]
 
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
 MAX_HEADER_BYTES = 100 * 2**20
@@ -232,18 +233,6 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray],
 
 # --- config mapping ----------------------------------------------------------------------
 
-def rope_theta(cfg: dict) -> float:
-    """Return the RoPE base of a Hugging Face ``config.json`` (default RoPE only)."""
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling")
-    kind = (params.get("rope_type") or params.get("type")
-            or (scaling or {}).get("rope_type") or (scaling or {}).get("type") or "default")
-    if kind != "default":
-        raise ValueError(f"unsupported rope scaling {kind!r} (only the default RoPE is implemented)")
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    return float(theta)
-
-
 def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
     """Map a Hugging Face ``config.json`` dict to a :class:`ModelConfig`.
 
@@ -276,7 +265,9 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         max_seq_len=int(cfg.get("max_position_embeddings", 2048)), norm="rmsnorm",
         positional="rope", activation="swiglu",
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        rope_theta=rope_theta(cfg), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta(cfg, ("default", "llama3")),
+        rope_freq_factors=rope_freq_factors(cfg, int(head_dim)),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         dtype=dtype, qk_norm=family == "qwen3", qkv_bias=family == "qwen2")
 
 
@@ -288,6 +279,10 @@ def hf_export_config(c: ModelConfig) -> dict:
                          "save to .npz instead")
     if c.qk_norm and c.qkv_bias:
         raise ValueError("qk_norm together with qkv_bias has no Hugging Face architecture")
+    if c.rope_freq_factors is not None:
+        raise ValueError("per-frequency RoPE factors (rope_freq_factors, Llama 3.1+) have no "
+                         "config.json form without their llama3 parameters; save to .npz or "
+                         ".gguf instead")
     arch, mtype = (("Qwen3ForCausalLM", "qwen3") if c.qk_norm else
                    ("Qwen2ForCausalLM", "qwen2") if c.qkv_bias else ("LlamaForCausalLM", "llama"))
     out = {

@@ -48,6 +48,11 @@ class ModelConfig:
     another native kind keeps its blocks (a q4_1 model with a q8_0 embedding, as llama.cpp
     writes them). Norms, biases, rope tables and ``pos_embed`` stay in ``dtype``. A
     ``weight_dtype`` equal to ``dtype`` is stored as None.
+
+    ``rope_freq_factors`` (rotary positions only; length ``head_dim // 2``, each positive)
+    divides RoPE frequency ``i`` by its value: Llama 3.1+'s ``"llama3"`` scaling
+    (:func:`fastspec.model.functional.llama3_freq_factors`), GGUF's ``rope_freqs.weight``.
+    None (default) is plain RoPE.
     """
 
     vocab_size: int
@@ -68,6 +73,7 @@ class ModelConfig:
     qk_norm: bool = False
     qkv_bias: bool = False
     weight_dtype: str | None = None
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -116,6 +122,26 @@ class ModelConfig:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
         if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+        if self.rope_freq_factors is not None:
+            self._check_freq_factors()
+
+    def _check_freq_factors(self) -> None:
+        if self.positional != "rope":
+            raise ValueError("rope_freq_factors needs positional='rope'")
+        raw: object = self.rope_freq_factors
+        try:
+            factors = tuple(float(f) for f in raw)  # type: ignore[attr-defined]
+        except (TypeError, ValueError):
+            raise ValueError(f"rope_freq_factors must be a sequence of numbers, got {raw!r}"
+                             ) from None
+        half = int(self.head_dim or 0) // 2
+        if len(factors) != half:
+            raise ValueError(f"rope_freq_factors has {len(factors)} values, head_dim "
+                             f"{self.head_dim} needs {half}")
+        bad = next((f for f in factors if not (math.isfinite(f) and f > 0)), None)
+        if bad is not None:
+            raise ValueError(f"rope_freq_factors must be positive and finite, got {bad}")
+        object.__setattr__(self, "rope_freq_factors", factors)
 
     def _check_quantized(self) -> None:
         if self.dtype != "float32":
@@ -164,10 +190,12 @@ class ModelConfig:
         return 2 if self.matrix_dtype == BF16 else np.dtype(self.matrix_dtype).itemsize
 
     def to_dict(self) -> dict:
-        """Return the config as a JSON-serialisable dict (``weight_dtype`` only when set)."""
+        """Return the config as a JSON-serialisable dict (``weight_dtype`` and
+        ``rope_freq_factors`` only when set)."""
         d = dataclasses.asdict(self)
-        if d["weight_dtype"] is None:  # files of default models stay readable by older versions
-            del d["weight_dtype"]
+        for key in ("weight_dtype", "rope_freq_factors"):
+            if d[key] is None:  # files of default models stay readable by older versions
+                del d[key]
         return d
 
     @classmethod

@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-__all__ = ["rms_norm", "layer_norm", "rope_tables", "apply_rope", "rotate_half_into", "gelu_tanh",
-           "silu", "linear"]
+__all__ = ["rms_norm", "layer_norm", "rope_tables", "llama3_freq_factors", "apply_rope",
+           "rotate_half_into", "gelu_tanh", "silu", "linear"]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
@@ -28,11 +28,68 @@ def layer_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return ((x64 - mu) / np.sqrt(var + eps)).astype(x.dtype, copy=False)
 
 
-def rope_tables(max_positions: int, head_dim: int, theta: float, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``cos, sin`` of shape (max_positions, head_dim // 2) for rotate-half RoPE."""
+def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
+                freq_factors=None) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``cos, sin`` of shape (max_positions, head_dim // 2) for rotate-half RoPE.
+
+    Frequency ``i`` turns ``theta ** (-2 i / head_dim) / freq_factors[i]`` radians a position
+    (``freq_factors`` of shape (head_dim // 2,); None: all ones), as llama.cpp's RoPE reads
+    ``rope_freqs.weight``. Angles are computed in float64, then rounded to ``dtype``.
+    """
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
     angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
     return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original_max_position_embeddings: int
+                        ) -> tuple[float, ...]:
+    """Return the per-frequency divisors of Llama 3.1's ``"llama3"`` RoPE scaling.
+
+    The rule of transformers' ``rope_type="llama3"`` and of llama.cpp's converter (which
+    writes these values as ``rope_freqs.weight``): a frequency whose wavelength
+    ``2 pi / inv_freq`` is shorter than ``original_max_position_embeddings /
+    high_freq_factor`` is kept (divisor 1), one longer than ``original_max_position_embeddings
+    / low_freq_factor`` is divided by ``factor``, and the ones between are interpolated:
+    divisor ``1 / ((1 - s) / factor + s)`` with ``s = (original / wavelength -
+    low_freq_factor) / (high_freq_factor - low_freq_factor)``.
+
+    Returns
+    -------
+    tuple of float, length head_dim // 2
+        Each rounded to float32, as the converter writes them: a model and its GGUF file
+        hold the same values.
+
+    Raises
+    ------
+    ValueError
+        A non-positive or non-finite parameter, or ``high_freq_factor <= low_freq_factor``.
+    """
+    values = dict(factor=factor, low_freq_factor=low_freq_factor,
+                  high_freq_factor=high_freq_factor,
+                  original_max_position_embeddings=original_max_position_embeddings)
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                math.isfinite(value) and value > 0):
+            raise ValueError(f"llama3 RoPE scaling: {name} must be a positive number, got "
+                             f"{value!r}")
+    if high_freq_factor <= low_freq_factor:
+        raise ValueError(f"llama3 RoPE scaling: high_freq_factor {high_freq_factor!r} must "
+                         f"exceed low_freq_factor {low_freq_factor!r}")
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelength = 2 * math.pi * theta ** (i / head_dim)
+        if wavelength < original_max_position_embeddings / high_freq_factor:
+            out.append(1.0)
+        elif wavelength > original_max_position_embeddings / low_freq_factor:
+            out.append(float(factor))
+        else:
+            s = ((original_max_position_embeddings / wavelength - low_freq_factor)
+                 / (high_freq_factor - low_freq_factor))
+            out.append(1.0 / ((1.0 - s) / factor + s))
+    return tuple(float(f) for f in np.asarray(out, dtype=np.float32))
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

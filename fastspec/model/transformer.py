@@ -103,7 +103,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
             self._gather()
         if config.positional == "rope":
             self.rope_cos, self.rope_sin = rope_tables(config.max_seq_len, config.head_dim,
-                                                       config.rope_theta, dt)
+                                                       config.rope_theta, dt,
+                                                       config.rope_freq_factors)
         else:
             self.rope_cos = self.rope_sin = None
         self._runners = threading.local()

@@ -1,0 +1,239 @@
+"""Llama 3.1+ RoPE scaling: per-frequency divisors (``ModelConfig.rope_freq_factors``) from a
+``config.json``'s ``rope_type="llama3"`` and from a GGUF file's ``rope_freqs.weight``.
+
+The oracles are transformers' own llama3 rule and model (a tiny random ``LlamaForCausalLM``);
+the test configurations put frequencies in all three bands of the rule (kept, divided by
+``factor``, interpolated) and check that plain RoPE is far from the reference, so the parity
+checks can fail.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import fastspec as fs
+from fastspec.model import ModelConfig, Transformer
+from fastspec.model.functional import llama3_freq_factors
+
+#: A llama3 scaling whose bands fall inside head_dim 16 at base 1e4: frequency 0 kept,
+#: 1-2 interpolated, 3-7 divided by 4 (wavelengths 6.3, 20, 63, 199, ...).
+SCALING = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 8.0, "original_max_position_embeddings": 64}
+PARAMS = {k: v for k, v in SCALING.items() if k != "rope_type"}
+TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+            rms_norm_eps=1e-6, rope_theta=10000.0)
+IDS = np.random.default_rng(0).integers(0, TINY["vocab_size"], 100)  # beyond the original 64
+
+
+def converter_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
+                      high_freq_factor: float, original_max_position_embeddings: int):
+    """llama.cpp's ``convert_hf_to_gguf.py`` loop (LlamaModel), written out independently."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    low = original_max_position_embeddings / low_freq_factor
+    high = original_max_position_embeddings / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high:
+            out.append(1)
+        elif wavelen > low:
+            out.append(factor)
+        else:
+            smooth = ((original_max_position_embeddings / wavelen - low_freq_factor)
+                      / (high_freq_factor - low_freq_factor))
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_three_bands_and_the_converter():
+    f = np.array(llama3_freq_factors(16, 1e4, **PARAMS))
+    assert f[0] == 1 and (f[3:] == 4).all() and ((f[1:3] > 1) & (f[1:3] < 4)).all()
+    np.testing.assert_allclose(f, converter_factors(16, 1e4, **PARAMS), rtol=1e-6)
+    # Llama 3.1 8B / 3.2 1B parameters
+    real = dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                original_max_position_embeddings=8192)
+    for head_dim in (64, 128):
+        np.testing.assert_allclose(llama3_freq_factors(head_dim, 5e5, **real),
+                                   converter_factors(head_dim, 5e5, **real), rtol=1e-6)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(factor=0.0), "factor"), (dict(low_freq_factor=float("nan")), "low_freq_factor"),
+    (dict(high_freq_factor=1.0), "must exceed"), (dict(original_max_position_embeddings="64"),
+                                                  "original_max_position_embeddings")])
+def test_bad_llama3_parameters(bad, match):
+    with pytest.raises(ValueError, match=match):
+        llama3_freq_factors(16, 1e4, **dict(PARAMS, **bad))
+
+
+def test_config_field():
+    base = dict(vocab_size=10, dim=32, n_layers=1, n_heads=2)
+    c = ModelConfig(**base, rope_freq_factors=[1, 2.5] + [4] * 6)
+    assert c.rope_freq_factors == (1.0, 2.5) + (4.0,) * 6 and hash(c)
+    assert ModelConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert "rope_freq_factors" not in ModelConfig(**base).to_dict()
+    for bad, match in [([1.0] * 7, "has 7 values"), ([1.0] * 7 + [0.0], "positive"),
+                       ([1.0] * 7 + [float("inf")], "positive"), ("abc", "positive|numbers"),
+                       (3, "sequence")]:
+        with pytest.raises(ValueError, match=match):
+            ModelConfig(**base, rope_freq_factors=bad)
+    with pytest.raises(ValueError, match="positional"):
+        ModelConfig(**dict(base, positional="learned"), rope_freq_factors=[1.0] * 8)
+
+
+def test_tables_divide_each_frequency():
+    plain_cos, plain_sin = fs.model.functional.rope_tables(50, 16, 1e4, np.float64)
+    f = np.array(llama3_freq_factors(16, 1e4, **PARAMS))
+    cos, sin = fs.model.functional.rope_tables(50, 16, 1e4, np.float64, f)
+    np.testing.assert_array_equal(cos[:, 0], plain_cos[:, 0])  # the kept frequency
+    angles = np.arctan2(plain_sin[1], plain_cos[1]) / f  # position 1: the angle itself
+    np.testing.assert_allclose(np.arctan2(sin[1], cos[1]), angles, rtol=1e-12)
+
+
+# --- against transformers ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hf_scaled():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**TINY, rope_scaling=dict(SCALING))).eval()
+    with torch.no_grad():  # the default init is tiny; make every weight matter
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        ref = model(torch.tensor(IDS[None])).logits[0].double().numpy()
+    return model, ref
+
+
+@pytest.fixture
+def scaled_folder(hf_scaled, tmp_path):
+    hf_scaled[0].save_pretrained(tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_llama3_folder_matches_transformers(hf_scaled, scaled_folder, backend, dtype):
+    ref = hf_scaled[1]
+    ours = Transformer.load(scaled_folder, dtype=dtype)
+    np.testing.assert_allclose(ours.config.rope_freq_factors,
+                               llama3_freq_factors(16, 1e4, **PARAMS))
+    np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4, rtol=0)
+    cache = ours.new_cache()  # decoding token by token past the original 64 positions
+    ours.forward(IDS[:60], cache)
+    steps = np.concatenate([ours.forward(IDS[i:i + 1], cache).logits for i in range(60, 100)])
+    np.testing.assert_allclose(steps, ref[60:], atol=1e-4, rtol=0)
+    plain = Transformer(ours.config.replace(rope_freq_factors=None), **_weights(ours))
+    assert np.abs(plain.forward(IDS).logits - ref).max() > 1e-2  # the scaling matters here
+
+
+def _weights(model: Transformer) -> dict:
+    return dict(embed=model.embed, layers=model.layers, head=model.head,
+                final_norm=model.final_norm)
+
+
+@pytest.mark.hf
+def test_rope_freqs_gguf_matches_transformers(hf_scaled, scaled_folder, tmp_path, backend):
+    """A GGUF file carrying ``rope_freqs.weight`` as llama.cpp's converter writes it (written
+    here with the gguf package from the folder's weights) runs as transformers' llama3 model."""
+    pytest.importorskip("gguf")
+    folder = Transformer.load(scaled_folder)
+    factors = converter_factors(16, 1e4, **PARAMS)
+    path = tmp_path / "l3.gguf"
+    _write_gguf(folder, path, factors)
+    ours = Transformer.load(path)
+    assert ours.config.rope_freq_factors == tuple(factors.tolist())
+    np.testing.assert_allclose(ours.forward(IDS).logits, hf_scaled[1], atol=1e-4, rtol=0)
+
+
+def _write_gguf(model: Transformer, path, factors) -> None:
+    """Write ``model`` (plain RoPE) and then ``rope_freqs.weight`` with the gguf package."""
+    import gguf
+
+    from fastspec.formats.gguf_write import save_gguf
+    plain = Transformer(model.config.replace(rope_freq_factors=None), **_weights(model))
+    save_gguf(plain, path.with_suffix(".plain.gguf"))
+    reader = gguf.GGUFReader(path.with_suffix(".plain.gguf"))
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        sub = field.types[1] if len(field.types) > 1 else None
+        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    for t in reader.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.add_tensor("rope_freqs.weight", np.asarray(factors, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=False)
+    w.close()
+
+
+def test_saved_and_loaded(tmp_path):
+    """npz and GGUF (fastspec's writer, and ``fastspec quantize``) keep the factors; a Hugging
+    Face folder cannot say them and refuses, naming the formats that can."""
+    from fastspec.cli import main
+    c = ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+                    max_seq_len=128, tie_embeddings=False,
+                    rope_freq_factors=llama3_freq_factors(16, 1e4, **PARAMS))
+    model = Transformer.random(c, seed=1)
+    ids = IDS % 64
+    ref = model.forward(ids).logits
+    for name in ("m.npz", "m.gguf"):
+        if name.endswith(".gguf"):
+            pytest.importorskip("gguf")
+        model.save(tmp_path / name)
+        back = Transformer.load(tmp_path / name)
+        assert back.config.rope_freq_factors == c.rope_freq_factors
+        np.testing.assert_array_equal(back.forward(ids).logits, ref)
+    assert main(["quantize", str(tmp_path / "m.gguf"), str(tmp_path / "q.gguf"), "--type",
+                 "q8_0", "--quiet"]) == 0
+    assert Transformer.load(tmp_path / "q.gguf").config.rope_freq_factors == c.rope_freq_factors
+    with pytest.raises(ValueError, match=r"\.npz or \.gguf"):
+        model.save(tmp_path / "hf")
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "yarn"),
+    (dict(rope_scaling={"rope_type": "llama3", "factor": 4.0}), "low_freq_factor"),
+    (dict(rope_scaling=dict(SCALING, factor=-1.0)), "factor"),
+    (dict(rope_scaling=[1, 2]), "JSON objects")])
+def test_bad_folder_scaling_is_named(tmp_path, change, match):
+    model = Transformer.random(ModelConfig(vocab_size=64, dim=64, n_layers=1, n_heads=4))
+    model.save(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(cfg, **change)))
+    with pytest.raises(ValueError, match=match):
+        Transformer.load(tmp_path)
+
+
+@pytest.mark.parametrize("value, match", [
+    (np.ones(16, np.float32), r"shape \(16,\)"), (np.ones(8, np.float16), "F16"),
+    (np.array([1, 1, 1, 1, 1, 1, 1, np.nan], np.float32), "positive and finite"),
+    (np.array([1, 1, 1, 1, 1, 1, 1, 0], np.float32), "positive and finite")])
+def test_bad_rope_freqs_tensor_is_named(tmp_path, value, match):
+    pytest.importorskip("gguf")
+    from _gguf_writer import TYPES, write_model
+    path = tmp_path / "bad.gguf"
+    write_model(path, "llama", dim=64, ffn=128, types=TYPES[:5],
+                extra={"rope_freqs.weight": value})  # head_dim 16: 8 factors
+    with pytest.raises(ValueError, match="bad.gguf") as err:
+        Transformer.load(path)
+    assert "'rope_freqs.weight'" in str(err.value) and __import__("re").search(
+        match, str(err.value))
+
+
+def test_dflash_folder_with_llama3_scaling_is_refused(tmp_path):
+    """The DFlash drafter runs plain RoPE: a z-lab folder asking for llama3 says so."""
+    target = Transformer.random(ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4))
+    cfg = fs.DFlashConfig(block_size=4, mask_token_id=0, qk_norm=True, last_tap_normed=True)
+    fs.DFlashModel.random(cfg, target, seed=0).save(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(dict(raw, rope_scaling=SCALING)))
+    with pytest.raises(ValueError, match="llama3"):
+        fs.DFlashModel.load(tmp_path, target)
