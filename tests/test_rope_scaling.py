@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -96,33 +97,45 @@ def test_tables_divide_each_frequency():
 
 # --- against transformers ------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def hf_scaled():
+@pytest.fixture(scope="module", params=[1e4, 5e5], ids=["theta1e4", "theta5e5"])
+def hf_scaled(request):
+    """(transformers model, its logits over IDS, theta); at base 5e5 frequency 0 is kept, 1
+    interpolated, 2-7 divided by 4."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(**TINY, rope_scaling=dict(SCALING))).eval()
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **dict(TINY, rope_theta=request.param), rope_scaling=dict(SCALING))).eval()
     with torch.no_grad():  # the default init is tiny; make every weight matter
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
         ref = model(torch.tensor(IDS[None])).logits[0].double().numpy()
-    return model, ref
+    return model, ref, request.param
 
 
-@pytest.fixture
-def scaled_folder(hf_scaled, tmp_path):
-    hf_scaled[0].save_pretrained(tmp_path / "hf")
-    return tmp_path / "hf"
+@pytest.fixture(params=["rope_parameters", "legacy"])
+def scaled_folder(hf_scaled, tmp_path, request):
+    """The model saved by transformers (``rope_parameters``, theta inside), or its config
+    rewritten as Llama 3.1's own files have it (top-level ``rope_theta`` + ``rope_scaling``)."""
+    folder = tmp_path / "hf"
+    hf_scaled[0].save_pretrained(folder)
+    if request.param == "legacy":
+        cfg = json.loads((folder / "config.json").read_text())
+        params = cfg.pop("rope_parameters")
+        cfg["rope_theta"] = params.pop("rope_theta")
+        cfg["rope_scaling"] = params
+        (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
 
 
 @pytest.mark.hf
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_llama3_folder_matches_transformers(hf_scaled, scaled_folder, backend, dtype):
-    ref = hf_scaled[1]
+    _, ref, theta = hf_scaled
     ours = Transformer.load(scaled_folder, dtype=dtype)
+    assert ours.config.rope_theta == theta
     np.testing.assert_allclose(ours.config.rope_freq_factors,
-                               llama3_freq_factors(16, 1e4, **PARAMS))
+                               llama3_freq_factors(16, theta, **PARAMS))
     np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4, rtol=0)
     cache = ours.new_cache()  # decoding token by token past the original 64 positions
     ours.forward(IDS[:60], cache)
@@ -143,7 +156,7 @@ def test_rope_freqs_gguf_matches_transformers(hf_scaled, scaled_folder, tmp_path
     here with the gguf package from the folder's weights) runs as transformers' llama3 model."""
     pytest.importorskip("gguf")
     folder = Transformer.load(scaled_folder)
-    factors = converter_factors(16, 1e4, **PARAMS)
+    factors = converter_factors(16, hf_scaled[2], **PARAMS)
     path = tmp_path / "l3.gguf"
     _write_gguf(folder, path, factors)
     ours = Transformer.load(path)
@@ -184,6 +197,8 @@ def test_saved_and_loaded(tmp_path):
     model = Transformer.random(c, seed=1)
     ids = IDS % 64
     ref = model.forward(ids).logits
+    with pytest.raises(ValueError, match=r"\.npz or \.gguf"):
+        model.save(tmp_path / "hf")
     for name in ("m.npz", "m.gguf"):
         if name.endswith(".gguf"):
             pytest.importorskip("gguf")
@@ -194,15 +209,25 @@ def test_saved_and_loaded(tmp_path):
     assert main(["quantize", str(tmp_path / "m.gguf"), str(tmp_path / "q.gguf"), "--type",
                  "q8_0", "--quiet"]) == 0
     assert Transformer.load(tmp_path / "q.gguf").config.rope_freq_factors == c.rope_freq_factors
-    with pytest.raises(ValueError, match=r"\.npz or \.gguf"):
-        model.save(tmp_path / "hf")
+    qwen3 = Transformer.random(c.replace(qk_norm=True), seed=1)  # llama.cpp: a llama tensor
+    with pytest.raises(ValueError, match="qwen3"):
+        qwen3.save(tmp_path / "q3.gguf")
+    assert not (tmp_path / "q3.gguf").exists()
 
 
 @pytest.mark.parametrize("change, match", [
     (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "yarn"),
     (dict(rope_scaling={"rope_type": "llama3", "factor": 4.0}), "low_freq_factor"),
     (dict(rope_scaling=dict(SCALING, factor=-1.0)), "factor"),
-    (dict(rope_scaling=[1, 2]), "JSON objects")])
+    (dict(rope_scaling=[1, 2]), "JSON object"),
+    (dict(rope_scaling={"rope_type": {}}), "rope_type"),
+    (dict(rope_scaling=dict(SCALING, factor="4")), "factor"),
+    (dict(rope_scaling=dict(SCALING, factor=1e50)), "factor"),
+    (dict(rope_scaling=dict(SCALING, factor=True)), "factor"),
+    (dict(rope_scaling=dict(SCALING, original_max_position_embeddings=10**400)), "original"),
+    (dict(rope_scaling=SCALING, rope_theta=-1.0), "rope_theta"),
+    (dict(rope_scaling=SCALING, rope_theta=[1.0]), "rope_theta"),
+    (dict(rope_theta=None, rope_parameters={"rope_theta": "x"}), "rope_theta")])
 def test_bad_folder_scaling_is_named(tmp_path, change, match):
     model = Transformer.random(ModelConfig(vocab_size=64, dim=64, n_layers=1, n_heads=4))
     model.save(tmp_path)
@@ -224,8 +249,60 @@ def test_bad_rope_freqs_tensor_is_named(tmp_path, value, match):
                 extra={"rope_freqs.weight": value})  # head_dim 16: 8 factors
     with pytest.raises(ValueError, match="bad.gguf") as err:
         Transformer.load(path)
-    assert "'rope_freqs.weight'" in str(err.value) and __import__("re").search(
-        match, str(err.value))
+    assert "'rope_freqs.weight'" in str(err.value) and re.search(match, str(err.value))
+
+
+def test_rope_freqs_only_in_a_llama_file(tmp_path):
+    pytest.importorskip("gguf")
+    from _gguf_writer import TYPES, write_model
+    path = tmp_path / "q3.gguf"
+    write_model(path, "qwen3", dim=64, ffn=128, types=TYPES[:5],
+                extra={"rope_freqs.weight": np.ones(8, np.float32)})
+    with pytest.raises(ValueError, match="unexpected tensor 'rope_freqs.weight'"):
+        Transformer.load(path)
+
+
+def test_drafters_on_a_scaled_target(backend):
+    """The DFlash drafter keeps plain RoPE (its own tables) under a target with factors; greedy
+    speculative output equals vanilla for the DFlash, n-gram and draft-model drafters."""
+    c = ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+                    max_seq_len=160, rope_freq_factors=llama3_freq_factors(16, 1e4, **PARAMS))
+    target = Transformer.random(c, seed=2)
+    dflash = fs.DFlashModel.random(fs.DFlashConfig(block_size=4, mask_token_id=0), target, seed=0)
+    assert dflash._stack.config.rope_freq_factors is None
+    prompt = list(IDS[:30] % 64) * 2
+    vanilla = fs.generate(target, prompt, 40).tokens
+    for drafter in (fs.DFlashDrafter(dflash), fs.NgramDrafter(max_ngram=3),
+                    fs.DraftModelDrafter(Transformer.random(c.replace(n_layers=1), seed=3))):
+        assert fs.speculative_generate(target, drafter, prompt, 40, gamma=3).tokens == vanilla
+
+
+def test_trainer_target_runs_the_factors(tmp_path):
+    """The trainer's torch target (distillation labels) computes the same logits."""
+    pytest.importorskip("torch")
+    from fastspec.training.weights import load_transformer_npz
+    c = ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+                    max_seq_len=128, tie_embeddings=False,
+                    rope_freq_factors=llama3_freq_factors(16, 1e4, **PARAMS))
+    model = Transformer.random(c, seed=4)
+    model.save(tmp_path / "t.npz")
+    torch_model, _ = load_transformer_npz(tmp_path / "t.npz")
+    import torch
+    with torch.no_grad():
+        logits, _ = torch_model.forward(torch.tensor((IDS % 64)[None]))
+    np.testing.assert_allclose(logits[0].double().numpy(), model.forward(IDS % 64).logits,
+                               atol=1e-4, rtol=0)
+    # DFlash's distillation labels: the target's greedy continuation from each anchor
+    from fastspec.training.objectives import branch_greedy_labels
+    seqs = torch.tensor((IDS[:80] % 64)[None])
+    anchors = torch.tensor([[10, 50, 70]])
+    with torch.no_grad():
+        cache: list = []
+        logits, _ = torch_model(seqs, cache=cache)
+        labels = branch_greedy_labels(torch_model, seqs, anchors, logits, cache, 6, False)
+    for j, a in enumerate(anchors[0].tolist()):
+        greedy = fs.generate(model, list(IDS[:a + 1] % 64), 5).tokens[-5:]
+        assert labels[0, j, 1:].tolist() == greedy
 
 
 def test_dflash_folder_with_llama3_scaling_is_refused(tmp_path):

@@ -343,7 +343,13 @@ class GGUFFile:
         return config
 
     def _freq_factors(self, head_dim: int) -> tuple[float, ...] | None:
-        """Llama 3.1+'s ``rope_freqs.weight`` (per-frequency RoPE divisors), else None."""
+        """Llama 3.1+'s ``rope_freqs.weight`` (per-frequency RoPE divisors), else None.
+
+        Raises
+        ------
+        ValueError
+            A tensor that is not F32 of shape (head_dim // 2,) with positive finite values.
+        """
         t = self._tensors.get(ROPE_FREQS)
         if t is None:
             return None
@@ -370,7 +376,8 @@ class GGUFFile:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise self._error(f"missing tensors {missing[:5]}{more} (a {self.architecture} "
                               f"model of {c.n_layers} layers needs them)")
-        unexpected = [g for g in self._tensors if g not in wanted and g != ROPE_FREQS]
+        allowed = {ROPE_FREQS} if self.architecture == "llama" else set()  # as llama.cpp
+        unexpected = [g for g in self._tensors if g not in wanted and g not in allowed]
         if unexpected:
             raise self._error(f"unexpected tensor {unexpected[0]!r}: not part of a "
                               f"{self.architecture} model fastspec runs")

@@ -73,7 +73,8 @@ def unpermute(rows: np.ndarray, head_rows: int) -> np.ndarray:
 
 
 def permute(rows: np.ndarray, head_rows: int) -> np.ndarray:
-    """llama.cpp's q/k row order within each head (the inverse of :func:`unpermute`)."""
+    """Return ``rows`` in llama.cpp's q/k row order within each head of ``head_rows`` rows
+    (the inverse of :func:`unpermute`): an array of the same shape."""
     n = rows.shape[0] // head_rows
     return (rows.reshape(n, 2, head_rows // 2, *rows.shape[1:]).swapaxes(1, 2)
             .reshape(rows.shape))

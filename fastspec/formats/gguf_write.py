@@ -40,18 +40,21 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
     ------
     ValueError
         A model that no supported architecture describes (the toy family: LayerNorm,
-        learned positions, tanh/gelu).
+        learned positions, tanh/gelu), or RoPE factors in a file that is not ``llama``.
     """
     c = model.config
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
         raise ValueError("only Llama-family models (RMSNorm, RoPE, SwiGLU) can be written as "
                          f"GGUF; this one is {c.norm}/{c.positional}/{c.activation}")
-    if source_arch in ARCHITECTURES:
-        return source_arch
-    if c.qkv_bias and c.qk_norm:
+    if c.qkv_bias and c.qk_norm and source_arch not in ARCHITECTURES:
         raise ValueError("a model with both q/k/v biases and QK-norm has no GGUF architecture "
                          "fastspec reads")
-    return "qwen2" if c.qkv_bias else "qwen3" if c.qk_norm else "llama"
+    arch = source_arch if source_arch in ARCHITECTURES else (
+        "qwen2" if c.qkv_bias else "qwen3" if c.qk_norm else "llama")
+    if c.rope_freq_factors is not None and arch != "llama":
+        raise ValueError(f"per-frequency RoPE factors (rope_freq_factors) are a llama "
+                         f"tensor in GGUF; llama.cpp refuses them in a {arch} file")
+    return arch
 
 
 def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:

@@ -1,49 +1,89 @@
 """RoPE settings of a Hugging Face ``config.json``: the base and Llama 3.1+'s llama3 scaling.
 
-transformers 5 writes them under ``rope_parameters`` (``rope_theta`` included), earlier versions
-as ``rope_theta`` and ``rope_scaling``; both are read. Default RoPE and ``rope_type="llama3"``
-(as per-frequency divisors, :func:`~fastspec.model.functional.llama3_freq_factors`) run; any
-other type is a ValueError naming it.
+transformers 5 writes them under ``rope_parameters`` (``rope_theta`` included); earlier
+versions wrote ``rope_theta`` and ``rope_scaling`` at the top level. Both are read as
+transformers 5 reads them: a legacy ``rope_scaling`` object replaces ``rope_parameters``, and
+the base is ``rope_theta`` inside the chosen object, else at the top level, else 10000.
+Default RoPE and ``rope_type="llama3"`` (as per-frequency divisors,
+:func:`~fastspec.model.functional.llama3_freq_factors`) run; any other type is a ValueError
+naming it.
 """
 from __future__ import annotations
+
+import math
+from typing import Any
 
 from fastspec.model.functional import llama3_freq_factors
 
 __all__ = ["rope_theta", "rope_freq_factors"]
 
+#: The llama3 parameters (``original_max_position_embeddings`` defaults as in transformers).
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                "original_max_position_embeddings")
 
-def _rope_scaling(cfg: dict) -> tuple[str, dict]:
-    """Return the RoPE type of a ``config.json`` and the dict holding its parameters
-    (``rope_parameters`` in transformers 5, ``rope_scaling`` before)."""
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    if not isinstance(params, dict) or not isinstance(scaling, dict):
-        raise ValueError("rope_parameters and rope_scaling must be JSON objects")
-    kind = (params.get("rope_type") or params.get("type") or scaling.get("rope_type")
-            or scaling.get("type") or "default")
-    return kind, (params if params.get("rope_type") or params.get("type") else scaling)
+
+def _rope_parameters(cfg: dict) -> tuple[str, dict]:
+    """Return the RoPE type of ``cfg`` and the object holding its parameters."""
+    for name in ("rope_scaling", "rope_parameters"):
+        if cfg.get(name) is not None and not isinstance(cfg[name], dict):
+            raise ValueError(f"{name} must be a JSON object or null, got {cfg[name]!r}")
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"rope_type must be a non-empty string, got {kind!r}")
+    return kind, params
 
 
 def rope_theta(cfg: dict, scalings: tuple[str, ...] = ("default",)) -> float:
     """Return the RoPE base of a Hugging Face ``config.json``.
 
+    Parameters
+    ----------
+    cfg : dict
+        The parsed ``config.json``.
+    scalings : tuple of str, default ("default",)
+        The RoPE types the caller runs.
+
+    Returns
+    -------
+    float
+
     Raises
     ------
     ValueError
-        A RoPE type not in ``scalings`` (default RoPE only unless told).
+        A RoPE type not in ``scalings``, or a base that is not a positive finite number.
     """
-    kind, _ = _rope_scaling(cfg)
+    kind, params = _rope_parameters(cfg)
     if kind not in scalings:
         raise ValueError(f"unsupported rope scaling {kind!r} (implemented: "
                          f"{', '.join(scalings)})")
-    params = cfg.get("rope_parameters") or {}
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    return float(theta)
+    theta = params.get("rope_theta")
+    if theta is None:
+        theta = cfg.get("rope_theta")
+    theta = 10000.0 if theta is None else theta
+    try:
+        value = math.nan if isinstance(theta, (bool, str)) else float(theta)
+    except (TypeError, ValueError, OverflowError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"rope_theta must be a positive finite number, got {theta!r}")
+    return value
 
 
 def rope_freq_factors(cfg: dict, head_dim: int) -> tuple[float, ...] | None:
-    """Return the per-frequency RoPE divisors of a ``config.json`` (``rope_type`` ``"llama3"``:
-    :func:`~fastspec.model.functional.llama3_freq_factors`), or None for default RoPE.
+    """Return the per-frequency RoPE divisors of a ``config.json``, or None for default RoPE.
+
+    Parameters
+    ----------
+    cfg : dict
+        The parsed ``config.json``.
+    head_dim : int
+        The model's head size.
+
+    Returns
+    -------
+    tuple of float of length head_dim // 2, or None
+        For ``rope_type`` ``"llama3"``: :func:`~fastspec.model.functional.llama3_freq_factors`.
 
     Raises
     ------
@@ -51,11 +91,17 @@ def rope_freq_factors(cfg: dict, head_dim: int) -> tuple[float, ...] | None:
         Another RoPE type, or a missing or invalid llama3 parameter (named).
     """
     theta = rope_theta(cfg, ("default", "llama3"))
-    kind, params = _rope_scaling(cfg)
+    kind, params = _rope_parameters(cfg)
     if kind == "default":
         return None
-    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-    missing = [k for k in keys if k not in params]
-    if missing:  # transformers requires all four too
+    values: dict[str, Any] = {k: params.get(k) for k in _LLAMA3_KEYS}
+    for key in ("original_max_position_embeddings", "max_position_embeddings"):
+        # transformers: a top-level original length wins, else the object's, else the context
+        if key == "original_max_position_embeddings" and cfg.get(key) is not None:
+            values["original_max_position_embeddings"] = cfg[key]
+        elif values["original_max_position_embeddings"] is None:
+            values["original_max_position_embeddings"] = cfg.get(key)
+    missing = [k for k, v in values.items() if v is None]
+    if missing:
         raise ValueError(f"llama3 RoPE scaling needs {missing}")
-    return llama3_freq_factors(head_dim, theta, **{k: params[k] for k in keys})
+    return llama3_freq_factors(head_dim, theta, **values)

@@ -130,8 +130,11 @@ class ModelConfig:
             raise ValueError("rope_freq_factors needs positional='rope'")
         raw: object = self.rope_freq_factors
         try:
+            if isinstance(raw, (str, bytes)) or any(isinstance(f, (bool, str, bytes))
+                                                    for f in raw):  # type: ignore[attr-defined]
+                raise TypeError
             factors = tuple(float(f) for f in raw)  # type: ignore[attr-defined]
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError(f"rope_freq_factors must be a sequence of numbers, got {raw!r}"
                              ) from None
         half = int(self.head_dim or 0) // 2

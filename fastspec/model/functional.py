@@ -44,7 +44,7 @@ def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
 
 
 def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,
-                        high_freq_factor: float, original_max_position_embeddings: int
+                        high_freq_factor: float, original_max_position_embeddings: float
                         ) -> tuple[float, ...]:
     """Return the per-frequency divisors of Llama 3.1's ``"llama3"`` RoPE scaling.
 
@@ -56,6 +56,15 @@ def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_fac
     divisor ``1 / ((1 - s) / factor + s)`` with ``s = (original / wavelength -
     low_freq_factor) / (high_freq_factor - low_freq_factor)``.
 
+    Parameters
+    ----------
+    head_dim : int
+        Rotated size of a head (even).
+    theta : float
+        RoPE base (``rope_theta``).
+    factor, low_freq_factor, high_freq_factor, original_max_position_embeddings : float
+        The ``rope_scaling`` / ``rope_parameters`` entries of the same names.
+
     Returns
     -------
     tuple of float, length head_dim // 2
@@ -65,31 +74,48 @@ def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_fac
     Raises
     ------
     ValueError
-        A non-positive or non-finite parameter, or ``high_freq_factor <= low_freq_factor``.
+        A parameter that is not a positive finite number (named), ``high_freq_factor <=
+        low_freq_factor``, or divisors that are not positive finite float32 values.
     """
-    values = dict(factor=factor, low_freq_factor=low_freq_factor,
+    values = dict(theta=theta, factor=factor, low_freq_factor=low_freq_factor,
                   high_freq_factor=high_freq_factor,
                   original_max_position_embeddings=original_max_position_embeddings)
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                math.isfinite(value) and value > 0):
-            raise ValueError(f"llama3 RoPE scaling: {name} must be a positive number, got "
-                             f"{value!r}")
-    if high_freq_factor <= low_freq_factor:
+    p = {name: _positive(name, value) for name, value in values.items()}
+    if p["high_freq_factor"] <= p["low_freq_factor"]:
         raise ValueError(f"llama3 RoPE scaling: high_freq_factor {high_freq_factor!r} must "
                          f"exceed low_freq_factor {low_freq_factor!r}")
+    original, low, high = (p["original_max_position_embeddings"], p["low_freq_factor"],
+                           p["high_freq_factor"])
     out = []
     for i in range(0, head_dim, 2):
-        wavelength = 2 * math.pi * theta ** (i / head_dim)
-        if wavelength < original_max_position_embeddings / high_freq_factor:
+        wavelength = 2 * math.pi * p["theta"] ** (i / head_dim)
+        if wavelength < original / high:
             out.append(1.0)
-        elif wavelength > original_max_position_embeddings / low_freq_factor:
-            out.append(float(factor))
+        elif wavelength > original / low:
+            out.append(p["factor"])
         else:
-            s = ((original_max_position_embeddings / wavelength - low_freq_factor)
-                 / (high_freq_factor - low_freq_factor))
-            out.append(1.0 / ((1.0 - s) / factor + s))
-    return tuple(float(f) for f in np.asarray(out, dtype=np.float32))
+            s = (original / wavelength - low) / (high - low)
+            out.append(1.0 / ((1.0 - s) / p["factor"] + s))
+    with np.errstate(over="ignore", under="ignore"):
+        rounded = np.asarray(out, dtype=np.float64).astype(np.float32)
+    if not (np.isfinite(rounded).all() and (rounded > 0).all()):
+        raise ValueError(f"llama3 RoPE scaling: factor {factor!r} gives divisors outside "
+                         "float32's positive finite range")
+    return tuple(float(f) for f in rounded)
+
+
+def _positive(name: str, value) -> float:
+    """``value`` as a positive finite float, else a ValueError naming ``name``."""
+    try:
+        if isinstance(value, (bool, str, bytes)):
+            raise TypeError
+        out = float(value)
+    except (TypeError, ValueError, OverflowError):
+        out = math.nan
+    if not (math.isfinite(out) and out > 0):
+        raise ValueError(f"llama3 RoPE scaling: {name} must be a positive finite number, got "
+                         f"{value!r}")
+    return out
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

@@ -31,9 +31,12 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
-def rope_cos_sin(positions, head_dim: int, theta: float):
-    """cos, sin of shape positions.shape + (head_dim,) (HF rotate-half layout)."""
+def rope_cos_sin(positions, head_dim: int, theta: float, freq_factors=None):
+    """cos, sin of shape positions.shape + (head_dim,) (HF rotate-half layout); frequency ``i``
+    divided by ``freq_factors[i]`` when given (``rope_freq_factors``, Llama 3.1+)."""
     inv_freq = theta ** (-torch.arange(0, head_dim // 2, dtype=torch.float64) * 2.0 / head_dim)
+    if freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float64)
     ang = positions.to(torch.float64)[..., None] * inv_freq
     ang = torch.cat([ang, ang], dim=-1)
     return torch.cos(ang).float(), torch.sin(ang).float()
@@ -138,7 +141,8 @@ class Transformer(nn.Module):
         B, T = ids.shape
         x = self.model.embed_tokens(ids)
         pos = torch.arange(start, start + T, device=ids.device)
-        cos, sin = rope_cos_sin(pos, self.cfg["head_dim"], self.cfg["rope_theta"])
+        cos, sin = rope_cos_sin(pos, self.cfg["head_dim"], self.cfg["rope_theta"],
+                                self.cfg.get("rope_freq_factors"))
         hidden = {}
         for li, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
