@@ -1,14 +1,16 @@
 """GGUF model files (llama.cpp's format): metadata, model config and tensors, memory-mapped.
 
-:class:`GGUFFile` opens a file once with the ``gguf`` package (the optional ``[gguf]`` extra,
-imported here only) and serves everything a load needs from that one parse: the metadata as
+:class:`GGUFFile` opens a file once (its header read by
+:func:`~fastspec.formats.gguf_header.read_header`, checked against the file's size; the ``gguf``
+package of the optional ``[gguf]`` extra, imported here only, gives the type tables and the
+dequantization) and serves everything a load needs from that one parse: the metadata as
 plain Python values (:func:`read_metadata`, which the GGUF tokenizer builds from), the
 :class:`~fastspec.ModelConfig` of a ``llama`` (Mistral-style included), ``qwen2`` or ``qwen3``
 file, and its tensors as :class:`GGUFTensor` s under their Hugging Face names, which
 :meth:`fastspec.Transformer.from_tensors` dequantizes block of rows by block of rows into
 their storage dtype. :func:`load_gguf` is what ``Transformer.load("x.gguf")`` runs.
 
-Parsing the file (``gguf.GGUFReader``) takes seconds on a real vocabulary: keep one
+Decoding a real vocabulary's strings takes tens of milliseconds: still, keep one
 :class:`GGUFFile` per load and hand it to every reader (model and tokenizer).
 """
 from __future__ import annotations
@@ -16,11 +18,11 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 import numpy as np
 
-from fastspec.formats.gguf_header import check_header
+from fastspec.formats.gguf_header import TensorInfo, read_header
 from fastspec.formats.gguf_names import (LEAF, ROPE_FREQS, TOP, gguf_tensor_name, hf_shapes,
                                          unpermute)
 from fastspec.formats.gguf_quant import (AUTO_FLOAT_KIND, NEAREST_NATIVE, native_kind,
@@ -49,8 +51,6 @@ _CONFIG_KEYS = frozenset({
     "vocab_size"})
 #: Elements :meth:`GGUFTensor.read` converts at a time (1 MB of float32).
 _CHUNK = 1 << 18
-#: The reader's own entries for the file header: not key/value pairs of the file.
-_HEADER_FIELDS = ("GGUF.version", "GGUF.tensor_count", "GGUF.kv_count")
 
 def _gguf():
     """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
@@ -65,6 +65,41 @@ def _gguf():
 def gguf_package():
     """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
     return _gguf()
+
+
+class _FileTensor(NamedTuple):
+    """A tensor's header entry and its bytes: what :class:`GGUFTensor` reads (the fields of
+    ``gguf.ReaderTensor`` it uses, with the same ``data`` shapes and dtypes)."""
+
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: np.ndarray  # ggml order
+    n_elements: int
+    data: np.ndarray
+
+
+#: ggml types read as NumPy values; every other type is bytes of blocks, (..., row bytes).
+_VALUE_TYPES = {"F16": "f2", "F32": "f4", "F64": "f8", "I8": "i1", "I16": "i2", "I32": "i4",
+                "I64": "i8"}
+
+
+def _file_tensor(path: Path, info: TensorInfo, ttype: Any, data: np.ndarray, start: int,
+                 order: str) -> _FileTensor:
+    """The :class:`_FileTensor` of header entry ``info`` over the file's bytes ``data``
+    (whose extent :func:`~fastspec.formats.gguf_header.read_header` checked)."""
+    n = math.prod(info.dims)
+    block, block_bytes = _gguf().GGML_QUANT_SIZES[ttype]
+    shape = tuple(reversed(info.dims))
+    at, nbytes = start + info.offset, n // block * block_bytes
+    raw = data[at:at + nbytes]
+    if raw.size != nbytes:  # the header's check saw a longer file: it changed since
+        raise ValueError(f"{path}: tensor {info.name!r} needs {nbytes} bytes at offset {at}, "
+                         f"the file now has {data.size} bytes (changed while being read?)")
+    if ttype.name in _VALUE_TYPES:
+        values = raw.view(np.dtype(order + _VALUE_TYPES[ttype.name])).reshape(shape)
+    else:
+        values = raw.reshape(*shape[:-1], shape[-1] // block * block_bytes if shape else 0)
+    return _FileTensor(info.name, ttype, np.array(info.dims, dtype=np.uint64), n, values)
 
 
 class GGUFTensor:
@@ -184,9 +219,8 @@ class GGUFFile:
     Raises
     ------
     ValueError
-        A header that the file cannot hold or that is corrupt (checked by
-        :func:`~fastspec.formats.gguf_header.check_header` before the reader sees it), anything
-        else the reader raises, or metadata strings that are not UTF-8 (named).
+        A header that the file cannot hold or that is corrupt, or metadata strings that are
+        not UTF-8 (:func:`~fastspec.formats.gguf_header.read_header`; named).
     ImportError
         Without the ``gguf`` package.
     """
@@ -194,25 +228,19 @@ class GGUFFile:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         gguf = _gguf()
-        # GGUFReader loops and allocates from the header's counts: check them first
-        check_header(self.path, gguf.GGML_QUANT_SIZES,
-                     {int(t): t.name for t in gguf.GGMLQuantizationType})
+        types = {int(t): t for t in gguf.GGMLQuantizationType}
+        # one checked walk of the header reads every value (gguf.GGUFReader's parse builds a
+        # NumPy view of every vocabulary string: seconds for a real vocabulary)
+        header = read_header(self.path, gguf.GGML_QUANT_SIZES,
+                             {n: t.name for n, t in types.items()})
+        self.metadata: dict[str, Any] = header.metadata
         try:
-            reader = gguf.GGUFReader(self.path, mode="c")
-            self.metadata: dict[str, Any] = {}
-            key = None
-            for key, field in reader.fields.items():
-                if key not in _HEADER_FIELDS:
-                    self.metadata[key] = field.contents()
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{self.path}: metadata key {key!r} holds a string that is "
-                             f"not UTF-8 ({exc})") from None
-        except Exception as exc:  # what the header check let through: still the file's fault
-            raise ValueError(f"{self.path}: not a readable GGUF file (truncated or corrupt?): "
-                             f"{type(exc).__name__}: {exc}") from None
-        # the tensors keep their views of the map; the reader itself (and its per-string
-        # arrays of the vocabulary, ~160 MB for 49k tokens and merges) can go
-        self._tensors = {t.name: t for t in reader.tensors}
+            data = np.memmap(self.path, mode="c").view(np.ndarray)  # plain views slice faster
+        except (ValueError, OSError) as exc:  # emptied or removed since the header was read
+            raise ValueError(f"{self.path}: cannot map the file: {exc}") from None
+        start, order = header.layout.data_offset, header.layout.byte_order
+        self._tensors = {t.name: _file_tensor(self.path, t, types[t.type], data, start, order)
+                         for t in header.tensors}
         self.architecture = self.metadata.get("general.architecture")
 
     def __repr__(self) -> str:
@@ -436,8 +464,8 @@ def read_metadata(source: str | os.PathLike | GGUFFile) -> dict[str, Any]:
     Parameters
     ----------
     source : path-like or GGUFFile
-        Parsing a file takes seconds on a real vocabulary: pass the :class:`GGUFFile` the
-        model is loaded from to share its parse (the dict is then that file's own).
+        Decoding a real vocabulary takes tens of milliseconds: pass the :class:`GGUFFile`
+        the model is loaded from to share its parse (the dict is then that file's own).
 
     Raises
     ------
