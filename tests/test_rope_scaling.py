@@ -152,8 +152,8 @@ def _weights(model: Transformer) -> dict:
 
 @pytest.mark.hf
 def test_rope_freqs_gguf_matches_transformers(hf_scaled, scaled_folder, tmp_path, backend):
-    """A GGUF file carrying ``rope_freqs.weight`` as llama.cpp's converter writes it (written
-    here with the gguf package from the folder's weights) runs as transformers' llama3 model."""
+    """A GGUF file carrying ``rope_freqs.weight`` as llama.cpp's converter computes it (an
+    independent loop, not fastspec's rule) runs as transformers' llama3 model."""
     pytest.importorskip("gguf")
     folder = Transformer.load(scaled_folder)
     factors = converter_factors(16, hf_scaled[2], **PARAMS)
@@ -165,26 +165,11 @@ def test_rope_freqs_gguf_matches_transformers(hf_scaled, scaled_folder, tmp_path
 
 
 def _write_gguf(model: Transformer, path, factors) -> None:
-    """Write ``model`` (plain RoPE) and then ``rope_freqs.weight`` with the gguf package."""
-    import gguf
-
+    """Write ``model``'s weights with ``factors`` as its ``rope_freqs.weight`` (fastspec's
+    writer: llama.cpp runs its files, docs/FORMATS.md)."""
     from fastspec.formats.gguf_write import save_gguf
-    plain = Transformer(model.config.replace(rope_freq_factors=None), **_weights(model))
-    save_gguf(plain, path.with_suffix(".plain.gguf"))
-    reader = gguf.GGUFReader(path.with_suffix(".plain.gguf"))
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        sub = field.types[1] if len(field.types) > 1 else None
-        w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    for t in reader.tensors:
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.add_tensor("rope_freqs.weight", np.asarray(factors, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=False)
-    w.close()
+    config = model.config.replace(rope_freq_factors=tuple(np.asarray(factors, float)))
+    save_gguf(Transformer(config, **_weights(model)), path)
 
 
 def test_saved_and_loaded(tmp_path):
