@@ -24,6 +24,7 @@ from fastspec.model.functional import llama3_freq_factors
 SCALING = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
            "high_freq_factor": 8.0, "original_max_position_embeddings": 64}
 PARAMS = {k: v for k, v in SCALING.items() if k != "rope_type"}
+NO_LENGTH = {k: v for k, v in SCALING.items() if k != "original_max_position_embeddings"}
 TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
             rms_norm_eps=1e-6, rope_theta=10000.0)
@@ -143,6 +144,23 @@ def test_llama3_folder_matches_transformers(hf_scaled, scaled_folder, backend, d
     np.testing.assert_allclose(steps, ref[60:], atol=1e-4, rtol=0)
     plain = Transformer(ours.config.replace(rope_freq_factors=None), **_weights(ours))
     assert np.abs(plain.forward(IDS).logits - ref).max() > 1e-2  # the scaling matters here
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("extra", [
+    dict(rope_scaling=dict(SCALING)),
+    dict(rope_scaling=dict(SCALING), original_max_position_embeddings=32),  # top level wins
+    dict(rope_scaling=NO_LENGTH, original_max_position_embeddings=32),
+    dict(rope_scaling=NO_LENGTH)],  # the context
+    ids=["object", "top-level-wins", "top-level", "context"])
+def test_original_length_is_found_as_transformers_finds_it(extra):
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    cfg = json.loads(json.dumps(dict(TINY, **extra)))  # LlamaConfig fills its argument in
+    ours = 1e4 ** -(np.arange(0, 16, 2) / 16) / fs.formats.hf_rope.rope_freq_factors(cfg, 16)
+    hf_config = transformers.LlamaConfig(**json.loads(json.dumps(cfg)))
+    reference = ROPE_INIT_FUNCTIONS["llama3"](hf_config, "cpu")[0]
+    np.testing.assert_allclose(ours, reference.double().numpy(), rtol=1e-6)
 
 
 def _weights(model: Transformer) -> dict:

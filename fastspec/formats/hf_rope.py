@@ -10,10 +10,9 @@ naming it.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from fastspec.model.functional import llama3_freq_factors
+from fastspec.model.functional import llama3_freq_factors, positive_number
 
 __all__ = ["rope_theta", "rope_freq_factors"]
 
@@ -60,14 +59,7 @@ def rope_theta(cfg: dict, scalings: tuple[str, ...] = ("default",)) -> float:
     theta = params.get("rope_theta")
     if theta is None:
         theta = cfg.get("rope_theta")
-    theta = 10000.0 if theta is None else theta
-    try:
-        value = math.nan if isinstance(theta, (bool, str)) else float(theta)
-    except (TypeError, ValueError, OverflowError):
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"rope_theta must be a positive finite number, got {theta!r}")
-    return value
+    return positive_number(10000.0 if theta is None else theta, "rope_theta")
 
 
 def rope_freq_factors(cfg: dict, head_dim: int) -> tuple[float, ...] | None:
@@ -95,12 +87,11 @@ def rope_freq_factors(cfg: dict, head_dim: int) -> tuple[float, ...] | None:
     if kind == "default":
         return None
     values: dict[str, Any] = {k: params.get(k) for k in _LLAMA3_KEYS}
-    for key in ("original_max_position_embeddings", "max_position_embeddings"):
-        # transformers: a top-level original length wins, else the object's, else the context
-        if key == "original_max_position_embeddings" and cfg.get(key) is not None:
-            values["original_max_position_embeddings"] = cfg[key]
-        elif values["original_max_position_embeddings"] is None:
-            values["original_max_position_embeddings"] = cfg.get(key)
+    # transformers: a top-level original length wins, else the object's, else the context
+    original = (cfg.get("original_max_position_embeddings"),
+                values["original_max_position_embeddings"], cfg.get("max_position_embeddings"))
+    values["original_max_position_embeddings"] = next((v for v in original if v is not None),
+                                                      None)
     missing = [k for k, v in values.items() if v is None]
     if missing:
         raise ValueError(f"llama3 RoPE scaling needs {missing}")

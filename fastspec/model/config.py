@@ -9,6 +9,7 @@ import numpy as np
 
 from fastspec.kernels.bf16 import BF16
 from fastspec.kernels.checks import check_index, check_known_fields
+from fastspec.model.functional import positive_number
 
 __all__ = ["ModelConfig", "QUANT_WEIGHT_DTYPES"]
 
@@ -130,20 +131,18 @@ class ModelConfig:
             raise ValueError("rope_freq_factors needs positional='rope'")
         raw: object = self.rope_freq_factors
         try:
-            if isinstance(raw, (str, bytes)) or any(isinstance(f, (bool, str, bytes))
-                                                    for f in raw):  # type: ignore[attr-defined]
+            if isinstance(raw, (str, bytes)):
                 raise TypeError
-            factors = tuple(float(f) for f in raw)  # type: ignore[attr-defined]
-        except (TypeError, ValueError, OverflowError):
+            count = len(raw)  # type: ignore[arg-type]
+        except TypeError:
             raise ValueError(f"rope_freq_factors must be a sequence of numbers, got {raw!r}"
                              ) from None
         half = int(self.head_dim or 0) // 2
-        if len(factors) != half:
-            raise ValueError(f"rope_freq_factors has {len(factors)} values, head_dim "
+        if count != half:
+            raise ValueError(f"rope_freq_factors has {count} values, head_dim "
                              f"{self.head_dim} needs {half}")
-        bad = next((f for f in factors if not (math.isfinite(f) and f > 0)), None)
-        if bad is not None:
-            raise ValueError(f"rope_freq_factors must be positive and finite, got {bad}")
+        factors = tuple(positive_number(f, f"rope_freq_factors[{i}]")
+                        for i, f in enumerate(raw))  # type: ignore[call-overload]
         object.__setattr__(self, "rope_freq_factors", factors)
 
     def _check_quantized(self) -> None:

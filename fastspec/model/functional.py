@@ -80,7 +80,8 @@ def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_fac
     values = dict(theta=theta, factor=factor, low_freq_factor=low_freq_factor,
                   high_freq_factor=high_freq_factor,
                   original_max_position_embeddings=original_max_position_embeddings)
-    p = {name: _positive(name, value) for name, value in values.items()}
+    p = {name: positive_number(value, f"llama3 RoPE scaling: {name}")
+         for name, value in values.items()}
     if p["high_freq_factor"] <= p["low_freq_factor"]:
         raise ValueError(f"llama3 RoPE scaling: high_freq_factor {high_freq_factor!r} must "
                          f"exceed low_freq_factor {low_freq_factor!r}")
@@ -104,8 +105,15 @@ def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_fac
     return tuple(float(f) for f in rounded)
 
 
-def _positive(name: str, value) -> float:
-    """``value`` as a positive finite float, else a ValueError naming ``name``."""
+def positive_number(value, name: str) -> float:
+    """``value`` as a positive finite float (a RoPE base, scaling parameter or divisor).
+
+    Raises
+    ------
+    ValueError
+        ``value`` is not a number (bools and strings included), or not positive and finite;
+        the message names ``name``.
+    """
     try:
         if isinstance(value, (bool, str, bytes)):
             raise TypeError
@@ -113,8 +121,7 @@ def _positive(name: str, value) -> float:
     except (TypeError, ValueError, OverflowError):
         out = math.nan
     if not (math.isfinite(out) and out > 0):
-        raise ValueError(f"llama3 RoPE scaling: {name} must be a positive finite number, got "
-                         f"{value!r}")
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
     return out
 
 
