@@ -123,20 +123,19 @@ def _q4_k_blocks(rows, cols, rng, exact):
 
 
 @pytest.mark.parametrize("exact", [True, False])
-def test_q4_k_keeps_its_values_as_q4_1(exact, monkeypatch):
+def test_q4_k_keeps_its_values_as_q4_1(exact, backend):
     """Each Q4_K sub-block of 32 becomes a Q4_1 block with the same 4-bit values: the same
     float32 weights where the scales d * sc and mins dmin * m are float16 values, else within
     the float16 rounding of each (half an ulp: 2**-11 relative) -- 0.02-0.05% relative RMS
     where dequantizing and quantizing again gives 1.6%."""
     from gguf.quants import Q4_K, dequantize
 
-    from fastspec.formats.gguf_quant import q4_k_as_q4_1
+    from fastspec.kernels.quant import transcode
 
-    monkeypatch.setattr(gguf_quant, "_CHUNK", 1000)  # chunks of 2 rows, the last one short
     rows, cols = 7, 768
     raw = _q4_k_blocks(rows, cols, np.random.default_rng(3), exact)
     want = dequantize(raw, Q.Q4_K).reshape(rows, cols)
-    got = dequantize(q4_k_as_q4_1(raw), Q.Q4_1).reshape(rows, cols)
+    got = dequantize(transcode("Q4_K", raw), Q.Q4_1).reshape(rows, cols)
     if exact:
         np.testing.assert_array_equal(got, want)
         return

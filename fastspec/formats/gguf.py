@@ -179,11 +179,12 @@ class GGUFTensor:
                              f"of blocks, not {self.shape[0]} rows")
         return unpermute(raw, self.head_rows) if self.head_rows else raw
 
-    def quant(self, requested: str):
+    def quant(self, requested: str, out: np.ndarray | None = None):
         """Return the matrix as a :class:`~fastspec.kernels.quant.QuantMatrix` for a model
         of kind ``requested`` (:func:`fastspec.formats.gguf_quant.quant_matrix`: a file's
-        own blocks kept when its type is the kind it is stored in, else converted)."""
-        return quant_matrix(self, requested)
+        own blocks kept when its type is the kind it is stored in, else converted), packed
+        into ``out`` when given."""
+        return quant_matrix(self, requested, out)
 
     def mapped(self) -> np.ndarray:
         """Return the tensor as a copy-on-write view of the file when it is F32, F16 or BF16
@@ -488,4 +489,5 @@ def load_gguf(cls: type[Transformer], source: str | os.PathLike | GGUFFile,
     file = source if isinstance(source, GGUFFile) else GGUFFile(source)
     config = file.config(dtype, weight_dtype)
     floats = AUTO_FLOAT_KIND.get(config.weight_dtype) if weight_dtype == "auto" else None
-    return cls.from_tensors(config, file.tensors(config, floats), mmap=mmap)
+    # a list of handles: a quantized model is packed straight into its arena (from_tensors)
+    return cls.from_tensors(config, list(file.tensors(config, floats)), mmap=mmap)

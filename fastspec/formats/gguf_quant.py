@@ -14,7 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 __all__ = ["AUTO_FLOAT_KIND", "NEAREST_NATIVE", "SCALED_INT8", "native_kind",
-           "own_weight_dtype", "q4_k_as_q4_1", "quant_matrix"]
+           "own_weight_dtype", "quant_matrix"]
 
 #: Precision order of the native kinds (the two 4-bit grids are not nested: one is never
 #: converted into the other, which costs ~6% relative RMS).
@@ -63,11 +63,11 @@ def own_weight_dtype(tensors: Iterable[Any], dtype: str | None = None) -> str | 
     give their own kind (the blocks are kept, and the other matrices take their
     :func:`native_kind`: a Q4_1 file's Q8_0 embedding stays q8_0, a float one becomes q8_0,
     :data:`AUTO_FLOAT_KIND`), Q4_K (most of a Q4_K_M file) gives ``"q4_1"`` (its 4-bit values
-    kept, :func:`q4_k_as_q4_1`; the file's Q6_K matrices become q8_0); any other quantized
-    type gives ``"q8_0"``, the conversion that adds at most ~0.6% relative RMS (the other 4-bit
-    ones add up to 7%, docs/FORMATS.md); F16 gives ``"float16"``, BF16 ``"bfloat16"`` and F32
-    None (float32). With ``dtype="float64"``: None (16-bit and quantized storage compute in
-    float32).
+    kept, :func:`fastspec.kernels.quant.transcode`; the file's Q6_K matrices become q8_0);
+    any other quantized type gives ``"q8_0"``, the conversion that adds at most ~0.6%
+    relative RMS (the other 4-bit ones add up to 7%, docs/FORMATS.md); F16 gives
+    ``"float16"``, BF16 ``"bfloat16"`` and F32 None (float32). With ``dtype="float64"``: None
+    (16-bit and quantized storage compute in float32).
 
     Parameters
     ----------
@@ -94,49 +94,6 @@ def own_weight_dtype(tensors: Iterable[Any], dtype: str | None = None) -> str | 
         own = NEAREST_NATIVE[top]
         return own if own == top.lower() or top == "Q4_K" else "q8_0"
     return {"F16": "float16", "BF16": "bfloat16"}.get(top)  # F32 (others fail the checks)
-
-
-def q4_k_as_q4_1(raw: np.ndarray) -> np.ndarray:
-    """Return Q4_K super-blocks as Q4_1 blocks holding the same 4-bit values.
-
-    A Q4_K super-block of 256 weights has eight sub-blocks of 32, each ``w = d * sc * q -
-    dmin * m`` (``d``, ``dmin`` float16, ``sc``, ``m`` 6-bit, ``q`` 4-bit): a Q4_1 block
-    ``w = d' * q + m'`` with ``d' = d * sc`` and ``m' = -dmin * m``, both exact in float32
-    and rounded to float16 (nearest even) here: the only error of the conversion (about
-    ``2**-11`` of each scale and min; 0.022% relative RMS on the synthetic blocks of
-    docs/FORMATS.md, against 1.6% for dequantizing and quantizing again). Where both products
-    are float16 values the result dequantizes to the same float32 values, bit for bit.
-
-    Parameters
-    ----------
-    raw : ndarray of uint8, shape (rows, in / 256 * 144)
-        Q4_K blocks, a row of the matrix a row (``GGUFTensor.blocks``).
-
-    Returns
-    -------
-    ndarray of uint8, shape (rows, in / 32 * 20)
-        Q4_1 blocks (``d'``, ``m'``, 16 bytes of values: element ``k`` of a block in the low
-        nibble of byte ``k``, element ``k + 16`` in its high nibble).
-    """
-    from gguf.quants import Q4_K
-
-    rows = raw.shape[0]
-    out = np.empty((rows, raw.shape[1] // 144 * 8 * 20), dtype=np.uint8)
-    step = max(1, _CHUNK // max(1, raw.shape[1]))  # bounded temporaries
-    for r in range(0, rows, step):
-        b = np.ascontiguousarray(raw[r:r + step]).reshape(-1, 144)
-        n = b.shape[0]
-        d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
-        dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
-        sc, m = Q4_K.get_scale_min(b[:, 4:16])  # (n, 8) each
-        o = out[r:r + step].reshape(n, 8, 20)
-        with np.errstate(over="ignore", invalid="ignore"):  # inf/NaN: refused by the q4_1 checks
-            o[:, :, 0:2] = (d * sc).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
-            o[:, :, 2:4] = (-(dmin * m)).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
-        qs = b[:, 16:].reshape(n, 4, 32)  # bytes 32i..: sub-block 2i low, 2i + 1 high nibbles
-        q = np.stack((qs & 0x0F, qs >> 4), axis=2).reshape(n, 8, 32)
-        o[:, :, 4:] = q[:, :, :16] | (q[:, :, 16:] << 4)
-    return out
 
 
 #: GGUF types whose blocks of 32 are one f16 scale ``d`` (the block's first two bytes) times
@@ -167,16 +124,27 @@ def _scaled_int8_as_q8_0(tensor: Any, step: int) -> np.ndarray | None:
     return out.reshape(rows, nb * 34)
 
 
-def quant_matrix(tensor: Any, requested: str):
+def quant_matrix(tensor: Any, requested: str, out: np.ndarray | None = None):
     """Return GGUF matrix ``tensor`` (a :class:`~fastspec.formats.gguf.GGUFTensor`) as a
     :class:`~fastspec.kernels.quant.QuantMatrix` of :func:`native_kind`.
 
     A tensor whose type is that kind keeps its blocks (``tensor.blocks()``), byte for byte:
-    nothing is dequantized. A Q4_K tensor stored as q4_1 keeps its 4-bit values
-    (:func:`q4_k_as_q4_1`), a :data:`SCALED_INT8` one stored as q8_0 its scales and integers
-    (exactly the same weights). Any other is read (dequantized) :data:`_CHUNK` elements at a time,
-    whole heads for a permuted llama ``attn_q``/``attn_k``, and each block of rows quantized
-    into the result.
+    nothing is dequantized. A Q4_K tensor stored as q4_1 (its 4-bit values kept, not
+    requantized) and a Q6_K one stored as q8_0 (the bytes of the dequantize-and-quantize
+    below) go through :func:`fastspec.kernels.quant.transcode`, one compiled pass; a
+    :data:`SCALED_INT8` one stored as q8_0 keeps its scales and integers (exactly the same
+    weights). Any other (Q4_K stored as q8_0 included) is read (dequantized) :data:`_CHUNK`
+    elements at a time, whole heads for a permuted llama ``attn_q``/``attn_k``, and each
+    block of rows quantized into the result.
+
+    Parameters
+    ----------
+    tensor : GGUFTensor
+        A matrix of the file.
+    requested : {"q8_0", "q4_0", "q4_1"}
+        The model's kind.
+    out : ndarray of uint8, optional
+        The byte slot to pack into (:meth:`~fastspec.kernels.quant.QuantMatrix.from_blocks`).
 
     Raises
     ------
@@ -184,24 +152,31 @@ def quant_matrix(tensor: Any, requested: str):
         Blocks of a NaN or infinite scale, wrong block counts, or values that dequantize to
         NaN or infinity (named with the file and the tensor).
     """
-    from fastspec.model.quantized import QuantMatrix, as_quant
+    from fastspec.kernels.quant import TRANSCODED, QuantMatrix, quantize_blocks, transcode
+    from fastspec.model.quantized import float_matrix
 
     kind = native_kind(tensor.type_name, requested, getattr(tensor, "float_kind", None))
     rows, cols = tensor.shape
     try:
         if tensor.type_name.lower() == kind:
-            return QuantMatrix.from_blocks(kind, tensor.blocks(), cols)
-        if tensor.type_name == "Q4_K" and kind == "q4_1":
-            return QuantMatrix.from_blocks(kind, q4_k_as_q4_1(tensor.blocks()), cols)
-        h = tensor.head_rows or 1
-        step = max(h, _CHUNK // max(1, cols) // h * h)
-        if tensor.type_name in SCALED_INT8 and kind == "q8_0":
-            blocks = _scaled_int8_as_q8_0(tensor, step)
-            if blocks is not None:
-                return QuantMatrix.from_blocks(kind, blocks, cols)
-        parts = [as_quant(tensor.read(r, min(r + step, rows)), kind, rows_are_outputs=True)
-                 .to_blocks() for r in range(0, rows, step)]
-        return QuantMatrix.from_blocks(kind, np.concatenate(parts), cols)
+            blocks = tensor.blocks()
+        elif TRANSCODED.get(tensor.type_name) == kind:
+            blocks = transcode(tensor.type_name, tensor.blocks())
+        else:
+            h = tensor.head_rows or 1
+            step = max(h, _CHUNK // max(1, cols) // h * h)
+            blocks = (_scaled_int8_as_q8_0(tensor, step)
+                      if tensor.type_name in SCALED_INT8 and kind == "q8_0" else None)
+            if blocks is None:
+                parts = []
+                for r in range(0, rows, step):
+                    w = float_matrix(tensor.read(r, min(r + step, rows)))
+                    if not np.isfinite(w).all():
+                        raise ValueError("cannot quantize a matrix holding NaN or infinite "
+                                         "values")
+                    parts.append(quantize_blocks(kind, w))
+                blocks = np.concatenate(parts)
+        return QuantMatrix.from_blocks(kind, blocks, cols, out)
     except ValueError as exc:
         where = f"{tensor.file.path}: tensor {tensor.name!r} ({tensor.type_name})"
         if str(exc).startswith(str(tensor.file.path)):

@@ -233,6 +233,12 @@ cdef extern from "fs_kernels.h" nogil:
     long FS_CDF_CHECKPOINTS(long n)
 
 
+cdef extern from "fs_transcode.h" nogil:
+    # GGUF K-quant super-blocks into native Q4_1 / Q8_0 blocks, at load
+    void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst)
+    int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
+
+
 cdef extern from "fs_quant.h" nogil:
     # Quantized products (GGUF's Q8_0 / Q4_0 / Q4_1 weights, int8 activations); the numerics
     # are docs/FORMATS.md's "Quantized products". Kinds in QUANT_KINDS order.

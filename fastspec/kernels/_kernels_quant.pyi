@@ -1,18 +1,21 @@
 """Type stub of :mod:`fastspec.kernels._kernels_quant` (compiled quantized products)."""
 import numpy as np
 
-__all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "packed_bytes", "pack", "unpack", "rows",
-           "quantize_activations", "linear", "kernel_name"]
+__all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "TRANSCODED", "packed_bytes", "pack", "unpack",
+           "rows", "transcode", "quantize_activations", "linear", "kernel_name"]
 
 KINDS: tuple[str, ...]
 BLOCK: int
 BLOCK_BYTES: dict[str, int]
+TRANSCODED: dict[str, tuple[int, str]]
 
 def packed_bytes(kind: str, in_features: int, out_features: int) -> int: ...
-def pack(kind: str, blocks: np.ndarray, in_features: int) -> np.ndarray: ...
+def pack(kind: str, blocks: np.ndarray, in_features: int,
+         out: np.ndarray | None = None) -> np.ndarray: ...
 def unpack(kind: str, packed: np.ndarray, in_features: int, out_features: int) -> np.ndarray: ...
 def rows(kind: str, packed: np.ndarray, in_features: int, out_features: int,
          ids: np.ndarray) -> np.ndarray: ...
+def transcode(type_name: str, raw: np.ndarray) -> np.ndarray: ...
 def quantize_activations(
     x: np.ndarray, kind: str = ...) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def linear(kind: str, x: np.ndarray, packed: np.ndarray, in_features: int, out_features: int,

@@ -12,6 +12,8 @@ import numpy as np
 
 from fastspec.kernels._csrc cimport (
     fs_linear_q,
+    fs_q4_k_to_q4_1,
+    fs_q6_k_to_q8_0,
     fs_quant_pack,
     fs_quant_packed_bytes,
     fs_quant_rows,
@@ -25,12 +27,14 @@ from fastspec.kernels._kernels_base cimport thread_scratch
 
 share_table()  # the quantized kernel of the path lives in the one dispatch table
 
-__all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "packed_bytes", "pack", "unpack", "rows",
-           "quantize_activations", "linear", "kernel_name"]
+__all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "TRANSCODED", "packed_bytes", "pack", "unpack",
+           "rows", "transcode", "quantize_activations", "linear", "kernel_name"]
 
 KINDS = ("q8_0", "q4_0", "q4_1")
 BLOCK = 32
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+#: GGUF K-quant type -> (its super-block bytes, the native kind it is transcoded into).
+TRANSCODED = {"Q4_K": (144, "q4_1"), "Q6_K": (210, "q8_0")}
 
 
 cdef int _kind(str kind) except -1:
@@ -52,14 +56,18 @@ def packed_bytes(str kind, int in_features, int out_features):
     return fs_quant_packed_bytes(_kind(kind), in_features, out_features)
 
 
-def pack(str kind, blocks, int in_features):
+def pack(str kind, blocks, int in_features, out=None):
     """Return the packed layout (uint8, 64-byte aligned) of GGUF rows ``blocks``
-    (out, nb * bytes); ValueError when a scale (or a q4_1 min) is NaN or infinite."""
+    (out, nb * bytes), written into ``out`` when given (uint8, packed_bytes, writable);
+    ValueError when a scale (or a q4_1 min) is NaN or infinite."""
     cdef int k = _kind(kind), rc
     cdef const uint8_t[:, ::1] b = np.ascontiguousarray(blocks, np.uint8)
     cdef int out_f = b.shape[0]
-    P = _aligned_empty(fs_quant_packed_bytes(k, in_features, out_f))
+    cdef Py_ssize_t need = fs_quant_packed_bytes(k, in_features, out_f)
+    P = _aligned_empty(need) if out is None else out
     cdef uint8_t[::1] p = P
+    if p.shape[0] != need:
+        raise ValueError(f"out must have {need} bytes, got {p.shape[0]}")
     with nogil:
         rc = fs_quant_pack(k, &b[0, 0], in_features, out_f, &p[0])
     if rc != 0:
@@ -92,6 +100,30 @@ def rows(str kind, packed, int in_features, int out_features, ids):
     with nogil:
         fs_quant_rows_f32(k, &p[0], in_features, out_features, &cols[0], count, &d[0, 0])
     return dst
+
+
+def transcode(str type_name, raw):
+    """Return Q4_K / Q6_K super-blocks ``raw`` (uint8 (rows, n * 144 | 210)) as their native
+    kind's GGUF blocks (uint8 (rows, n * 8 * 20 | 34); csrc/fs_transcode.h); ValueError when
+    a Q6_K scale is NaN or infinite."""
+    sb, kind = TRANSCODED[type_name]
+    cdef const uint8_t[:, ::1] src = np.ascontiguousarray(raw, np.uint8)
+    cdef Py_ssize_t rows = src.shape[0], n = src.shape[1] // sb, rc = 0
+    cdef bint q4 = type_name == "Q4_K"
+    if src.shape[1] != n * sb:
+        raise ValueError(f"{type_name} rows must be whole super-blocks of {sb} bytes")
+    out = np.empty((rows, n * 8 * BLOCK_BYTES[kind]), np.uint8)
+    cdef uint8_t[:, ::1] dst = out
+    if rows * n == 0:
+        return out
+    with nogil:
+        if q4:
+            fs_q4_k_to_q4_1(&src[0, 0], rows * n, &dst[0, 0])
+        else:
+            rc = fs_q6_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
+    if rc != 0:
+        raise ValueError(f"{type_name} blocks hold a NaN or infinite scale")
+    return out
 
 
 def quantize_activations(x, str kind="q8_0"):

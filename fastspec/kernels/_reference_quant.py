@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "packed_bytes", "pack", "unpack", "rows",
-           "quantize_activations", "linear", "kernel_name"]
+__all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "TRANSCODED", "packed_bytes", "pack", "unpack",
+           "rows", "transcode", "quantize_activations", "linear", "kernel_name"]
 
 #: Kinds in csrc/fs_quant.h's order (FS_Q8_0, FS_Q4_0, FS_Q4_1).
 KINDS = ("q8_0", "q4_0", "q4_1")
@@ -21,6 +21,8 @@ KINDS = ("q8_0", "q4_0", "q4_1")
 BLOCK = 32
 #: Bytes of one GGUF block of each kind.
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+#: GGUF K-quant type -> (its super-block bytes, the native kind it is transcoded into).
+TRANSCODED = {"Q4_K": (144, "q4_1"), "Q6_K": (210, "q8_0")}
 _COLS = 8  # output columns per packed panel
 _FMAX = np.float32(np.finfo(np.float32).max)
 _TINY = np.float32(2.0 ** -96)
@@ -43,8 +45,10 @@ def packed_bytes(kind: str, in_features: int, out_features: int) -> int:
     return (qoff + nb * qb) * ((out_features + _COLS - 1) // _COLS)
 
 
-def pack(kind: str, blocks: np.ndarray, in_features: int) -> np.ndarray:
-    """Return the packed layout (uint8, packed_bytes) of GGUF rows ``blocks`` (out, nb * bytes).
+def pack(kind: str, blocks: np.ndarray, in_features: int,
+         out: np.ndarray | None = None) -> np.ndarray:
+    """Return the packed layout (uint8, packed_bytes) of GGUF rows ``blocks`` (out, nb * bytes),
+    written into ``out`` when given (uint8, packed_bytes, writable).
 
     Raises ValueError when a scale (or a q4_1 min) is NaN or infinite."""
     out_f, nb, bb = blocks.shape[0], in_features // BLOCK, BLOCK_BYTES[kind]
@@ -65,7 +69,81 @@ def pack(kind: str, blocks: np.ndarray, in_features: int) -> np.ndarray:
     groups = q.shape[2] // 4  # 8 groups of 4 inputs (q8_0), 4 groups of 4 bytes (q4)
     panels[:, qoff:] = (q.reshape(ng, _COLS, nb, groups, 4).transpose(0, 2, 3, 1, 4)
                         .reshape(ng, nb * qb))
-    return panels.reshape(-1)
+    if out is None:
+        return panels.reshape(-1)
+    if out.shape != (panels.size,):
+        raise ValueError(f"out must have {panels.size} bytes, got {out.shape}")
+    out[:] = panels.reshape(-1)
+    return out
+
+
+def transcode(type_name: str, raw: np.ndarray) -> np.ndarray:
+    """Return Q4_K / Q6_K super-blocks ``raw`` (uint8 (rows, n * 144 | 210)) as their native
+    kind's GGUF blocks (uint8 (rows, n * 8 * 20 | 34)), csrc/fs_transcode.h's rules.
+
+    Raises ValueError when a Q6_K scale is NaN or infinite."""
+    sb, kind = TRANSCODED[type_name]
+    rows, n = raw.shape[0], raw.shape[1] // sb
+    if raw.shape[1] != n * sb:
+        raise ValueError(f"{type_name} rows must be whole super-blocks of {sb} bytes")
+    b = np.ascontiguousarray(raw, np.uint8).reshape(rows * n, sb)
+    out = np.empty((rows * n, 8 * BLOCK_BYTES[kind]), np.uint8)
+    convert = _q4_k_to_q4_1 if type_name == "Q4_K" else _q6_k_to_q8_0
+    for i in range(0, rows * n, 4096):  # 1M weights at a time: bounded temporaries
+        out[i:i + 4096] = convert(b[i:i + 4096]).reshape(-1, 8 * BLOCK_BYTES[kind])
+    return out.reshape(rows, n * 8 * BLOCK_BYTES[kind])
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    """float32 values -> their float16 bytes (nearest even; the overflow is an infinity)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return a.astype(np.float16).view(np.uint8)
+
+
+def _q4_k_to_q4_1(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    q = b[:, 4:16]  # ggml's get_scale_min_k4
+    sc = np.concatenate([q[:, 0:4] & 63, (q[:, 8:12] & 0x0F) | (q[:, 0:4] >> 6) << 4], axis=1)
+    m = np.concatenate([q[:, 4:8] & 63, (q[:, 8:12] >> 4) | (q[:, 4:8] >> 6) << 4], axis=1)
+    out = np.empty((n, 8, 20), np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):  # refused later by the pack's check
+        out[:, :, 0:2] = _f16(d * sc).reshape(n, 8, 2)
+        out[:, :, 2:4] = _f16(-(dmin * m)).reshape(n, 8, 2)
+    qs = b[:, 16:].reshape(n, 4, 32)  # bytes 32i..: sub-block 2i low, 2i + 1 high nibbles
+    nib = np.stack((qs & 0x0F, qs >> 4), axis=2).reshape(n, 8, 32)
+    out[:, :, 4:] = nib[:, :, :16] | (nib[:, :, 16:] << 4)
+    return out
+
+
+_E = np.arange(256)
+#: Q6_K element e: low nibble (byte, shift) in ql, two high bits (byte, shift) in qh.
+_Q6_LO = (_E // 128 * 64 + _E % 64, (4 * (_E % 128 // 64)).astype(np.uint8))
+_Q6_HI = (_E // 128 * 32 + _E % 32, (2 * (_E % 128 // 32)).astype(np.uint8))
+
+
+def _q6_k_to_q8_0(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    d = b[:, 208:210].copy().view(np.float16).astype(np.float32)  # (n, 1)
+    if not np.isfinite(d).all():
+        raise ValueError("Q6_K blocks hold a NaN or infinite scale")
+    lo = (b[:, :128][:, _Q6_LO[0]] >> _Q6_LO[1]) & 0x0F
+    hi = (b[:, 128:192][:, _Q6_HI[0]] >> _Q6_HI[1]) & 0x03
+    q = ((lo | hi << 4).astype(np.int16) - 32).astype(np.float32)
+    ds = d * b[:, 192:208].view(np.int8).astype(np.float32)  # exact
+    w = (np.repeat(ds, 16, axis=1) * q).reshape(n * 8, 32)
+    dq = np.abs(w).max(axis=1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(dq == 0, np.float32(0), np.float32(1) / dq)
+    v = w * inv
+    a = np.abs(v)
+    whole = np.floor(a)
+    r = whole + np.floor(np.float32(2) * (a - whole))  # half away from zero
+    out = np.empty((n * 8, 34), np.uint8)
+    out[:, 0:2] = _f16(dq)
+    out[:, 2:] = np.where(v < 0, -r, r).astype(np.int8).view(np.uint8)
+    return out
 
 
 def unpack(kind: str, packed: np.ndarray, in_features: int, out_features: int) -> np.ndarray:

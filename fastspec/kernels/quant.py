@@ -24,7 +24,8 @@ import numpy as np
 from fastspec.kernels import _reference_quant, backend
 from fastspec.kernels.arena import WeightArena, in_arena
 
-__all__ = ["QUANT_KINDS", "BLOCK", "block_bytes", "QuantMatrix", "gather", "linear_q",
+__all__ = ["QUANT_KINDS", "BLOCK", "TRANSCODED", "block_bytes", "packed_bytes", "QuantMatrix",
+           "gather", "reserve", "transcode", "linear_q",
            "quantize_activations", "kernel_name"]
 
 #: The quantized weight kinds, in csrc/fs_quant.h's order.
@@ -32,6 +33,8 @@ QUANT_KINDS = ("q8_0", "q4_0", "q4_1")
 #: Inputs per block (GGUF's QK8_0 / QK4_0 / QK4_1).
 BLOCK = 32
 _INT_LIMIT = 2**31 - 1
+#: GGUF K-quant types with a direct conversion (:func:`transcode`), and their native kind.
+TRANSCODED = {name: kind for name, (_, kind) in _reference_quant.TRANSCODED.items()}
 _compiled: list[ModuleType] = []
 
 
@@ -58,6 +61,13 @@ def _check_kind(kind: Any) -> str:
 def block_bytes(kind: str) -> int:
     """Return the bytes of one GGUF block of ``kind``: 34 (q8_0), 18 (q4_0), 20 (q4_1)."""
     return _reference_quant.BLOCK_BYTES[_check_kind(kind)]
+
+
+def packed_bytes(kind: str, in_features: int, out_features: int) -> int:
+    """Return the bytes of a packed W (out_features, in_features) of ``kind``
+    (:attr:`QuantMatrix.packed`, csrc/fs_quant.h's layout)."""
+    return _reference_quant.packed_bytes(_check_kind(kind), _check_in_features(in_features),
+                                         int(out_features))
 
 
 def _check_in_features(in_features: Any) -> int:
@@ -103,7 +113,7 @@ class QuantMatrix:
         self.kind = _check_kind(kind)
         self.in_features = _check_in_features(in_features)
         self.out_features = int(out_features)
-        need = _reference_quant.packed_bytes(kind, self.in_features, self.out_features)
+        need = packed_bytes(kind, self.in_features, self.out_features)
         if not (isinstance(packed, np.ndarray) and packed.dtype == np.uint8 and packed.ndim == 1
                 and packed.flags.c_contiguous and packed.shape[0] == need):
             raise ValueError(f"packed must be a contiguous uint8 array of {need} bytes")
@@ -134,7 +144,8 @@ class QuantMatrix:
                              packed)
 
     @classmethod
-    def from_blocks(cls, kind: str, blocks: np.ndarray, in_features: int) -> QuantMatrix:
+    def from_blocks(cls, kind: str, blocks: np.ndarray, in_features: int,
+                    out: np.ndarray | None = None) -> QuantMatrix:
         """Pack GGUF rows: ``blocks`` uint8 (out, in_features / 32 * block_bytes(kind)).
 
         Parameters
@@ -144,6 +155,9 @@ class QuantMatrix:
             The tensor's bytes as a GGUF file stores them (row r = output column r).
         in_features : int
             A positive multiple of 32.
+        out : ndarray of uint8, shape (packed_bytes(kind, in_features, out_features),), optional
+            Where to pack (a slot of :func:`reserve`: C-contiguous, writable, 64-byte
+            aligned); it becomes :attr:`packed` (read-only). Default: a new array.
 
         Raises
         ------
@@ -168,7 +182,15 @@ class QuantMatrix:
             raise ValueError(f"out_features is too large, got {blocks.shape[0]}")
         blocks = np.ascontiguousarray(blocks)
         _check_scales(kind, blocks, in_features)
-        return cls(kind, in_features, blocks.shape[0], _impl().pack(kind, blocks, in_features))
+        if out is not None:
+            need = packed_bytes(kind, in_features, blocks.shape[0])
+            if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1
+                    and out.flags.c_contiguous and out.flags.writeable
+                    and out.shape[0] == need and out.ctypes.data % 64 == 0):
+                raise ValueError(f"out must be a writable, 64-byte aligned, contiguous uint8 "
+                                 f"array of {need} bytes")
+        return cls(kind, in_features, blocks.shape[0],
+                   _impl().pack(kind, blocks, in_features, out))
 
     @classmethod
     def from_float(cls, kind: str, W: np.ndarray) -> QuantMatrix:
@@ -246,6 +268,46 @@ def gather(mats: Sequence[QuantMatrix]) -> list[QuantMatrix]:
     moved = {i: QuantMatrix(m.kind, m.in_features, m.out_features, arena.copy(m.packed))
              for i, m in todo.items()}
     return [moved.get(id(m), m) for m in mats]
+
+
+def transcode(type_name: str, raw: np.ndarray) -> np.ndarray:
+    """Return GGUF Q4_K or Q6_K rows ``raw`` (uint8 (rows, n * 144 | 210), whole super-blocks)
+    as GGUF blocks of their native kind (:data:`TRANSCODED`), uint8 (rows, n * 8 * 20 | 34).
+
+    Q4_K becomes q4_1 with the same 4-bit values, not requantized (scale ``d * sc`` and min
+    ``-dmin * m`` of each sub-block, exact in float32, rounded to float16); Q6_K becomes q8_0,
+    the bytes of ``gguf.quants``' dequantize-and-quantize. One pass over the bytes
+    (csrc/fs_transcode.h; the twin on the numpy backend).
+    ValueError: another type, partial super-blocks, a NaN or infinite Q6_K scale (a Q4_K one
+    gives a q4_1 scale :meth:`QuantMatrix.from_blocks` refuses).
+    """
+    if type_name not in TRANSCODED:
+        raise ValueError(f"type_name must be one of {', '.join(TRANSCODED)}, got {type_name!r}")
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2:
+        raise ValueError("raw must be a 2-D uint8 ndarray")
+    return _impl().transcode(type_name, raw)
+
+
+def reserve(shapes: Sequence[tuple[str, int, int]]) -> list[np.ndarray]:
+    """Return byte slots for packed matrices, in this order, in one new huge-page arena.
+
+    What :func:`gather` would build, without the matrices first packed elsewhere: a loader
+    that knows every matrix's size before it reads any packs each straight into its slot
+    (:meth:`QuantMatrix.from_blocks` ``out=``), so its peak holds no second copy.
+
+    Parameters
+    ----------
+    shapes : sequence of (kind, in_features, out_features)
+        In the order the forward reads the matrices.
+
+    Returns
+    -------
+    list of ndarray of uint8
+        Writable, uninitialised, 64-byte aligned; one per entry, ``packed_bytes`` each.
+    """
+    sizes = [packed_bytes(*shape) for shape in shapes]
+    arena = WeightArena(sum(WeightArena.padded(n) for n in sizes))
+    return [arena.take(n, np.uint8) for n in sizes]
 
 
 def _aligned_copy(a: np.ndarray) -> np.ndarray:

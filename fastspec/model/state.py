@@ -8,13 +8,14 @@ fastspec`` imports it), so the model layer never imports a file format.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, TypeVar
+from typing import (TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence,
+                    TypeVar)
 
 import numpy as np
 
 from fastspec.kernels.bf16 import as_storage, storage_dtype
-from fastspec.model.schema import (LayerWeights, MATRICES, hf_layer_keys, layer_attrs, layer_shapes,
-                                   layer_state)
+from fastspec.model.schema import (FORWARD_MATRICES, LayerWeights, MATRICES, hf_layer_keys,
+                                   layer_attrs, layer_shapes, layer_state)
 
 if TYPE_CHECKING:  # annotations only
     from fastspec.model.config import ModelConfig
@@ -126,16 +127,40 @@ def _final(raw: "np.ndarray | TensorFile", name: str, transpose: bool,
     return out
 
 
-def _quant_final(raw: Any, kind: str) -> Any:
+def _quant_final(raw: Any, kind: str, out: np.ndarray | None = None) -> Any:
     """Return file-layout matrix ``raw`` (``(out, in)``) as a QuantMatrix of a model of
     ``kind``: a QuantMatrix as it is, a GGUF tensor through its own :meth:`quant` (native
-    blocks kept), anything else quantized from its float32 values."""
+    blocks kept; packed into ``out``, a slot of :func:`_arena_slots`, when given), anything
+    else quantized from its float32 values."""
     if hasattr(raw, "in_features"):
         return raw
     if hasattr(raw, "quant"):
-        return raw.quant(kind)
+        return raw.quant(kind) if out is None else raw.quant(kind, out)
     from fastspec.model.quantized import as_quant
     return as_quant(raw.read() if _is_file_tensor(raw) else raw, kind, rows_are_outputs=True)
+
+
+def _arena_slots(c: ModelConfig, tensors: list[tuple[str, Any]]) -> dict[str, np.ndarray]:
+    """Byte slots for the quantized matrices of ``tensors``, by name, in one arena laid out
+    in the order a step reads them (:meth:`fastspec.Transformer._gather`'s order: each
+    layer's ``FORWARD_MATRICES``, the head, the embedding), or {} unless every matrix is a
+    file tensor that says its stored kind (``native_kind``; GGUF's): each is then packed
+    straight into its slot, and loading holds no second copy of the weights."""
+    from fastspec.kernels.quant import reserve
+
+    keys = _file_keys(c)
+    raws = {name: raw for name, raw in tensors if name in keys and keys[name][1]}
+    if len(raws) != sum(m for _, m, _ in keys.values()) or not all(
+            hasattr(r, "native_kind") and len(r.shape) == 2 for r in raws.values()):
+        return {}
+    order = {attr: i for i, attr in enumerate(FORWARD_MATRICES)}
+    rank = {name: (where, order.get(attr, len(order))) if isinstance(where, int) else
+            ((c.n_layers, 0) if where == "head" else (c.n_layers + 1, 0))
+            for name, (where, _, attr) in keys.items() if name in raws}
+    names = sorted(raws, key=rank.__getitem__)
+    shapes = [(raws[n].native_kind(c.weight_dtype), raws[n].shape[1], raws[n].shape[0])
+              for n in names]
+    return dict(zip(names, reserve(shapes)))
 
 
 class StateDict:
@@ -178,15 +203,19 @@ class StateDict:
         finished weights plus one block, never a second copy of the model. Unknown names are
         ignored; missing ones raise KeyError. A uint16 array is read as bf16 bit patterns.
         With ``mmap``, FileTensors already in their storage dtype are mapped, not read
-        (:meth:`load`).
+        (:meth:`load`). A quantized model fed a sequence (not an iterator) of GGUF tensors
+        packs each matrix straight into the weight arena (:func:`_arena_slots`).
         """
         c = config
         slots = _file_keys(c)
+        arena: dict[str, np.ndarray] = {}
+        if c.quantized and isinstance(tensors, Sequence):  # handles listed: lay out the arena
+            arena = _arena_slots(c, list(tensors))
         got: dict[str, np.ndarray] = {}
         for name, raw in tensors:
             slot = slots.get(name)
             if slot is not None and slot[1] and c.quantized:
-                got[name] = _quant_final(raw, c.weight_dtype)
+                got[name] = _quant_final(raw, c.weight_dtype, arena.pop(name, None))
             elif slot is not None:
                 raw = raw if _is_file_tensor(raw) else np.asarray(raw)
                 got[name] = _final(raw, c.matrix_dtype if slot[1] else c.dtype,

@@ -1,0 +1,34 @@
+/* fs_transcode.h -- GGUF K-quant super-blocks into the native kinds of fs_quant.h, at load.
+ *
+ * Portable C (a load-time pass over the file's bytes); the NumPy twin is
+ * fastspec/kernels/_reference_quant.py (transcode), the oracle gguf.quants. Both functions
+ * take n super-blocks of 256 weights, row-major as the file stores them, and write GGUF
+ * blocks of 32 (8 per super-block):
+ *
+ *   Q4_K (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles)
+ *     -> Q4_1 (20 bytes): d' = f16(d * sc), m' = f16(-(dmin * m)) (both products exact in
+ *        float32), the same 4-bit values; sub-block 2i holds the low nibbles of bytes
+ *        32i..32i+31, sub-block 2i+1 their high nibbles.
+ *   Q6_K (210 bytes: 128 of low nibbles, 64 of 2-bit highs, 16 int8 scales, f16 d)
+ *     -> Q8_0 (34 bytes): each weight w = (d * sc) * (q - 32) in float32, then GGUF's Q8_0
+ *        rule on each block of 32: amax = max|w|, d' = amax / 127, id = d' ? 1 / d' : 0,
+ *        q' = round-half-away(w * id), stored d' = f16(d').
+ *
+ * The Q8_0 bytes are those of gguf.quants' dequantize-and-quantize; the Q4_1 bytes keep the
+ * Q4_K values (no requantization), only the two f16 roundings above (tests/test_gguf_transcode.py).
+ */
+#ifndef FS_TRANSCODE_H
+#define FS_TRANSCODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Q4_K super-blocks -> Q4_1 blocks (8 x 20 bytes each). Cannot fail: a non-finite d or dmin
+ * gives a non-finite q4_1 scale or min, which fs_quant_pack refuses. */
+void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst);
+
+/* Q6_K super-blocks -> Q8_0 blocks (8 x 34 bytes each). Returns 0, or -1 (dst unspecified)
+ * when a super-block's d is NaN or infinite (its weights would be). */
+int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
+
+#endif

@@ -1,0 +1,228 @@
+"""GGUF Q4_K and Q6_K matrices converted at load in one pass over their bytes
+(:func:`fastspec.kernels.quant.transcode`, csrc/fs_transcode.c), and quantized GGUF loads
+packed straight into the weight arena.
+
+Oracles: ``gguf.quants`` (Q6_K: its dequantize, then its Q8_0 quantize, llama.cpp's rules) and
+an independent Q4_K rule written with gguf's own scale unpacking (Q4_K keeps its 4-bit values
+as Q4_1, docs/FORMATS.md). Each backend's result must equal them byte for byte, on random
+super-blocks with zero, subnormal, tiny and extreme scales, and for every float16 scale.
+"""
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import fastspec as fs
+from fastspec.kernels import quant
+from fastspec.kernels.arena import WeightArena, in_arena
+from fastspec.model.schema import FORWARD_MATRICES
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf.quants import Q4_K, dequantize, quantize  # noqa: E402
+
+from _gguf_writer import write_model  # noqa: E402
+
+SUPER = {"Q4_K": 144, "Q6_K": 210}
+SCALES = {"Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets of the f16 scales
+
+
+def superblocks(type_name: str, rows: int, n: int, seed: int, special: bool) -> np.ndarray:
+    """Random super-blocks (rows, n * bytes) with finite f16 scales over 14 decades; with
+    ``special`` also zeros, the smallest subnormal, a tiny normal and -65504."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (rows * n, SUPER[type_name]), dtype=np.uint8)
+    for off in SCALES[type_name]:
+        d = (rng.standard_normal(rows * n) * 10.0 ** rng.integers(-8, 4, rows * n))
+        d = d.astype(np.float16)
+        if special:
+            d[::7], d[1::11], d[2::13], d[3::17] = 0, 6e-8, -65504, 1e-5
+        raw[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw.reshape(rows, -1)
+
+
+def q4_k_rule(raw: np.ndarray) -> np.ndarray:
+    """Q4_1 blocks of Q4_K super-blocks: d' = f16(d * sc), m' = f16(-(dmin * m)), the same
+    nibbles (gguf's scale unpacking; numpy's float16 rounding)."""
+    b = raw.reshape(-1, 144)
+    n = b.shape[0]
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    sc, m = Q4_K.get_scale_min(b[:, 4:16])
+    out = np.empty((n, 8, 20), np.uint8)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out[:, :, 0:2] = (d * sc).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
+        out[:, :, 2:4] = (-(dmin * m)).astype(np.float16).view(np.uint8).reshape(n, 8, 2)
+    for j in range(8):
+        chunk = b[:, 16 + 32 * (j // 2):48 + 32 * (j // 2)]
+        nib = chunk & 0x0F if j % 2 == 0 else chunk >> 4
+        out[:, j, 4:] = nib[:, :16] | nib[:, 16:] << 4
+    return out.reshape(raw.shape[0], -1)
+
+
+def q6_k_rule(raw: np.ndarray) -> np.ndarray:
+    """gguf's Q6_K dequantization, then its Q8_0 quantization."""
+    w = dequantize(raw, Q.Q6_K)
+    with np.errstate(over="ignore"):
+        return quantize(w, Q.Q8_0).reshape(raw.shape[0], -1)
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["random", "special-scales"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+def test_transcode_equals_the_oracle(backend, type_name, special):
+    raw = superblocks(type_name, 9, 5000 // 9 + 1, seed=len(type_name) + special, special=special)
+    want = q4_k_rule(raw) if type_name == "Q4_K" else q6_k_rule(raw)
+    got = quant.transcode(type_name, raw)
+    assert got.shape == want.shape and got.dtype == np.uint8
+    np.testing.assert_array_equal(got, want)
+
+
+def test_q4_k_values_are_kept(backend):
+    """Where d * sc and dmin * m are float16 values, the q4_1 weights are the Q4_K weights."""
+    raw = superblocks("Q4_K", 4, 12, seed=5, special=False)
+    b = raw.reshape(-1, 144)
+    b[:, 0:4] = np.full(2, 2.0 ** -10, np.float16).view(np.uint8)  # d * sc exact in f16
+    got = dequantize(quant.transcode("Q4_K", raw), Q.Q4_1)
+    np.testing.assert_array_equal(got, dequantize(raw, Q.Q4_K))
+
+
+@pytest.mark.skipif("cython" not in fs.available_backends(), reason="not built")
+def test_every_float16_scale_rounds_as_numpy():
+    """All 65,536 f16 values of d (and, shuffled, of dmin), NaNs and infinities included,
+    times random 6-bit scales: the compiled float16 rounding equals numpy's, bit for bit."""
+    rng = np.random.default_rng(7)
+    raw = rng.integers(0, 256, (65536, 144), dtype=np.uint8)
+    raw[:, 0:2] = np.arange(65536, dtype=np.uint16).view(np.uint8).reshape(-1, 2)
+    raw[:, 2:4] = rng.permutation(65536).astype(np.uint16).view(np.uint8).reshape(-1, 2)
+    raw = raw.reshape(256, -1)
+    with fs.using_backend("cython"):
+        got = quant.transcode("Q4_K", raw)
+    np.testing.assert_array_equal(got, q4_k_rule(raw))
+    six = superblocks("Q6_K", 1, 4096, seed=8, special=False)  # every finite d's exponent
+    finite = np.arange(65536, dtype=np.uint16)
+    finite = np.ascontiguousarray(finite[(finite & 0x7C00) != 0x7C00][::15][:4096])
+    six.reshape(-1, 210)[:, 208:210] = finite.view(np.uint8).reshape(-1, 2)
+    with fs.using_backend("cython"):
+        np.testing.assert_array_equal(quant.transcode("Q6_K", six), q6_k_rule(six))
+
+
+def test_bad_input(backend):
+    raw = superblocks("Q6_K", 2, 3, seed=1, special=False)
+    raw[1, 210 + 208:210 + 210] = np.array([np.inf], np.float16).view(np.uint8)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        quant.transcode("Q6_K", raw)
+    with pytest.raises(ValueError, match="type_name"):
+        quant.transcode("Q5_K", raw)
+    with pytest.raises(ValueError, match="super-blocks"):
+        quant.transcode("Q6_K", raw[:, :-1])
+    with pytest.raises(ValueError, match="uint8"):
+        quant.transcode("Q4_K", raw.astype(np.int16))
+
+
+def test_a_nan_q4_k_scale_is_refused_when_packed(backend):
+    raw = superblocks("Q4_K", 8, 1, seed=2, special=False)
+    raw[3, 0:2] = np.array([np.nan], np.float16).view(np.uint8)
+    with pytest.raises(ValueError, match="row 3"):
+        quant.QuantMatrix.from_blocks("q4_1", quant.transcode("Q4_K", raw), 256)
+
+
+# --- the loader: K-quant matrices, packed straight into the arena ---------------------------
+
+@pytest.fixture(scope="module")
+def k_quant_file(tmp_path_factory):
+    """An untied llama file of Q4_K and Q6_K matrices (rows of 256 inputs and more)."""
+    path = tmp_path_factory.mktemp("k") / "k.gguf"
+    write_model(path, "llama", dim=256, ffn=768, n_layers=3, n_heads=4, n_kv=2, vocab=300,
+                types=(Q.Q4_K, Q.Q6_K), tied=False)
+    return path
+
+
+def _matrices(model) -> list:
+    return ([getattr(lw, n) for lw in model.layers for n in FORWARD_MATRICES]
+            + [model.head, model.embed])
+
+
+def test_k_quant_file_loads_as_its_conversion(k_quant_file, backend):
+    """Loaded as q4_1, each matrix holds the bytes of the oracle rules (Q4_K kept as q4_1,
+    Q6_K requantized to q8_0, its nearest native kind)."""
+    model = fs.Transformer.load(k_quant_file, weight_dtype="q4_1")
+    file = fs.formats.gguf.GGUFFile(k_quant_file)
+    tensors = dict(file.tensors(model.config))
+    kinds = set()
+    for name, t in tensors.items():
+        if t.ndim == 2:
+            rule = q4_k_rule if t.type_name == "Q4_K" else q6_k_rule
+            got = _by_name(model, name)
+            kinds.add((t.type_name, got.kind))
+            np.testing.assert_array_equal(got.to_blocks(), rule(t.blocks()), err_msg=name)
+    assert kinds == {("Q4_K", "q4_1"), ("Q6_K", "q8_0")}
+
+
+def _by_name(model, name: str):
+    if name == "model.embed_tokens.weight":
+        return model.embed
+    if name == "lm_head.weight":
+        return model.head
+    layer, key = name.split(".")[2], name.split(".")[-2]
+    attr = {"q_proj": "wq", "k_proj": "wk", "v_proj": "wv", "o_proj": "wo", "gate_proj": "w_gate",
+            "up_proj": "w_up", "down_proj": "w_down"}[key]
+    return getattr(model.layers[int(layer)], attr)
+
+
+def test_matrices_are_packed_into_one_arena_in_forward_order(k_quant_file, monkeypatch):
+    """No matrix is packed elsewhere and then copied (WeightArena.copy is never called); they
+    share one arena, laid out in the order a step reads them."""
+    copies = []
+    real = WeightArena.copy
+    monkeypatch.setattr(WeightArena, "copy",
+                        lambda self, a: copies.append(a.nbytes) or real(self, a))
+    model = fs.Transformer.load(k_quant_file, weight_dtype="q8_0")
+    assert copies == []
+    mats = _matrices(model)
+    assert all(in_arena(m.packed) for m in mats)
+    starts = [m.packed.ctypes.data for m in mats]
+    assert starts == sorted(starts)
+    assert starts[-1] + mats[-1].nbytes - starts[0] < sum(m.nbytes for m in mats) + 64 * len(mats)
+
+
+def _peak_over_weights(path) -> float:
+    """Peak traced bytes of loading ``path`` as q4_1 (the file opened before tracing) over
+    the packed bytes of the model's matrices."""
+    from fastspec.formats.gguf import GGUFFile, load_gguf
+
+    file = GGUFFile(path)
+    tracemalloc.start()
+    try:
+        model = load_gguf(fs.Transformer, file, weight_dtype="q4_1")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return peak / sum(m.nbytes for m in _matrices(model))
+
+
+@pytest.mark.skipif("cython" not in fs.available_backends(), reason="not built")
+def test_quantized_load_holds_no_second_copy(k_quant_file, monkeypatch):
+    """The temporaries of a quantized GGUF load stay under half the packed weights (one
+    matrix's blocks at a time; the arena is a mapping tracemalloc does not see); packing each
+    matrix apart and gathering them afterwards (the control) holds them all. Compiled backend:
+    the NumPy twin converts 1M weights at a time, more than this small model."""
+    with fs.using_backend("cython"):
+        ratio = _peak_over_weights(k_quant_file)
+        assert ratio < 0.5, f"peak {ratio:.2f}x the packed weights"
+        monkeypatch.setattr(fs.model.state, "_arena_slots", lambda c, tensors: {})
+        control = _peak_over_weights(k_quant_file)
+    print(f"peak {ratio:.2f}x, control {control:.2f}x the packed weights")
+    assert control > 1.0, f"the control should hold every packed matrix, measured {control:.2f}x"
+
+
+def test_an_iterator_of_arrays_still_streams(monkeypatch):
+    """Only a sequence of file handles is listed for the arena: arrays fed one at a time (an
+    iterator) are not all held at once; such a model is gathered afterwards, as before."""
+    monkeypatch.setattr(fs.model.state, "_arena_slots",
+                        lambda c, tensors: pytest.fail("an iterator was listed"))
+    src = fs.Transformer.random(fs.ModelConfig.tiny_llama(dim=64, n_layers=1, ffn_dim=96))
+    c = src.config.replace(weight_dtype="q8_0")
+    model = fs.Transformer.from_tensors(c, iter(src.state_dict().items()))
+    assert all(in_arena(m.packed) for m in _matrices(model))
