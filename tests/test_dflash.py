@@ -57,6 +57,25 @@ def test_config_dict_round_trip():
     assert DFlashConfig.from_dict(d) == cfg
     with pytest.raises(ValueError, match="unknown DFlashConfig keys"):
         DFlashConfig.from_dict({**d, "bogus": 1})
+    assert "rope_freq_factors" not in d  # left out at its default (older readers)
+    scaled = cfg.replace(rope_freq_factors=[1, 2.5, 4, 4])
+    assert scaled.rope_freq_factors == (1.0, 2.5, 4.0, 4.0)
+    assert DFlashConfig.from_dict(json.loads(json.dumps(scaled.to_dict()))) == scaled
+
+
+@pytest.mark.parametrize("bad, match", [
+    ("abc", "sequence"), (3, "sequence"), ([1, 0, 1, 1], r"rope_freq_factors\[1\]"),
+    ([1, float("nan")], "positive finite"), ([1, True], "positive finite")])
+def test_config_rejects_bad_rope_freq_factors(bad, match):
+    with pytest.raises(ValueError, match=match):
+        DFlashConfig(rope_freq_factors=bad)
+
+
+def test_config_rope_freq_factors_fit_the_head():
+    tiny = fs.ModelConfig.tiny_llama()  # head_dim 32: 16 divisors
+    assert DFlashConfig(rope_freq_factors=[2.0] * 16).resolve(tiny).resolved
+    with pytest.raises(ValueError, match="needs 16"):
+        DFlashConfig(rope_freq_factors=[2.0] * 8).resolve(tiny)
 
 
 @pytest.mark.parametrize("kw, match", [
@@ -569,8 +588,10 @@ def test_model_rejects_bad_arguments():
 
 
 @pytest.mark.hf
-def test_matches_the_torch_trainer(tmp_path):
-    """Weights exported by fastspec.training (torch) give the same block logits here."""
+@pytest.mark.parametrize("factors", [None, [1.0, 2.5, 4.0, 4.0]], ids=["plain", "llama3"])
+def test_matches_the_torch_trainer(tmp_path, factors):
+    """Weights exported by fastspec.training (torch) give the same block logits here, with
+    the drafter's own RoPE divisors too."""
     torch = pytest.importorskip("torch")
     from fastspec import training as T
     tcfg = dict(vocab_size=260, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8,
@@ -578,6 +599,8 @@ def test_matches_the_torch_trainer(tmp_path):
                 activation="swiglu", tie_embeddings=True, rope_theta=10000.0, norm_eps=1e-5,
                 qk_norm=True, dtype="float32")
     dcfg = T.dflash_config(tcfg, n_layers=2, block_size=6)
+    if factors is not None:
+        dcfg["rope_freq_factors"] = factors
     torch.manual_seed(0)
     tm = T.build_transformer(tcfg)
     dm = T.build_dflash(dcfg, tcfg)

@@ -20,6 +20,12 @@ import fastspec as fs  # noqa: E402
 pytestmark = pytest.mark.hf
 
 BLOCK, MASK, V = 5, 127, 128
+SHAPE = dict(vocab_size=V, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6)
+#: Llama 3.1's RoPE scaling on the drafter (Qwen3Config's base 1e4, head_dim 16: frequency 0
+#: kept, 1-2 interpolated, 3-7 divided by 4), as a drafter for a Llama 3.1 target carries it.
+SCALING = {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 8.0, "original_max_position_embeddings": 64}
 
 
 def _randomize(module, seed):
@@ -37,8 +43,7 @@ def models(tmp_path_factory):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     folder = tmp_path_factory.mktemp("zlab")
-    shape = dict(vocab_size=V, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-6)
+    shape = SHAPE
     target = Qwen3ForCausalLM(Qwen3Config(**shape, intermediate_size=128, num_hidden_layers=4,
                                           tie_word_embeddings=False)).eval()
     # Taps 1 and 3: layer 3 is the last, read by the reference after the target's final norm.
@@ -132,3 +137,63 @@ def test_saved_folder_loads_in_the_reference(models, tmp_path):
                                _reference_block_logits(target, drafter, ids, block), atol=1e-5)
     again = fs.DFlashModel.load(tmp_path / "again", fs_target)
     assert again.config == fs_drafter.config
+
+
+@pytest.fixture(scope="module")
+def scaled(models, tmp_path_factory):
+    """(reference drafter with llama3 RoPE scaling, fastspec's load of its folder), over the
+    same target."""
+    from transformers import Qwen3Config
+
+    drafter = dflash_model.DFlashDraftModel(Qwen3Config(
+        **SHAPE, intermediate_size=96, num_hidden_layers=2, block_size=BLOCK,
+        num_target_layers=4, rope_scaling=dict(SCALING),
+        dflash_config={"target_layer_ids": [1, 3], "mask_token_id": MASK})).eval()
+    _randomize(drafter, 2)
+    folder = tmp_path_factory.mktemp("zlab3") / "drafter"
+    drafter.save_pretrained(folder)
+    return drafter, fs.DFlashModel.load(folder, models[2])
+
+
+def test_llama3_drafter_matches_the_reference(models, scaled, backend):
+    """A z-lab drafter with llama3 RoPE scaling (a Llama 3.1 target's drafter) runs as the
+    reference: explicit and cached block forwards; without its divisors it would not."""
+    target, _, fs_target, _, _ = models
+    drafter, fs_drafter = scaled
+    assert fs_drafter.config.rope_freq_factors is not None
+    ids = np.random.default_rng(6).integers(0, V - 1, size=19).tolist()
+    block = [9, 3, MASK, 40, MASK]
+    ref = _reference_block_logits(target, drafter, ids, block)
+    out = fs_target.forward(np.array(ids), hidden_layers=(1, 3))
+    assert np.abs(fs_drafter.block_logits(out.hidden, block) - ref).max() < 1e-4
+    cache = fs_drafter.new_cache()
+    fs_drafter.append_hidden(cache, out.hidden)
+    assert np.abs(fs_drafter.forward_block(cache, np.array(block)) - ref).max() < 1e-4
+    plain = fs.DFlashModel(fs_drafter.config.replace(rope_freq_factors=None), fs_target,
+                           fs_drafter.fc, fs_drafter.hidden_norm, fs_drafter.layers,
+                           fs_drafter.norm)
+    assert np.abs(plain.block_logits(out.hidden, block) - ref).max() > 1e-3
+
+
+def test_llama3_drafter_greedy_equals_dflash_generate(models, scaled, backend, monkeypatch):
+    """Lossless against the reference's output (the random drafter's acceptance is low: the
+    block logits test above is the drafter's parity check)."""
+    target, _, fs_target, _, _ = models
+    drafter, fs_drafter = scaled
+    monkeypatch.setattr(dflash_model, "_cuda_time", time.perf_counter)
+    ids = np.random.default_rng(7).integers(0, V - 1, size=10).tolist()
+    with torch.no_grad():
+        ref = dflash_model.dflash_generate(drafter, target, torch.tensor([ids]), 40, None,
+                                           return_stats=True)
+    got = fs.speculative_generate(fs_target, fs.DFlashDrafter(fs_drafter), ids, 40,
+                                  gamma=BLOCK - 1)
+    assert got.tokens == ref.output_ids[0, len(ids):].tolist()
+
+
+def test_llama3_drafter_saves_to_npz_not_to_a_folder(models, scaled, tmp_path):
+    fs_drafter = scaled[1]
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        fs_drafter.save(tmp_path / "folder")
+    fs_drafter.save(tmp_path / "d.npz")
+    back = fs.DFlashModel.load(tmp_path / "d.npz", models[2])
+    assert back.config == fs_drafter.config

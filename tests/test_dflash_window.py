@@ -3,14 +3,24 @@ import numpy as np
 import pytest
 
 import fastspec as fs
+from fastspec.model.functional import llama3_freq_factors
 
 
-@pytest.fixture
-def models():
+#: A drafter with Llama 3.1-style RoPE divisors (head_dim 16, base 1e4, original length 16:
+#: frequency 0 interpolated, 1-7 divided by 4): the slide must rotate its keys by the divided
+#: angles.
+LLAMA3 = llama3_freq_factors(16, 1e4, factor=4.0, low_freq_factor=1.0, high_freq_factor=8.0,
+                             original_max_position_embeddings=16)
+
+
+@pytest.fixture(params=[None, LLAMA3], ids=["plain", "llama3"])
+def models(request):
     cfg = fs.ModelConfig.tiny_llama(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
                                     max_seq_len=256, dtype="float64")
     target = fs.Transformer.random(cfg, seed=0)
-    dflash = fs.DFlashModel.random(fs.DFlashConfig(block_size=6, n_layers=2), target, seed=1)
+    dflash = fs.DFlashModel.random(fs.DFlashConfig(block_size=6, n_layers=2,
+                                                   rope_freq_factors=request.param),
+                                   target, seed=1)
     return target, dflash
 
 

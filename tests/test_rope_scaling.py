@@ -308,12 +308,17 @@ def test_trainer_target_runs_the_factors(tmp_path):
         assert labels[0, j, 1:].tolist() == greedy
 
 
-def test_dflash_folder_with_llama3_scaling_is_refused(tmp_path):
-    """The DFlash drafter runs plain RoPE: a z-lab folder asking for llama3 says so."""
+def test_dflash_folder_reads_llama3_scaling(tmp_path):
+    """A z-lab drafter folder with llama3 scaling gets its divisors (the reference parity is
+    tests/test_dflash_official.py); another scaling type is refused, named."""
     target = Transformer.random(ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4))
     cfg = fs.DFlashConfig(block_size=4, mask_token_id=0, qk_norm=True, last_tap_normed=True)
     fs.DFlashModel.random(cfg, target, seed=0).save(tmp_path)
     raw = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps(dict(raw, rope_scaling=SCALING)))
-    with pytest.raises(ValueError, match="llama3"):
+    got = fs.DFlashModel.load(tmp_path, target).config.rope_freq_factors
+    assert got == llama3_freq_factors(16, raw["rope_theta"], **PARAMS)
+    (tmp_path / "config.json").write_text(json.dumps(dict(raw, rope_scaling={
+        "rope_type": "yarn", "factor": 4.0})))
+    with pytest.raises(ValueError, match="yarn"):
         fs.DFlashModel.load(tmp_path, target)

@@ -12,7 +12,7 @@ from fastspec.drafters.dflash_model import DFlashModel
 from fastspec.drafters.base import Proposal, SamplingParams, TreeProposal
 from fastspec.drafters.tree_sampling import sample_tree_without_replacement
 from fastspec.kernels.tree_shape import MAX_TREE_NODES
-from fastspec.model.functional import rotate_half_into
+from fastspec.model.functional import rope_inv_freq, rotate_half_into
 
 __all__ = ["DFlashDrafter", "denoise_schedule", "best_first_tree"]
 
@@ -320,7 +320,7 @@ class DFlashDrafter:
         drop = self.cache.length - keep
         k, v = self.cache.k, self.cache.v  # (layers, kv heads, capacity, head_dim)
         _rotate_into(k[:, :, :keep], k[:, :, drop:drop + keep], -drop,
-                     self.model.config.rope_theta)
+                     self.model.config.rope_theta, self.model.config.rope_freq_factors)
         v[:, :, :keep] = v[:, :, drop:drop + keep]  # overlapping ranges: numpy copies via a buffer
         self.cache.crop(keep)
         self._offset += drop
@@ -377,11 +377,13 @@ class DFlashDrafter:
         return block[1:1 + g].copy()
 
 
-def _rotate_into(out: np.ndarray, keys: np.ndarray, shift: int, theta: float) -> None:
+def _rotate_into(out: np.ndarray, keys: np.ndarray, shift: int, theta: float,
+                 freq_factors: tuple[float, ...] | None = None) -> None:
     """Write RoPE'd ``keys`` (..., head_dim) rotated by ``shift`` positions to ``out`` (same
-    shape, may overlap ``keys``): angles in float64, arithmetic in the keys' dtype."""
-    D = keys.shape[-1]
-    angle = shift * theta ** (-np.arange(0, D, 2, dtype=np.float64) / D)
+    shape, may overlap ``keys``): angles in float64 (each frequency divided by its
+    ``freq_factors`` entry, as :func:`~fastspec.model.functional.rope_tables`), arithmetic in
+    the keys' dtype."""
+    angle = shift * rope_inv_freq(keys.shape[-1], theta, freq_factors)
     rotate_half_into(out, keys, np.cos(angle).astype(keys.dtype), np.sin(angle).astype(keys.dtype))
 
 

@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from fastspec.kernels.checks import check_index, check_known_fields
-from fastspec.model.config import ModelConfig
+from fastspec.model.config import ModelConfig, freq_factors
 from fastspec.text.tokenizer import ByteTokenizer
 
 __all__ = ["CONTEXT_WINDOW_KEY", "DFlashConfig", "MAX_BLOCK_SIZE", "default_tap_layers"]
@@ -21,7 +21,8 @@ MAX_BLOCK_SIZE = 16
 CONTEXT_WINDOW_KEY = "context_window"
 #: DFlashConfig fields of z-lab's format, at the values that mean "off".
 _ZLAB_DEFAULTS = {"last_tap_normed": False, "input_embedding_scale": 1.0,
-                  "output_multiplier": 1.0, "final_logit_softcapping": 0.0}
+                  "output_multiplier": 1.0, "final_logit_softcapping": 0.0,
+                  "rope_freq_factors": None}
 
 def default_tap_layers(n_target_layers: int, n_draft_layers: int = 1) -> tuple[int, ...]:
     """Return ``k = min(L, max(2, n_draft_layers))`` target layers spread evenly, ending at L-1.
@@ -58,6 +59,11 @@ class DFlashConfig:
         Per-head RMSNorm on queries and keys (Qwen3 style); default: as the target.
     rope_theta, norm_eps : float, optional
         Default: the target's.
+    rope_freq_factors : tuple of float, optional
+        The drafter's own per-frequency RoPE divisors (head_dim // 2 positive values; a z-lab
+        drafter for a Llama 3.1+ target reads them from its config.json's llama3
+        ``rope_scaling``, as :attr:`ModelConfig.rope_freq_factors`). Default None: plain RoPE,
+        whatever the target's (fastspec's trainer drafts with plain RoPE).
     mask_token_id : int, optional
         Id of the MASK token (an embedding row of the target). Default: 258 (the byte
         tokenizer's MASK) when the target vocabulary has 260 entries, else ``vocab_size - 1``.
@@ -95,6 +101,7 @@ class DFlashConfig:
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float = 0.0
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         check_index(self.block_size, "block_size", 2, MAX_BLOCK_SIZE)
@@ -121,11 +128,15 @@ class DFlashConfig:
                              f"{self.final_logit_softcapping}")
         if not isinstance(self.last_tap_normed, (bool, np.bool_)):
             raise TypeError(f"last_tap_normed must be a bool, got {self.last_tap_normed!r}")
+        if self.rope_freq_factors is not None:
+            object.__setattr__(self, "rope_freq_factors", freq_factors(self.rope_freq_factors))
 
     @property
     def resolved(self) -> bool:
-        """True when no field is None (the config of a built :class:`DFlashModel`)."""
-        return all(getattr(self, f.name) is not None for f in dataclasses.fields(self))
+        """True when no field is None (the config of a built :class:`DFlashModel`), but
+        ``rope_freq_factors``, whose None means plain RoPE."""
+        return all(getattr(self, f.name) is not None for f in dataclasses.fields(self)
+                   if f.name != "rope_freq_factors")
 
     def resolve(self, target: ModelConfig) -> "DFlashConfig":
         """Return a copy with every None field taken from ``target`` and checked against it.
@@ -154,6 +165,8 @@ class DFlashConfig:
             raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv}")
         if head_dim % 2:
             raise ValueError(f"rotary positions need an even head_dim, got {head_dim}")
+        if self.rope_freq_factors is not None:
+            freq_factors(self.rope_freq_factors, (head_dim or 0) // 2, f"head_dim {head_dim}")
         if self.mask_token_id is not None:
             mask = self.mask_token_id
         elif target.vocab_size == ByteTokenizer.vocab_size:  # the embedded models' vocabulary
@@ -174,15 +187,17 @@ class DFlashConfig:
     def to_dict(self) -> dict:
         """Return the config as a JSON-serialisable dict (``tap_layers`` as a list).
 
-        The z-lab fields (``last_tap_normed`` and the scales) are left out at their defaults,
-        so that fastspec's own drafters keep the keys older versions read.
+        The z-lab fields (``last_tap_normed``, the scales, ``rope_freq_factors``) are left
+        out at their defaults, so that fastspec's own drafters keep the keys older versions
+        read.
         """
         d = dataclasses.asdict(self)
         for name, default in _ZLAB_DEFAULTS.items():
             if d[name] == default:
                 del d[name]
-        if d["tap_layers"] is not None:
-            d["tap_layers"] = list(d["tap_layers"])
+        for name in ("tap_layers", "rope_freq_factors"):
+            if d.get(name) is not None:
+                d[name] = list(d[name])
         return d
 
     @classmethod
@@ -192,7 +207,7 @@ class DFlashConfig:
         d = dict(d)
         if d.get("tap_layers") is not None:
             d["tap_layers"] = tuple(d["tap_layers"])
-        return cls(**d)
+        return cls(**d)  # rope_freq_factors: checked and made a tuple by __post_init__
 
     def replace(self, **changes) -> "DFlashConfig":
         """Return a copy with some fields changed."""

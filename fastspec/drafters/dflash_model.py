@@ -118,7 +118,8 @@ class DFlashModel:
                            ffn_dim=c.ffn_dim, max_seq_len=self.max_positions, norm="rmsnorm",
                            positional="rope", activation="swiglu", tie_embeddings=False,
                            rope_theta=c.rope_theta, norm_eps=c.norm_eps, dtype=t.dtype,
-                           qk_norm=c.qk_norm, weight_dtype=t.weight_dtype)
+                           qk_norm=c.qk_norm, weight_dtype=t.weight_dtype,
+                           rope_freq_factors=c.rope_freq_factors)
 
     # --- construction -------------------------------------------------------------------
 
@@ -445,7 +446,7 @@ class DFlashModel:
         ctx = rms_norm(self.tap(hidden) @ self.fc, self.hidden_norm, c.norm_eps)
         P = ctx.shape[0]
         H, Hkv, D, eps = c.n_heads, c.n_kv_heads, c.head_dim, c.norm_eps
-        cos, sin = rope_tables(P + n, D, c.rope_theta, self.dtype)
+        cos, sin = rope_tables(P + n, D, c.rope_theta, self.dtype, c.rope_freq_factors)
         embed, head, layers = self._stack._numpy_weights()  # matrices in the compute dtype
         x = embed[ids] * np.asarray(c.input_embedding_scale, dtype=self.dtype)
         for lw in layers:

@@ -2,7 +2,8 @@
 
 A folder holds a Qwen3-style ``config.json`` with the drafter's shape (``hidden_size``,
 ``num_hidden_layers`` = draft layers, heads, ``intermediate_size``, ``rms_norm_eps``,
-``rope_theta``), ``block_size``, ``num_target_layers`` and
+``rope_theta``, and Llama 3.1's ``"llama3"`` RoPE scaling when it has one, read as
+:mod:`fastspec.formats.hf_rope` reads a model's), ``block_size``, ``num_target_layers`` and
 ``dflash_config: {target_layer_ids, mask_token_id}`` (optionally ``input_embedding_scale``,
 ``output_multiplier``, ``final_logit_softcapping``), and ``model.safetensors`` with
 ``fc.weight``, ``hidden_norm.weight``, ``norm.weight`` and ``layers.N.*`` (Qwen3 layer names,
@@ -34,7 +35,7 @@ import numpy as np
 from fastspec.formats import json_io
 from fastspec.formats.json_io import read_json_object
 from fastspec.formats.hf_folder import weight_files, read_safetensors, write_safetensors
-from fastspec.formats.hf_rope import rope_theta
+from fastspec.formats.hf_rope import rope_freq_factors, rope_theta
 from fastspec.model.schema import hf_layer_keys, layer_attrs
 
 if TYPE_CHECKING:  # annotations only
@@ -162,15 +163,18 @@ def read_dflash_config(folder: Path, target: Transformer, max_block: int) -> dic
         raise ValueError(f"{path}: causal or sliding-window draft layers (is_causal, "
                          "layer_types) are not supported")
     heads = _field(cfg, "num_attention_heads", str(path))
+    head_dim = int(cfg.get("head_dim") or d // heads)
     scale = lambda name, default: float(_field(  # noqa: E731
         dc, name, f"{path}: dflash_config", float, cfg.get(name, default)) or 0.0)
     return dict(
         block_size=block, n_layers=_field(cfg, "num_hidden_layers", str(path)),
         tap_layers=tuple(taps), n_heads=heads,
         n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg.get("head_dim") or d // heads),
+        head_dim=head_dim,
         ffn_dim=_field(cfg, "intermediate_size", str(path)), qk_norm=True,
-        rope_theta=rope_theta(cfg), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta(cfg, ("default", "llama3")),
+        rope_freq_factors=rope_freq_factors(cfg, head_dim),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         mask_token_id=mask, last_tap_normed=True,
         input_embedding_scale=scale("input_embedding_scale", 1.0),
         output_multiplier=scale("output_multiplier", 1.0),
@@ -227,12 +231,17 @@ def save_dflash_folder(model: Any, folder: str | os.PathLike) -> None:
     ------
     ValueError
         A drafter the format cannot express: without ``qk_norm`` (z-lab's layers always have
-        it), or tapping the target's last layer before the final norm (z-lab taps it after).
+        it), tapping the target's last layer before the final norm (z-lab taps it after), or
+        with ``rope_freq_factors`` (the folder states the scaling's parameters, which the
+        divisors do not give back).
     """
     c, t = model.config, model.target.config
     if not c.qk_norm:
         raise ValueError("z-lab's format needs qk_norm=True drafters (Qwen3 layers); save this "
                          "one to an .npz instead")
+    if c.rope_freq_factors is not None:
+        raise ValueError("z-lab's config.json states RoPE scaling by its parameters, not the "
+                         "per-frequency divisors this drafter holds; save it to an .npz instead")
     if t.n_layers - 1 in c.tap_layers and not c.last_tap_normed:
         raise ValueError(f"the drafter taps the target's last layer ({t.n_layers - 1}) before its "
                          "final norm, z-lab's format after it; save this one to an .npz instead")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -11,7 +12,7 @@ from fastspec.kernels.bf16 import BF16
 from fastspec.kernels.checks import check_index, check_known_fields
 from fastspec.model.functional import positive_number
 
-__all__ = ["ModelConfig", "QUANT_WEIGHT_DTYPES"]
+__all__ = ["ModelConfig", "QUANT_WEIGHT_DTYPES", "freq_factors"]
 
 _NORMS = ("rmsnorm", "layernorm")
 _POSITIONALS = ("rope", "learned")
@@ -20,6 +21,28 @@ _ACTIVATIONS = ("swiglu", "tanh", "gelu")
 QUANT_WEIGHT_DTYPES = ("q8_0", "q4_0", "q4_1")
 #: Bytes per weight of each quantized storage (block bytes / 32).
 _QUANT_ITEMSIZE = {"q8_0": 34 / 32, "q4_0": 18 / 32, "q4_1": 20 / 32}
+
+
+def freq_factors(raw: Any, count: int | None = None, what: str = "") -> tuple[float, ...]:
+    """Return RoPE divisors ``raw`` (:attr:`ModelConfig.rope_freq_factors`) as a tuple of floats.
+
+    Raises
+    ------
+    ValueError
+        ``raw`` is not a sequence (a string, a scalar), an entry is not a positive finite
+        number (named by its index), or there are not ``count`` entries (``what`` says
+        whose count it is).
+    """
+    try:
+        if isinstance(raw, (str, bytes)):
+            raise TypeError
+        n = len(raw)
+    except TypeError:
+        raise ValueError(f"rope_freq_factors must be a sequence of numbers, got {raw!r}"
+                         ) from None
+    if count is not None and n != count:
+        raise ValueError(f"rope_freq_factors has {n} values, {what} needs {count}")
+    return tuple(positive_number(f, f"rope_freq_factors[{i}]") for i, f in enumerate(raw))
 
 
 @dataclass(frozen=True)
@@ -129,20 +152,8 @@ class ModelConfig:
     def _check_freq_factors(self) -> None:
         if self.positional != "rope":
             raise ValueError("rope_freq_factors needs positional='rope'")
-        raw: object = self.rope_freq_factors
-        try:
-            if isinstance(raw, (str, bytes)):
-                raise TypeError
-            count = len(raw)  # type: ignore[arg-type]
-        except TypeError:
-            raise ValueError(f"rope_freq_factors must be a sequence of numbers, got {raw!r}"
-                             ) from None
-        half = int(self.head_dim or 0) // 2
-        if count != half:
-            raise ValueError(f"rope_freq_factors has {count} values, head_dim "
-                             f"{self.head_dim} needs {half}")
-        factors = tuple(positive_number(f, f"rope_freq_factors[{i}]")
-                        for i, f in enumerate(raw))  # type: ignore[call-overload]
+        factors = freq_factors(self.rope_freq_factors, int(self.head_dim or 0) // 2,
+                               f"head_dim {self.head_dim}")
         object.__setattr__(self, "rope_freq_factors", factors)
 
     def _check_quantized(self) -> None:

@@ -36,11 +36,18 @@ def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
     (``freq_factors`` of shape (head_dim // 2,); None: all ones), as llama.cpp's RoPE reads
     ``rope_freqs.weight``. Angles are computed in float64, then rounded to ``dtype``.
     """
+    angles = (np.arange(max_positions, dtype=np.float64)[:, None]
+              * rope_inv_freq(head_dim, theta, freq_factors)[None, :])
+    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, freq_factors=None) -> np.ndarray:
+    """Return the radians a position turns each RoPE frequency, float64 (head_dim // 2,):
+    ``theta ** (-2 i / head_dim) / freq_factors[i]`` (:func:`rope_tables`' angles)."""
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     if freq_factors is not None:
         inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
-    angles = np.arange(max_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    return inv_freq
 
 
 def llama3_freq_factors(head_dim: int, theta: float, factor: float, low_freq_factor: float,

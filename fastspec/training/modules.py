@@ -203,8 +203,9 @@ class DFlash(nn.Module):
         Returns logits (B, Q, V).
         """
         D, th = self.cfg["head_dim"], self.cfg["rope_theta"]
-        cq, sq = rope_cos_sin(block_pos, D, th)
-        ck, sk = rope_cos_sin(ctx_pos, D, th)
+        f = self.cfg.get("rope_freq_factors")  # the drafter's own (None: plain RoPE)
+        cq, sq = rope_cos_sin(block_pos, D, th, f)
+        ck, sk = rope_cos_sin(ctx_pos, D, th, f)
         if cq.dim() == 3:  # (B, Q, D) -> (B, 1, Q, D)
             cq, sq = cq[:, None], sq[:, None]
         if ck.dim() == 3:
