@@ -181,7 +181,6 @@ class QuantMatrix:
         if blocks.shape[0] > _INT_LIMIT:
             raise ValueError(f"out_features is too large, got {blocks.shape[0]}")
         blocks = np.ascontiguousarray(blocks)
-        _check_scales(kind, blocks, in_features)
         if out is not None:
             need = packed_bytes(kind, in_features, blocks.shape[0])
             if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1
@@ -189,8 +188,12 @@ class QuantMatrix:
                     and out.shape[0] == need and out.ctypes.data % 64 == 0):
                 raise ValueError(f"out must be a writable, 64-byte aligned, contiguous uint8 "
                                  f"array of {need} bytes")
-        return cls(kind, in_features, blocks.shape[0],
-                   _impl().pack(kind, blocks, in_features, out))
+        try:  # the pack refuses a NaN or infinite scale; the message then names its place
+            packed = _impl().pack(kind, blocks, in_features, out)
+        except ValueError:
+            _check_scales(kind, blocks, in_features)
+            raise
+        return cls(kind, in_features, blocks.shape[0], packed)
 
     @classmethod
     def from_float(cls, kind: str, W: np.ndarray) -> QuantMatrix:
