@@ -152,8 +152,8 @@ def quant_matrix(tensor: Any, requested: str, out: np.ndarray | None = None):
         Blocks of a NaN or infinite scale, wrong block counts, or values that dequantize to
         NaN or infinity (named with the file and the tensor).
     """
-    from fastspec.kernels.quant import TRANSCODED, QuantMatrix, quantize_blocks, transcode
-    from fastspec.model.quantized import float_matrix
+    from fastspec.kernels.quant import TRANSCODED, QuantMatrix, transcode
+    from fastspec.model.quantized import quant_blocks
 
     kind = native_kind(tensor.type_name, requested, getattr(tensor, "float_kind", None))
     rows, cols = tensor.shape
@@ -168,14 +168,8 @@ def quant_matrix(tensor: Any, requested: str, out: np.ndarray | None = None):
             blocks = (_scaled_int8_as_q8_0(tensor, step)
                       if tensor.type_name in SCALED_INT8 and kind == "q8_0" else None)
             if blocks is None:
-                parts = []
-                for r in range(0, rows, step):
-                    w = float_matrix(tensor.read(r, min(r + step, rows)))
-                    if not np.isfinite(w).all():
-                        raise ValueError("cannot quantize a matrix holding NaN or infinite "
-                                         "values")
-                    parts.append(quantize_blocks(kind, w))
-                blocks = np.concatenate(parts)
+                blocks = np.concatenate([quant_blocks(tensor.read(r, min(r + step, rows)), kind)
+                                         for r in range(0, rows, step)])
         return QuantMatrix.from_blocks(kind, blocks, cols, out)
     except ValueError as exc:
         where = f"{tensor.file.path}: tensor {tensor.name!r} ({tensor.type_name})"

@@ -21,10 +21,10 @@ from fastspec.kernels.bf16 import RoundingMatrix, from_bits
 from fastspec.model.config import QUANT_WEIGHT_DTYPES
 from fastspec.model.schema import MATRICES, LayerWeights
 
-from fastspec.kernels.quant import QuantMatrix, linear_q
+from fastspec.kernels.quant import QuantMatrix, linear_q, quantize_blocks
 
-__all__ = ["QuantMatrix", "QLinear", "QRows", "is_quant", "as_quant", "layout_shape",
-           "quantize_model", "float_matrix", "QUANT_WEIGHT_DTYPES"]
+__all__ = ["QuantMatrix", "QLinear", "QRows", "is_quant", "as_quant", "quant_blocks",
+           "layout_shape", "quantize_model", "float_matrix", "QUANT_WEIGHT_DTYPES"]
 
 
 def is_quant(a: Any) -> bool:
@@ -75,9 +75,23 @@ def as_quant(a: Any, kind: str, rows_are_outputs: bool = False) -> "QuantMatrix"
     if w.shape[1] % 32:
         raise ValueError(f"{kind} quantizes blocks of 32 inputs: a matrix with {w.shape[1]} "
                          "inputs cannot be stored")
+    return QuantMatrix.from_blocks(kind, quant_blocks(w, kind), w.shape[1])
+
+
+def quant_blocks(a: Any, kind: str) -> np.ndarray:
+    """Return matrix ``a`` (``(out, in)``, any storage dtype, :func:`float_matrix`) as GGUF
+    blocks of ``kind``, uint8 ``(out, in // 32 * block bytes)``
+    (:func:`fastspec.kernels.quant.quantize_blocks`).
+
+    Raises
+    ------
+    ValueError
+        ``a`` holds NaN or infinite values, or values too large for float16 scales.
+    """
+    w = float_matrix(a)
     if not np.isfinite(w).all():
         raise ValueError("cannot quantize a matrix holding NaN or infinite values")
-    return QuantMatrix.from_float(kind, np.ascontiguousarray(w, dtype=np.float32))
+    return quantize_blocks(kind, np.ascontiguousarray(w, dtype=np.float32))
 
 
 class QLinear:

@@ -153,11 +153,13 @@ def _arena_slots(c: ModelConfig, tensors: list[tuple[str, Any]]) -> dict[str, np
     if len(raws) != sum(m for _, m, _ in keys.values()) or not all(
             hasattr(r, "native_kind") and len(r.shape) == 2 for r in raws.values()):
         return {}
-    order = {attr: i for i, attr in enumerate(FORWARD_MATRICES)}
-    rank = {name: (where, order.get(attr, len(order))) if isinstance(where, int) else
-            ((c.n_layers, 0) if where == "head" else (c.n_layers + 1, 0))
-            for name, (where, _, attr) in keys.items() if name in raws}
-    names = sorted(raws, key=rank.__getitem__)
+    def rank(name: str) -> tuple[int, int]:  # layer by layer, then the head, the embedding
+        where, _, attr = keys[name]
+        if isinstance(where, int):
+            return where, FORWARD_MATRICES.index(attr)
+        return c.n_layers + (where == "embed"), 0
+
+    names = sorted(raws, key=rank)
     shapes = [(raws[n].native_kind(c.weight_dtype), raws[n].shape[1], raws[n].shape[0])
               for n in names]
     return dict(zip(names, reserve(shapes)))
