@@ -44,14 +44,14 @@ static void fs_q_wr16(uint8_t *p, uint16_t v)
 /* An f16 with the largest exponent is an infinity or a NaN. */
 static int fs_q_bad16(uint16_t h) { return (h & 0x7c00u) == 0x7c00u; }
 
-int fs_quant_pack(int kind, const uint8_t *blocks, int in, int out, uint8_t *P)
+/* Panels [g0, g1) of fs_quant_pack (arguments checked); returns 1 if a scale is bad. */
+static int fs_q_pack_panels(int kind, const uint8_t *blocks, int in, int out, uint8_t *P,
+                            int g0, int g1)
 {
-    int bb = fs_quant_block_bytes(kind);
-    if (bb == 0 || in <= 0 || in % FS_Q_BLOCK != 0 || out < 1) return FS_Q_EARG;
-    int nb = in / FS_Q_BLOCK, ng = (out + FS_Q_COLS - 1) / FS_Q_COLS, bad = 0;
+    int bb = fs_quant_block_bytes(kind), nb = in / FS_Q_BLOCK, bad = 0;
     size_t psz = fs_quant_panel_bytes(kind, in), qoff = FS_Q_PANEL_QS(kind, nb);
     size_t moff = FS_Q_PANEL_M(nb), qb = kind == FS_Q8_0 ? 256 : 128;
-    for (int g = 0; g < ng; g++) {
+    for (int g = g0; g < g1; g++) {
         uint8_t *pan = P + (size_t)g * psz;
         memset(pan, 0, psz);
         for (int c = 0; c < FS_Q_COLS && g * FS_Q_COLS + c < out; c++) {
@@ -80,7 +80,48 @@ int fs_quant_pack(int kind, const uint8_t *blocks, int in, int out, uint8_t *P)
             }
         }
     }
-    return bad ? FS_Q_EBADSCALE : 0;
+    return bad;
+}
+
+/* A pack cut into chunks of whole panels for the core's pool (a load of a large model packs
+ * gigabytes: the first touch of the destination's pages is most of it); each chunk records
+ * its own result, so the bytes do not depend on the threads. */
+#define FS_Q_PACK_MAX_CHUNKS 64
+typedef struct {
+    const uint8_t *blocks;
+    uint8_t *P;
+    int kind, in, out, ng, nchunks;
+    signed char bad[FS_Q_PACK_MAX_CHUNKS];
+} fs_q_pack_job;
+
+static void fs_q_pack_chunk(void *ctx, int c)
+{
+    fs_q_pack_job *j = (fs_q_pack_job *)ctx;
+    int g0 = (int)((long long)j->ng * c / j->nchunks);
+    int g1 = (int)((long long)j->ng * (c + 1) / j->nchunks);
+    j->bad[c] = (signed char)fs_q_pack_panels(j->kind, j->blocks, j->in, j->out, j->P, g0, g1);
+}
+
+int fs_quant_pack(int kind, const uint8_t *blocks, int in, int out, uint8_t *P)
+{
+    fs_q_pack_job j;
+    if (fs_quant_block_bytes(kind) == 0 || in <= 0 || in % FS_Q_BLOCK != 0 || out < 1)
+        return FS_Q_EARG;
+    memset(&j, 0, sizeof j);
+    j.blocks = blocks;
+    j.P = P;
+    j.kind = kind;
+    j.in = in;
+    j.out = out;
+    j.ng = (out + FS_Q_COLS - 1) / FS_Q_COLS;
+    j.nchunks = fs_pool_chunks(j.ng, (size_t)in * FS_Q_COLS, 1);
+    if (j.nchunks > FS_Q_PACK_MAX_CHUNKS)
+        j.nchunks = FS_Q_PACK_MAX_CHUNKS;
+    fs_pool_run(fs_q_pack_chunk, &j, j.nchunks);
+    for (int c = 0; c < j.nchunks; c++)
+        if (j.bad[c])
+            return FS_Q_EBADSCALE;
+    return 0;
 }
 
 void fs_quant_unpack(int kind, const uint8_t *P, int in, int out, uint8_t *blocks)

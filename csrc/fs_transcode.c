@@ -1,10 +1,13 @@
-/* fs_transcode.c -- GGUF K-quant super-blocks into native Q4_1 / Q8_0 blocks (fs_transcode.h). */
+/* fs_transcode.c -- GGUF K-quant super-blocks and Q5_0 blocks into native Q4_1 / Q8_0 blocks
+ * (fs_transcode.h), the work shared out by the core's pool. */
 #include "fs_transcode.h"
 
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
 #include "fs_common.h"
+#include "fs_pool.h"
 
 /* float -> binary16 bits, nearest (ties to even), as numpy's astype(float16): past the
  * largest f16 an infinity, below its subnormals a signed zero, a NaN keeps its sign and the
@@ -58,7 +61,8 @@ static void fs_t_scale_min(int j, const uint8_t *q, int *sc, int *m)
     }
 }
 
-void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst)
+/* Super-blocks [0, n) of each kind; the public functions below cut them into chunks. */
+static void fs_t_q4_k(const uint8_t *src, size_t n, uint8_t *dst)
 {
     for (size_t s = 0; s < n; s++) {
         const uint8_t *b = src + s * 144, *qs = b + 16;
@@ -77,47 +81,144 @@ void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst)
     }
 }
 
-int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
+/* Returns -1 at the first super-block whose d is NaN or infinite, else 0. The loops are
+ * written so that the compiler vectorizes them (plain C, no intrinsics). */
+static int fs_t_q6_k(const uint8_t *src, size_t n, uint8_t *dst)
 {
     for (size_t s = 0; s < n; s++) {
-        const uint8_t *b = src + s * 210, *ql = b, *qh = b + 128;  /* d * sc exact below */
+        const uint8_t *b = src + s * 210, *ql = b, *qh = b + 128;
         const int8_t *scales = (const int8_t *)(b + 192);
         uint16_t dh = fs_t_rd16(b + 208);
-        float d = fs_h2f(dh), w[256];
+        float d = fs_h2f(dh);
+        int8_t q[256];  /* the 6-bit values minus 32, in element order */
         if ((dh & 0x7c00u) == 0x7c00u)
             return -1;
         for (int h = 0; h < 2; h++) {  /* ggml's element order: 4 weights per l, 32 apart */
             const uint8_t *lo = ql + 64 * h, *hi = qh + 32 * h;
-            const int8_t *sc = scales + 8 * h;
-            float *y = w + 128 * h;
+            int8_t *y = q + 128 * h;
             for (int l = 0; l < 32; l++) {
-                int is = l / 16;
-                y[l] = (d * (float)sc[is]) * (float)(((lo[l] & 0x0f) | (hi[l] & 3) << 4) - 32);
-                y[l + 32] = (d * (float)sc[is + 2])
-                            * (float)(((lo[l + 32] & 0x0f) | (hi[l] >> 2 & 3) << 4) - 32);
-                y[l + 64] = (d * (float)sc[is + 4])
-                            * (float)((lo[l] >> 4 | (hi[l] >> 4 & 3) << 4) - 32);
-                y[l + 96] = (d * (float)sc[is + 6])
-                            * (float)((lo[l + 32] >> 4 | (hi[l] >> 6 & 3) << 4) - 32);
+                y[l] = (int8_t)(((lo[l] & 0x0f) | (hi[l] & 3) << 4) - 32);
+                y[l + 32] = (int8_t)(((lo[l + 32] & 0x0f) | (hi[l] >> 2 & 3) << 4) - 32);
+                y[l + 64] = (int8_t)((lo[l] >> 4 | (hi[l] >> 4 & 3) << 4) - 32);
+                y[l + 96] = (int8_t)((lo[l + 32] >> 4 | (hi[l] >> 6 & 3) << 4) - 32);
             }
         }
-        for (int k = 0; k < 8; k++) {
-            const float *x = w + 32 * k;
+        for (int k = 0; k < 8; k++) {  /* block k: elements 32k.., scales 2k and 2k + 1 */
+            const int8_t *x = q + 32 * k;
             uint8_t *o = dst + (s * 8 + (size_t)k) * 34;
-            float amax = 0.0f, dq, id;
-            for (int i = 0; i < 32; i++)
-                amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+            float ds[2] = {d * (float)scales[2 * k], d * (float)scales[2 * k + 1]};
+            float w[32], amax = 0.0f, dq, id;
+            for (int half = 0; half < 2; half++) {
+                /* max |ds * q| = |ds| * max |q|: a product's rounding is monotone and
+                 * symmetric, so this is the largest of the 16 rounded products */
+                int top = 0;
+                for (int i = 0; i < 16; i++) {
+                    int a = x[16 * half + i] < 0 ? -x[16 * half + i] : x[16 * half + i];
+                    top = a > top ? a : top;
+                }
+                float m = fabsf(ds[half]) * (float)top;
+                amax = m > amax ? m : amax;
+                for (int i = 0; i < 16; i++)
+                    w[16 * half + i] = ds[half] * (float)x[16 * half + i];
+            }
             dq = amax / 127.0f;
             id = dq != 0.0f ? 1.0f / dq : 0.0f;
             fs_t_wr16(o, fs_f2h(dq));
             for (int i = 0; i < 32; i++) {
                 /* gguf's roundf, floor(a) + floor(2 (a - floor(a))), half away from zero: for
                  * 0 <= a < 2^23 truncation is floor and both steps are exact */
-                float v = x[i] * id, a = fabsf(v);
+                float v = w[i] * id, a = fabsf(v);
                 int whole = (int)a, r = whole + (int)(2.0f * (a - (float)whole));
                 o[2 + i] = (uint8_t)(int8_t)(v < 0.0f ? -r : r);
             }
         }
     }
     return 0;
+}
+
+/* Q5_0 blocks [0, n) -> Q8_0: the same d (its bytes), the integers q - 16 (exactly the same
+ * weights); a block of d = +-0 holds only zero weights and gets zero integers. Returns -1 at
+ * the first block whose d is NaN or infinite, else 0. */
+static int fs_t_q5_0(const uint8_t *src, size_t n, uint8_t *dst)
+{
+    for (size_t s = 0; s < n; s++) {
+        const uint8_t *b = src + s * 22, *qs = b + 6;
+        uint8_t *o = dst + s * 34;
+        uint16_t dh = fs_t_rd16(b);
+        uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16
+                      | (uint32_t)b[5] << 24;
+        int keep = (dh & 0x7fffu) != 0;
+        if ((dh & 0x7c00u) == 0x7c00u)
+            return -1;
+        o[0] = b[0];
+        o[1] = b[1];
+        for (int j = 0; j < 16; j++) {  /* ggml: byte j holds elements j and j + 16 */
+            int x0 = ((qs[j] & 0x0f) | ((qh >> j) << 4 & 0x10)) - 16;
+            int x1 = ((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16;
+            o[2 + j] = (uint8_t)(int8_t)(keep ? x0 : 0);
+            o[18 + j] = (uint8_t)(int8_t)(keep ? x1 : 0);
+        }
+    }
+    return 0;
+}
+
+/* One conversion cut into chunks of whole source blocks for the core's pool; each chunk
+ * records its own result (no shared writes), so the bytes do not depend on the threads. */
+enum { FS_T_Q4_K, FS_T_Q6_K, FS_T_Q5_0 };
+#define FS_T_MAX_CHUNKS 64
+typedef struct {
+    const uint8_t *src;
+    uint8_t *dst;
+    size_t n;
+    int type, nchunks;
+    signed char rc[FS_T_MAX_CHUNKS];
+} fs_t_job;
+
+static void fs_t_chunk(void *ctx, int c)
+{
+    fs_t_job *j = (fs_t_job *)ctx;
+    size_t a = j->n * (size_t)c / (size_t)j->nchunks;
+    size_t e = j->n * (size_t)(c + 1) / (size_t)j->nchunks;
+    switch (j->type) {
+    case FS_T_Q4_K: fs_t_q4_k(j->src + a * 144, e - a, j->dst + a * 160); break;
+    case FS_T_Q6_K: j->rc[c] = (signed char)fs_t_q6_k(j->src + a * 210, e - a, j->dst + a * 272);
+                    break;
+    default: j->rc[c] = (signed char)fs_t_q5_0(j->src + a * 22, e - a, j->dst + a * 34);
+    }
+}
+
+static int fs_t_run(int type, const uint8_t *src, size_t n, uint8_t *dst)
+{
+    fs_t_job j;
+    int units = n > (size_t)INT_MAX ? INT_MAX : (int)n;
+    /* cost in fs_pool_chunks' unit (a product's weight): a converted weight costs ~4 */
+    size_t cost = type == FS_T_Q5_0 ? 32 * 4 : 256 * 4;
+    memset(&j, 0, sizeof j);
+    j.src = src;
+    j.dst = dst;
+    j.n = n;
+    j.type = type;
+    j.nchunks = fs_pool_chunks(units, cost, 1);
+    if (j.nchunks > FS_T_MAX_CHUNKS)
+        j.nchunks = FS_T_MAX_CHUNKS;
+    fs_pool_run(fs_t_chunk, &j, j.nchunks);
+    for (int c = 0; c < j.nchunks; c++)
+        if (j.rc[c] != 0)
+            return -1;
+    return 0;
+}
+
+void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst)
+{
+    (void)fs_t_run(FS_T_Q4_K, src, n, dst);
+}
+
+int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
+{
+    return fs_t_run(FS_T_Q6_K, src, n, dst);
+}
+
+int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
+{
+    return fs_t_run(FS_T_Q5_0, src, n, dst);
 }

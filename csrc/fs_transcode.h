@@ -1,9 +1,11 @@
-/* fs_transcode.h -- GGUF K-quant super-blocks into the native kinds of fs_quant.h, at load.
+/* fs_transcode.h -- GGUF K-quant super-blocks and Q5_0 blocks into the native kinds of
+ * fs_quant.h, at load.
  *
- * Portable C (a load-time pass over the file's bytes); the NumPy twin is
- * fastspec/kernels/_reference_quant.py (transcode), the oracle gguf.quants. Both functions
- * take n super-blocks of 256 weights, row-major as the file stores them, and write GGUF
- * blocks of 32 (8 per super-block):
+ * Portable C (a load-time pass over the file's bytes, cut into chunks of whole source blocks
+ * that the core's pool (fs_pool.h) shares out: the same bytes at any thread count); the NumPy
+ * twin is fastspec/kernels/_reference_quant.py (transcode), the oracle gguf.quants. The K-quant
+ * functions take n super-blocks of 256 weights, row-major as the file stores them, and write
+ * GGUF blocks of 32 (8 per super-block):
  *
  *   Q4_K (144 bytes: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles)
  *     -> Q4_1 (20 bytes): d' = f16(d * sc), m' = f16(-(dmin * m)) (both products exact in
@@ -14,8 +16,13 @@
  *        rule on each block of 32: amax = max|w|, d' = amax / 127, id = d' ? 1 / d' : 0,
  *        q' = round-half-away(w * id), stored d' = f16(d').
  *
- * The Q8_0 bytes are those of gguf.quants' dequantize-and-quantize; the Q4_1 bytes keep the
- * Q4_K values (no requantization), only the two f16 roundings above (tests/test_gguf_transcode.py).
+ *   Q5_0 (22 bytes: f16 d, 32 fifth bits, 16 bytes of nibbles), one block of 32 each
+ *     -> Q8_0 (34 bytes): the same d bytes and the integers q - 16: exactly the same weights
+ *        (a block of d = +-0, whose weights are all zero, gets zero integers).
+ *
+ * The Q6_K -> Q8_0 bytes are those of gguf.quants' dequantize-and-quantize; the Q4_1 bytes
+ * keep the Q4_K values (no requantization), only the two f16 roundings above
+ * (tests/test_gguf_transcode.py).
  */
 #ifndef FS_TRANSCODE_H
 #define FS_TRANSCODE_H
@@ -30,5 +37,9 @@ void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst);
 /* Q6_K super-blocks -> Q8_0 blocks (8 x 34 bytes each). Returns 0, or -1 (dst unspecified)
  * when a super-block's d is NaN or infinite (its weights would be). */
 int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
+
+/* Q5_0 blocks -> Q8_0 blocks (34 bytes each). Returns 0, or -1 (dst unspecified) when a
+ * block's d is NaN or infinite. */
+int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
 
 #endif

@@ -25,12 +25,13 @@ from gguf.quants import Q4_K, dequantize, quantize  # noqa: E402
 
 from _gguf_writer import write_model  # noqa: E402
 
-SUPER = {"Q4_K": 144, "Q6_K": 210}
-SCALES = {"Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets of the f16 scales
+SUPER = {"Q4_K": 144, "Q6_K": 210, "Q5_0": 22}  # bytes of a (super-)block
+WEIGHTS = {"Q4_K": 256, "Q6_K": 256, "Q5_0": 32}  # its weights
+SCALES = {"Q4_K": (0, 2), "Q6_K": (208,), "Q5_0": (0,)}  # byte offsets of the f16 scales
 
 
 def superblocks(type_name: str, rows: int, n: int, seed: int, special: bool) -> np.ndarray:
-    """Random super-blocks (rows, n * bytes) with finite f16 scales over 14 decades; with
+    """Random (super-)blocks (rows, n * bytes) with finite f16 scales over 14 decades; with
     ``special`` also zeros, the smallest subnormal, a tiny normal and -65504."""
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, (rows * n, SUPER[type_name]), dtype=np.uint8)
@@ -69,11 +70,28 @@ def q6_k_rule(raw: np.ndarray) -> np.ndarray:
         return quantize(w, Q.Q8_0).reshape(raw.shape[0], -1)
 
 
+def q5_0_rule(raw: np.ndarray) -> np.ndarray:
+    """Q8_0 blocks of Q5_0 blocks: the same d bytes, gguf's dequantized values divided by d
+    (exact), zeros where d is 0."""
+    b = raw.reshape(-1, 22)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    w = dequantize(raw, Q.Q5_0).reshape(-1, 32)
+    out = np.empty((b.shape[0], 34), np.uint8)
+    out[:, 0:2] = b[:, 0:2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out[:, 2:] = np.where(d != 0, w / d, 0).astype(np.int8).view(np.uint8)
+    return out.reshape(raw.shape[0], -1)
+
+
+RULES = {"Q4_K": q4_k_rule, "Q6_K": q6_k_rule, "Q5_0": q5_0_rule}
+
+
 @pytest.mark.parametrize("special", [False, True], ids=["random", "special-scales"])
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0"])
 def test_transcode_equals_the_oracle(backend, type_name, special):
-    raw = superblocks(type_name, 9, 5000 // 9 + 1, seed=len(type_name) + special, special=special)
-    want = q4_k_rule(raw) if type_name == "Q4_K" else q6_k_rule(raw)
+    n = 5000 * 8 if type_name == "Q5_0" else 5000  # the same weights: 1.28M
+    raw = superblocks(type_name, 9, n // 9 + 1, seed=len(type_name) + special, special=special)
+    want = RULES[type_name](raw)
     got = quant.transcode(type_name, raw)
     assert got.shape == want.shape and got.dtype == np.uint8
     np.testing.assert_array_equal(got, want)
@@ -115,10 +133,14 @@ def test_bad_input(backend):
         quant.transcode("Q6_K", raw)
     with pytest.raises(ValueError, match="type_name"):
         quant.transcode("Q5_K", raw)
-    with pytest.raises(ValueError, match="super-blocks"):
+    with pytest.raises(ValueError, match="whole blocks of 210 bytes"):
         quant.transcode("Q6_K", raw[:, :-1])
     with pytest.raises(ValueError, match="uint8"):
         quant.transcode("Q4_K", raw.astype(np.int16))
+    five = superblocks("Q5_0", 3, 4, seed=3, special=False)
+    five[2, 22 * 3:22 * 3 + 2] = np.array([np.nan], np.float16).view(np.uint8)
+    with pytest.raises(ValueError, match="Q5_0 blocks hold a NaN or infinite"):
+        quant.transcode("Q5_0", five)
 
 
 def test_a_nan_q4_k_scale_is_refused_when_packed(backend):
@@ -126,6 +148,42 @@ def test_a_nan_q4_k_scale_is_refused_when_packed(backend):
     raw[3, 0:2] = np.array([np.nan], np.float16).view(np.uint8)
     with pytest.raises(ValueError, match="row 3"):
         quant.QuantMatrix.from_blocks("q4_1", quant.transcode("Q4_K", raw), 256)
+
+
+
+@pytest.mark.skipif("cython" not in fs.available_backends(), reason="not built")
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0"])
+def test_conversion_and_pack_are_the_same_bits_at_every_thread_count(type_name):
+    """The compiled transcode and pack cut their work between the pool's threads (chunks of
+    super-blocks, of 8-row panels): the bytes equal the one-thread result and the twin's at
+    1, 2 and 3 threads, and a bad scale in the last chunk is still refused."""
+    from fastspec.kernels import get_threads, set_threads
+
+    raw = superblocks(type_name, 203, 16, seed=11, special=False)  # 3248 blocks
+    small = (np.random.default_rng(12).standard_normal(203 * 16) * 1e-3).astype(np.float16)
+    for off in SCALES[type_name]:  # scales whose q4_1 / q8_0 scales stay finite (packable)
+        raw.reshape(-1, SUPER[type_name])[:, off:off + 2] = small.view(np.uint8).reshape(-1, 2)
+    kind, cols = quant.TRANSCODED[type_name], 16 * WEIGHTS[type_name]
+    with fs.using_backend("numpy"):
+        want = quant.transcode(type_name, raw)
+        want_packed = quant.QuantMatrix.from_blocks(kind, want, cols).packed
+    bad = raw.copy()
+    off = SCALES[type_name][0]
+    bad[-1, -SUPER[type_name] + off:][:2] = np.array([np.nan], np.float16).view(np.uint8)
+    threads = get_threads()
+    try:
+        with fs.using_backend("cython"):
+            for n in (1, 2, 3):
+                set_threads(n)
+                got = quant.transcode(type_name, raw)
+                np.testing.assert_array_equal(got, want)
+                np.testing.assert_array_equal(
+                    quant.QuantMatrix.from_blocks(kind, got, cols).packed, want_packed)
+                with pytest.raises(ValueError, match="NaN or infinite|row 202"):
+                    quant.QuantMatrix.from_blocks(kind, quant.transcode(type_name, bad),
+                                                  cols)
+    finally:
+        set_threads(threads)
 
 
 # --- the loader: K-quant matrices, packed straight into the arena ---------------------------

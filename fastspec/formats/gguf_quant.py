@@ -97,9 +97,10 @@ def own_weight_dtype(tensors: Iterable[Any], dtype: str | None = None) -> str | 
 
 
 #: GGUF types whose blocks of 32 are one f16 scale ``d`` (the block's first two bytes) times
-#: integers of int8 range: Q4_0 ``q - 8``, Q5_0 ``q - 16``, IQ4_NL a table of int8 values.
-#: Stored as q8_0 they keep ``d`` and those integers: the same weight values.
-SCALED_INT8 = ("Q4_0", "Q5_0", "IQ4_NL")
+#: integers of int8 range: Q4_0 ``q - 8``, IQ4_NL a table of int8 values. Stored as q8_0
+#: they keep ``d`` and those integers: the same weight values. (Q5_0, ``q - 16``, is one too;
+#: its blocks are converted by the compiled :func:`fastspec.kernels.quant.transcode`.)
+SCALED_INT8 = ("Q4_0", "IQ4_NL")
 
 
 def _scaled_int8_as_q8_0(tensor: Any, step: int) -> np.ndarray | None:
@@ -130,8 +131,9 @@ def quant_matrix(tensor: Any, requested: str, out: np.ndarray | None = None):
 
     A tensor whose type is that kind keeps its blocks (``tensor.blocks()``), byte for byte:
     nothing is dequantized. A Q4_K tensor stored as q4_1 (its 4-bit values kept, not
-    requantized) and a Q6_K one stored as q8_0 (the bytes of the dequantize-and-quantize
-    below) go through :func:`fastspec.kernels.quant.transcode`, one compiled pass; a
+    requantized), a Q6_K one stored as q8_0 (the bytes of the dequantize-and-quantize
+    below) and a Q5_0 one stored as q8_0 (its scales and integers kept) go through
+    :func:`fastspec.kernels.quant.transcode`, one compiled pass; a
     :data:`SCALED_INT8` one stored as q8_0 keeps its scales and integers (exactly the same
     weights). Any other (Q4_K stored as q8_0 included) is read (dequantized) :data:`_CHUNK`
     elements at a time, whole heads for a permuted llama ``attn_q``/``attn_k``, and each

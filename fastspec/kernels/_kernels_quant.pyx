@@ -13,6 +13,7 @@ import numpy as np
 from fastspec.kernels._csrc cimport (
     fs_linear_q,
     fs_q4_k_to_q4_1,
+    fs_q5_0_to_q8_0,
     fs_q6_k_to_q8_0,
     fs_quant_pack,
     fs_quant_packed_bytes,
@@ -33,8 +34,8 @@ __all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "TRANSCODED", "packed_bytes", "pack"
 KINDS = ("q8_0", "q4_0", "q4_1")
 BLOCK = 32
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
-#: GGUF K-quant type -> (its super-block bytes, the native kind it is transcoded into).
-TRANSCODED = {"Q4_K": (144, "q4_1"), "Q6_K": (210, "q8_0")}
+#: GGUF type -> (its block bytes, weights a block, the native kind it is transcoded into).
+TRANSCODED = {"Q4_K": (144, 256, "q4_1"), "Q6_K": (210, 256, "q8_0"), "Q5_0": (22, 32, "q8_0")}
 
 
 cdef int _kind(str kind) except -1:
@@ -103,24 +104,26 @@ def rows(str kind, packed, int in_features, int out_features, ids):
 
 
 def transcode(str type_name, raw):
-    """Return Q4_K / Q6_K super-blocks ``raw`` (uint8 (rows, n * 144 | 210)) as their native
-    kind's GGUF blocks (uint8 (rows, n * 8 * 20 | 34); csrc/fs_transcode.h); ValueError when
-    a Q6_K scale is NaN or infinite."""
-    sb, kind = TRANSCODED[type_name]
+    """Return Q4_K / Q6_K super-blocks or Q5_0 blocks ``raw`` (uint8 (rows, n * 144 | 210 |
+    22)) as their native kind's GGUF blocks (uint8 (rows, n * (8 | 1) * (20 | 34));
+    csrc/fs_transcode.h); ValueError when a Q6_K or Q5_0 scale is NaN or infinite."""
+    sb, weights, kind = TRANSCODED[type_name]
     cdef const uint8_t[:, ::1] src = np.ascontiguousarray(raw, np.uint8)
     cdef Py_ssize_t rows = src.shape[0], n = src.shape[1] // sb, rc = 0
-    cdef bint q4 = type_name == "Q4_K"
+    cdef int which = ("Q4_K", "Q6_K", "Q5_0").index(type_name)
     if src.shape[1] != n * sb:
-        raise ValueError(f"{type_name} rows must be whole super-blocks of {sb} bytes")
-    out = np.empty((rows, n * 8 * BLOCK_BYTES[kind]), np.uint8)
+        raise ValueError(f"{type_name} rows must be whole blocks of {sb} bytes")
+    out = np.empty((rows, n * weights // BLOCK * BLOCK_BYTES[kind]), np.uint8)
     cdef uint8_t[:, ::1] dst = out
     if rows * n == 0:
         return out
     with nogil:
-        if q4:
+        if which == 0:
             fs_q4_k_to_q4_1(&src[0, 0], rows * n, &dst[0, 0])
-        else:
+        elif which == 1:
             rc = fs_q6_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
+        else:
+            rc = fs_q5_0_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
     if rc != 0:
         raise ValueError(f"{type_name} blocks hold a NaN or infinite scale")
     return out

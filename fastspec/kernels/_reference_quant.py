@@ -22,7 +22,7 @@ BLOCK = 32
 #: Bytes of one GGUF block of each kind.
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
 #: GGUF K-quant type -> (its super-block bytes, the native kind it is transcoded into).
-TRANSCODED = {"Q4_K": (144, "q4_1"), "Q6_K": (210, "q8_0")}
+TRANSCODED = {"Q4_K": (144, 256, "q4_1"), "Q6_K": (210, 256, "q8_0"), "Q5_0": (22, 32, "q8_0")}
 _COLS = 8  # output columns per packed panel
 _FMAX = np.float32(np.finfo(np.float32).max)
 _TINY = np.float32(2.0 ** -96)
@@ -78,20 +78,23 @@ def pack(kind: str, blocks: np.ndarray, in_features: int,
 
 
 def transcode(type_name: str, raw: np.ndarray) -> np.ndarray:
-    """Return Q4_K / Q6_K super-blocks ``raw`` (uint8 (rows, n * 144 | 210)) as their native
-    kind's GGUF blocks (uint8 (rows, n * 8 * 20 | 34)), csrc/fs_transcode.h's rules.
+    """Return Q4_K / Q6_K super-blocks or Q5_0 blocks ``raw`` (uint8 (rows, n * 144 | 210 |
+    22)) as their native kind's GGUF blocks (uint8 (rows, n * (8 | 1) * (20 | 34))),
+    csrc/fs_transcode.h's rules.
 
-    Raises ValueError when a Q6_K scale is NaN or infinite."""
-    sb, kind = TRANSCODED[type_name]
+    Raises ValueError when a Q6_K or Q5_0 scale is NaN or infinite."""
+    sb, weights, kind = TRANSCODED[type_name]
     rows, n = raw.shape[0], raw.shape[1] // sb
     if raw.shape[1] != n * sb:
-        raise ValueError(f"{type_name} rows must be whole super-blocks of {sb} bytes")
+        raise ValueError(f"{type_name} rows must be whole blocks of {sb} bytes")
     b = np.ascontiguousarray(raw, np.uint8).reshape(rows * n, sb)
-    out = np.empty((rows * n, 8 * BLOCK_BYTES[kind]), np.uint8)
-    convert = _q4_k_to_q4_1 if type_name == "Q4_K" else _q6_k_to_q8_0
-    for i in range(0, rows * n, 4096):  # 1M weights at a time: bounded temporaries
-        out[i:i + 4096] = convert(b[i:i + 4096]).reshape(-1, 8 * BLOCK_BYTES[kind])
-    return out.reshape(rows, n * 8 * BLOCK_BYTES[kind])
+    width = weights // BLOCK * BLOCK_BYTES[kind]
+    out = np.empty((rows * n, width), np.uint8)
+    convert = {"Q4_K": _q4_k_to_q4_1, "Q6_K": _q6_k_to_q8_0, "Q5_0": _q5_0_to_q8_0}[type_name]
+    step = 2 ** 20 // weights  # 1M weights at a time: bounded temporaries
+    for i in range(0, rows * n, step):
+        out[i:i + step] = convert(b[i:i + step]).reshape(-1, width)
+    return out.reshape(rows, n * width)
 
 
 def _f16(a: np.ndarray) -> np.ndarray:
@@ -143,6 +146,24 @@ def _q6_k_to_q8_0(b: np.ndarray) -> np.ndarray:
     out = np.empty((n * 8, 34), np.uint8)
     out[:, 0:2] = _f16(dq)
     out[:, 2:] = np.where(v < 0, -r, r).astype(np.int8).view(np.uint8)
+    return out
+
+
+_J = np.arange(16)
+
+
+def _q5_0_to_q8_0(b: np.ndarray) -> np.ndarray:
+    d = b[:, 0:2].copy().view(np.float16)  # (n, 1)
+    if not np.isfinite(d).all():
+        raise ValueError("Q5_0 blocks hold a NaN or infinite scale")
+    qh = b[:, 2:6].copy().view("<u4")  # (n, 1)
+    qs = b[:, 6:22]
+    x0 = (qs & 0x0F) | (((qh >> _J) << 4) & 0x10).astype(np.uint8)
+    x1 = (qs >> 4) | ((qh >> (_J + 12)) & 0x10).astype(np.uint8)
+    q = np.concatenate([x0, x1], axis=1).astype(np.int16) - 16
+    out = np.empty((b.shape[0], 34), np.uint8)
+    out[:, 0:2] = b[:, 0:2]
+    out[:, 2:] = np.where(d != 0, q, 0).astype(np.int8).view(np.uint8)
     return out
 
 

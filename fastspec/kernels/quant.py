@@ -33,8 +33,8 @@ QUANT_KINDS = ("q8_0", "q4_0", "q4_1")
 #: Inputs per block (GGUF's QK8_0 / QK4_0 / QK4_1).
 BLOCK = 32
 _INT_LIMIT = 2**31 - 1
-#: GGUF K-quant types with a direct conversion (:func:`transcode`), and their native kind.
-TRANSCODED = {name: kind for name, (_, kind) in _reference_quant.TRANSCODED.items()}
+#: GGUF types with a direct conversion (:func:`transcode`), and their native kind.
+TRANSCODED = {name: kind for name, (_, _, kind) in _reference_quant.TRANSCODED.items()}
 _compiled: list[ModuleType] = []
 
 
@@ -274,15 +274,18 @@ def gather(mats: Sequence[QuantMatrix]) -> list[QuantMatrix]:
 
 
 def transcode(type_name: str, raw: np.ndarray) -> np.ndarray:
-    """Return GGUF Q4_K or Q6_K rows ``raw`` (uint8 (rows, n * 144 | 210), whole super-blocks)
-    as GGUF blocks of their native kind (:data:`TRANSCODED`), uint8 (rows, n * 8 * 20 | 34).
+    """Return GGUF Q4_K, Q6_K or Q5_0 rows ``raw`` (uint8 (rows, n * 144 | 210 | 22), whole
+    blocks) as GGUF blocks of their native kind (:data:`TRANSCODED`), uint8
+    (rows, n * 8 * 20 | n * 8 * 34 | n * 34).
 
     Q4_K becomes q4_1 with the same 4-bit values, not requantized (scale ``d * sc`` and min
     ``-dmin * m`` of each sub-block, exact in float32, rounded to float16); Q6_K becomes q8_0,
-    the bytes of ``gguf.quants``' dequantize-and-quantize. One pass over the bytes
-    (csrc/fs_transcode.h; the twin on the numpy backend).
-    ValueError: another type, partial super-blocks, a NaN or infinite Q6_K scale (a Q4_K one
-    gives a q4_1 scale :meth:`QuantMatrix.from_blocks` refuses).
+    the bytes of ``gguf.quants``' dequantize-and-quantize; Q5_0 becomes q8_0 with the same
+    ``d`` and the integers ``q - 16`` (exactly the same weights). One pass over the bytes,
+    shared out between the threads (:func:`fastspec.set_threads`; the same bytes at any
+    count) (csrc/fs_transcode.h; the twin on the numpy backend).
+    ValueError: another type, partial blocks, a NaN or infinite Q6_K or Q5_0 scale (a Q4_K
+    one gives a q4_1 scale :meth:`QuantMatrix.from_blocks` refuses).
     """
     if type_name not in TRANSCODED:
         raise ValueError(f"type_name must be one of {', '.join(TRANSCODED)}, got {type_name!r}")
