@@ -81,6 +81,57 @@ static void fs_t_q4_k(const uint8_t *src, size_t n, uint8_t *dst)
     }
 }
 
+/* GGUF's Q8_0 rule on one block of 32 float32 weights whose largest magnitude is amax:
+ * d' = amax / 127, id = d' ? 1 / d' : 0, q = round-half-away(w * id), d' stored as f16. */
+static void fs_t_q8_0_block(const float *w, float amax, uint8_t *o)
+{
+    float dq = amax / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
+    fs_t_wr16(o, fs_f2h(dq));
+    for (int i = 0; i < 32; i++) {
+        /* gguf's roundf, floor(a) + floor(2 (a - floor(a))), half away from zero: for
+         * 0 <= a < 2^23 truncation is floor and both steps are exact */
+        float v = w[i] * id, a = fabsf(v);
+        int whole = (int)a, r = whole + (int)(2.0f * (a - (float)whole));
+        o[2 + i] = (uint8_t)(int8_t)(v < 0.0f ? -r : r);
+    }
+}
+
+/* Q4_K super-blocks [0, n) -> Q8_0: each weight (d * sc) * q - dmin * m in float32 as gguf
+ * computes it (both products exact: at most 21 significant bits; one rounding, at the
+ * subtraction, so a fused multiply-add gives the same), then the Q8_0 rule. Returns -1 at
+ * the first super-block whose d or dmin is NaN or infinite, else 0. */
+static int fs_t_q4_k_q8(const uint8_t *src, size_t n, uint8_t *dst)
+{
+    for (size_t s = 0; s < n; s++) {
+        const uint8_t *b = src + s * 144, *qs = b + 16;
+        uint16_t dh = fs_t_rd16(b), mh = fs_t_rd16(b + 2);
+        float d = fs_h2f(dh), dmin = fs_h2f(mh);
+        if ((dh & 0x7c00u) == 0x7c00u || (mh & 0x7c00u) == 0x7c00u)
+            return -1;
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *chunk = qs + 32 * (j / 2);
+            int sc, m, shift = 4 * (j & 1);
+            float w[32], ds, dm, lo, hi;
+            int qlo = 15, qhi = 0;
+            fs_t_scale_min(j, b + 4, &sc, &m);
+            ds = d * (float)sc;
+            dm = dmin * (float)m;
+            for (int i = 0; i < 32; i++) {
+                int q = (chunk[i] >> shift) & 0x0f;
+                w[i] = ds * (float)q - dm;
+                qlo = q < qlo ? q : qlo;
+                qhi = q > qhi ? q : qhi;
+            }
+            /* w is monotone in q (an exact product, then one rounding), so the largest |w|
+             * is that of the smallest or the largest q */
+            lo = fabsf(ds * (float)qlo - dm);
+            hi = fabsf(ds * (float)qhi - dm);
+            fs_t_q8_0_block(w, lo > hi ? lo : hi, dst + (s * 8 + (size_t)j) * 34);
+        }
+    }
+    return 0;
+}
+
 /* Returns -1 at the first super-block whose d is NaN or infinite, else 0. The loops are
  * written so that the compiler vectorizes them (plain C, no intrinsics). */
 static int fs_t_q6_k(const uint8_t *src, size_t n, uint8_t *dst)
@@ -107,7 +158,7 @@ static int fs_t_q6_k(const uint8_t *src, size_t n, uint8_t *dst)
             const int8_t *x = q + 32 * k;
             uint8_t *o = dst + (s * 8 + (size_t)k) * 34;
             float ds[2] = {d * (float)scales[2 * k], d * (float)scales[2 * k + 1]};
-            float w[32], amax = 0.0f, dq, id;
+            float w[32], amax = 0.0f;
             for (int half = 0; half < 2; half++) {
                 /* max |ds * q| = |ds| * max |q|: a product's rounding is monotone and
                  * symmetric, so this is the largest of the 16 rounded products */
@@ -121,16 +172,7 @@ static int fs_t_q6_k(const uint8_t *src, size_t n, uint8_t *dst)
                 for (int i = 0; i < 16; i++)
                     w[16 * half + i] = ds[half] * (float)x[16 * half + i];
             }
-            dq = amax / 127.0f;
-            id = dq != 0.0f ? 1.0f / dq : 0.0f;
-            fs_t_wr16(o, fs_f2h(dq));
-            for (int i = 0; i < 32; i++) {
-                /* gguf's roundf, floor(a) + floor(2 (a - floor(a))), half away from zero: for
-                 * 0 <= a < 2^23 truncation is floor and both steps are exact */
-                float v = w[i] * id, a = fabsf(v);
-                int whole = (int)a, r = whole + (int)(2.0f * (a - (float)whole));
-                o[2 + i] = (uint8_t)(int8_t)(v < 0.0f ? -r : r);
-            }
+            fs_t_q8_0_block(w, amax, o);
         }
     }
     return 0;
@@ -164,7 +206,7 @@ static int fs_t_q5_0(const uint8_t *src, size_t n, uint8_t *dst)
 
 /* One conversion cut into chunks of whole source blocks for the core's pool; each chunk
  * records its own result (no shared writes), so the bytes do not depend on the threads. */
-enum { FS_T_Q4_K, FS_T_Q6_K, FS_T_Q5_0 };
+enum { FS_T_Q4_K, FS_T_Q6_K, FS_T_Q5_0, FS_T_Q4_K_Q8 };
 #define FS_T_MAX_CHUNKS 64
 typedef struct {
     const uint8_t *src;
@@ -183,6 +225,9 @@ static void fs_t_chunk(void *ctx, int c)
     case FS_T_Q4_K: fs_t_q4_k(j->src + a * 144, e - a, j->dst + a * 160); break;
     case FS_T_Q6_K: j->rc[c] = (signed char)fs_t_q6_k(j->src + a * 210, e - a, j->dst + a * 272);
                     break;
+    case FS_T_Q4_K_Q8:
+        j->rc[c] = (signed char)fs_t_q4_k_q8(j->src + a * 144, e - a, j->dst + a * 272);
+        break;
     default: j->rc[c] = (signed char)fs_t_q5_0(j->src + a * 22, e - a, j->dst + a * 34);
     }
 }
@@ -221,4 +266,9 @@ int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
 int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
 {
     return fs_t_run(FS_T_Q5_0, src, n, dst);
+}
+
+int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
+{
+    return fs_t_run(FS_T_Q4_K_Q8, src, n, dst);
 }

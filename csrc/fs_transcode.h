@@ -15,13 +15,16 @@
  *     -> Q8_0 (34 bytes): each weight w = (d * sc) * (q - 32) in float32, then GGUF's Q8_0
  *        rule on each block of 32: amax = max|w|, d' = amax / 127, id = d' ? 1 / d' : 0,
  *        q' = round-half-away(w * id), stored d' = f16(d').
+ *   Q4_K -> Q8_0 (for a model stored as q8_0): w = (d * sc) * q - dmin * m in float32 (the
+ *        products exact, one rounding at the subtraction), then the same Q8_0 rule.
  *
+ * fs_q5_0_to_q8_0 takes n blocks of 32:
  *   Q5_0 (22 bytes: f16 d, 32 fifth bits, 16 bytes of nibbles), one block of 32 each
  *     -> Q8_0 (34 bytes): the same d bytes and the integers q - 16: exactly the same weights
  *        (a block of d = +-0, whose weights are all zero, gets zero integers).
  *
- * The Q6_K -> Q8_0 bytes are those of gguf.quants' dequantize-and-quantize; the Q4_1 bytes
- * keep the Q4_K values (no requantization), only the two f16 roundings above
+ * The Q6_K and Q4_K -> Q8_0 bytes are those of gguf.quants' dequantize-and-quantize; the
+ * Q4_1 bytes keep the Q4_K values (no requantization), only the two f16 roundings above
  * (tests/test_gguf_transcode.py).
  */
 #ifndef FS_TRANSCODE_H
@@ -37,6 +40,10 @@ void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst);
 /* Q6_K super-blocks -> Q8_0 blocks (8 x 34 bytes each). Returns 0, or -1 (dst unspecified)
  * when a super-block's d is NaN or infinite (its weights would be). */
 int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
+
+/* Q4_K super-blocks -> Q8_0 blocks (8 x 34 bytes each), for a model stored as q8_0. Returns
+ * 0, or -1 (dst unspecified) when a super-block's d or dmin is NaN or infinite. */
+int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
 
 /* Q5_0 blocks -> Q8_0 blocks (34 bytes each). Returns 0, or -1 (dst unspecified) when a
  * block's d is NaN or infinite. */

@@ -63,11 +63,16 @@ def q4_k_rule(raw: np.ndarray) -> np.ndarray:
     return out.reshape(raw.shape[0], -1)
 
 
-def q6_k_rule(raw: np.ndarray) -> np.ndarray:
-    """gguf's Q6_K dequantization, then its Q8_0 quantization."""
-    w = dequantize(raw, Q.Q6_K)
-    with np.errstate(over="ignore"):
-        return quantize(w, Q.Q8_0).reshape(raw.shape[0], -1)
+def q8_0_rule(type_name: str):
+    """gguf's dequantization of ``type_name``, then its Q8_0 quantization."""
+    def rule(raw: np.ndarray) -> np.ndarray:
+        w = dequantize(raw, Q[type_name])
+        with np.errstate(over="ignore"):
+            return quantize(w, Q.Q8_0).reshape(raw.shape[0], -1)
+    return rule
+
+
+q6_k_rule = q8_0_rule("Q6_K")
 
 
 def q5_0_rule(raw: np.ndarray) -> np.ndarray:
@@ -83,16 +88,17 @@ def q5_0_rule(raw: np.ndarray) -> np.ndarray:
     return out.reshape(raw.shape[0], -1)
 
 
-RULES = {"Q4_K": q4_k_rule, "Q6_K": q6_k_rule, "Q5_0": q5_0_rule}
+RULES = {("Q4_K", "q4_1"): q4_k_rule, ("Q4_K", "q8_0"): q8_0_rule("Q4_K"),
+         ("Q6_K", "q8_0"): q6_k_rule, ("Q5_0", "q8_0"): q5_0_rule}
 
 
 @pytest.mark.parametrize("special", [False, True], ids=["random", "special-scales"])
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0"])
-def test_transcode_equals_the_oracle(backend, type_name, special):
+@pytest.mark.parametrize("type_name, kind", list(RULES))
+def test_transcode_equals_the_oracle(backend, type_name, kind, special):
     n = 5000 * 8 if type_name == "Q5_0" else 5000  # the same weights: 1.28M
     raw = superblocks(type_name, 9, n // 9 + 1, seed=len(type_name) + special, special=special)
-    want = RULES[type_name](raw)
-    got = quant.transcode(type_name, raw)
+    want = RULES[type_name, kind](raw)
+    got = quant.transcode(type_name, raw, kind)
     assert got.shape == want.shape and got.dtype == np.uint8
     np.testing.assert_array_equal(got, want)
 
@@ -133,6 +139,14 @@ def test_bad_input(backend):
         quant.transcode("Q6_K", raw)
     with pytest.raises(ValueError, match="type_name"):
         quant.transcode("Q5_K", raw)
+    with pytest.raises(ValueError, match="Q6_K converts to q8_0, not 'q4_1'"):
+        quant.transcode("Q6_K", raw, "q4_1")
+    four = superblocks("Q4_K", 2, 3, seed=4, special=False)
+    for off in (0, 2):  # d, then dmin
+        bad = four.copy()
+        bad[1, 144 + off:144 + off + 2] = np.array([-np.inf], np.float16).view(np.uint8)
+        with pytest.raises(ValueError, match="Q4_K blocks hold a NaN or infinite"):
+            quant.transcode("Q4_K", bad, "q8_0")
     with pytest.raises(ValueError, match="whole blocks of 210 bytes"):
         quant.transcode("Q6_K", raw[:, :-1])
     with pytest.raises(ValueError, match="uint8"):
@@ -152,8 +166,8 @@ def test_a_nan_q4_k_scale_is_refused_when_packed(backend):
 
 
 @pytest.mark.skipif("cython" not in fs.available_backends(), reason="not built")
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q5_0"])
-def test_conversion_and_pack_are_the_same_bits_at_every_thread_count(type_name):
+@pytest.mark.parametrize("type_name, kind", list(RULES))
+def test_conversion_and_pack_are_the_same_bits_at_every_thread_count(type_name, kind):
     """The compiled transcode and pack cut their work between the pool's threads (chunks of
     super-blocks, of 8-row panels): the bytes equal the one-thread result and the twin's at
     1, 2 and 3 threads, and a bad scale in the last chunk is still refused."""
@@ -163,9 +177,9 @@ def test_conversion_and_pack_are_the_same_bits_at_every_thread_count(type_name):
     small = (np.random.default_rng(12).standard_normal(203 * 16) * 1e-3).astype(np.float16)
     for off in SCALES[type_name]:  # scales whose q4_1 / q8_0 scales stay finite (packable)
         raw.reshape(-1, SUPER[type_name])[:, off:off + 2] = small.view(np.uint8).reshape(-1, 2)
-    kind, cols = quant.TRANSCODED[type_name], 16 * WEIGHTS[type_name]
+    cols = 16 * WEIGHTS[type_name]
     with fs.using_backend("numpy"):
-        want = quant.transcode(type_name, raw)
+        want = quant.transcode(type_name, raw, kind)
         want_packed = quant.QuantMatrix.from_blocks(kind, want, cols).packed
     bad = raw.copy()
     off = SCALES[type_name][0]
@@ -175,12 +189,12 @@ def test_conversion_and_pack_are_the_same_bits_at_every_thread_count(type_name):
         with fs.using_backend("cython"):
             for n in (1, 2, 3):
                 set_threads(n)
-                got = quant.transcode(type_name, raw)
+                got = quant.transcode(type_name, raw, kind)
                 np.testing.assert_array_equal(got, want)
                 np.testing.assert_array_equal(
                     quant.QuantMatrix.from_blocks(kind, got, cols).packed, want_packed)
                 with pytest.raises(ValueError, match="NaN or infinite|row 202"):
-                    quant.QuantMatrix.from_blocks(kind, quant.transcode(type_name, bad),
+                    quant.QuantMatrix.from_blocks(kind, quant.transcode(type_name, bad, kind),
                                                   cols)
     finally:
         set_threads(threads)
@@ -202,20 +216,37 @@ def _matrices(model) -> list:
             + [model.head, model.embed])
 
 
-def test_k_quant_file_loads_as_its_conversion(k_quant_file, backend):
-    """Loaded as q4_1, each matrix holds the bytes of the oracle rules (Q4_K kept as q4_1,
-    Q6_K requantized to q8_0, its nearest native kind)."""
-    model = fs.Transformer.load(k_quant_file, weight_dtype="q4_1")
+@pytest.mark.parametrize("weight_dtype", ["q4_1", "q8_0"])
+def test_k_quant_file_loads_as_its_conversion(k_quant_file, backend, weight_dtype):
+    """Each matrix holds the bytes of the oracle rules: loaded as q4_1, Q4_K kept as q4_1 and
+    Q6_K requantized to q8_0 (its nearest native kind); loaded as q8_0, both requantized."""
+    model = fs.Transformer.load(k_quant_file, weight_dtype=weight_dtype)
     file = fs.formats.gguf.GGUFFile(k_quant_file)
     tensors = dict(file.tensors(model.config))
     kinds = set()
     for name, t in tensors.items():
         if t.ndim == 2:
-            rule = q4_k_rule if t.type_name == "Q4_K" else q6_k_rule
+            four = (t.type_name, weight_dtype) == ("Q4_K", "q4_1")
             got = _by_name(model, name)
             kinds.add((t.type_name, got.kind))
-            np.testing.assert_array_equal(got.to_blocks(), rule(t.blocks()), err_msg=name)
-    assert kinds == {("Q4_K", "q4_1"), ("Q6_K", "q8_0")}
+            want = (q4_k_rule if four else q8_0_rule(t.type_name))(t.blocks())
+            np.testing.assert_array_equal(got.to_blocks(), want, err_msg=name)
+    assert kinds == {("Q4_K", weight_dtype), ("Q6_K", "q8_0")}
+
+
+def test_blocks_without_a_copy_are_the_same_bytes(k_quant_file):
+    """``blocks(copy=False)`` (what the loader packs from) is a view of the file's map where
+    the rows are not permuted, and always the same bytes as ``blocks()``, a new array."""
+    file = fs.formats.gguf.GGUFFile(k_quant_file)
+    views = 0
+    for name, t in file.tensors(file.config()):
+        if t.ndim == 2:
+            copy, view = t.blocks(), t.blocks(copy=False)
+            np.testing.assert_array_equal(view, copy, err_msg=name)
+            assert not np.shares_memory(copy, t._t.data)
+            assert np.shares_memory(view, t._t.data) == (not t.head_rows), name
+            views += not t.head_rows
+    assert views >= 10
 
 
 def _by_name(model, name: str):

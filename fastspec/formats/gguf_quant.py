@@ -131,13 +131,13 @@ def quant_matrix(tensor: Any, requested: str, out: np.ndarray | None = None):
 
     A tensor whose type is that kind keeps its blocks (``tensor.blocks()``), byte for byte:
     nothing is dequantized. A Q4_K tensor stored as q4_1 (its 4-bit values kept, not
-    requantized), a Q6_K one stored as q8_0 (the bytes of the dequantize-and-quantize
+    requantized), a Q6_K or Q4_K one stored as q8_0 (the bytes of the dequantize-and-quantize
     below) and a Q5_0 one stored as q8_0 (its scales and integers kept) go through
     :func:`fastspec.kernels.quant.transcode`, one compiled pass; a
     :data:`SCALED_INT8` one stored as q8_0 keeps its scales and integers (exactly the same
-    weights). Any other (Q4_K stored as q8_0 included) is read (dequantized) :data:`_CHUNK`
-    elements at a time, whole heads for a permuted llama ``attn_q``/``attn_k``, and each
-    block of rows quantized into the result.
+    weights). Any other is read (dequantized) :data:`_CHUNK` elements at a time, whole heads
+    for a permuted llama ``attn_q``/``attn_k``, and each block of rows quantized into the
+    result.
 
     Parameters
     ----------
@@ -161,9 +161,9 @@ def quant_matrix(tensor: Any, requested: str, out: np.ndarray | None = None):
     rows, cols = tensor.shape
     try:
         if tensor.type_name.lower() == kind:
-            blocks = tensor.blocks()
-        elif TRANSCODED.get(tensor.type_name) == kind:
-            blocks = transcode(tensor.type_name, tensor.blocks())
+            blocks = tensor.blocks(copy=False)  # packed at once: no copy of the file's bytes
+        elif kind in TRANSCODED.get(tensor.type_name, ()):
+            blocks = transcode(tensor.type_name, tensor.blocks(copy=False), kind)
         else:
             h = tensor.head_rows or 1
             step = max(h, _CHUNK // max(1, cols) // h * h)

@@ -237,6 +237,7 @@ cdef extern from "fs_transcode.h" nogil:
     # GGUF K-quant super-blocks and Q5_0 blocks into native Q4_1 / Q8_0 blocks, at load
     void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst)
     int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
+    int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
     int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
 
 

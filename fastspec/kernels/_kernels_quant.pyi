@@ -7,7 +7,7 @@ __all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "TRANSCODED", "packed_bytes", "pack"
 KINDS: tuple[str, ...]
 BLOCK: int
 BLOCK_BYTES: dict[str, int]
-TRANSCODED: dict[str, tuple[int, int, str]]
+TRANSCODED: dict[tuple[str, str], tuple[int, int]]
 
 def packed_bytes(kind: str, in_features: int, out_features: int) -> int: ...
 def pack(kind: str, blocks: np.ndarray, in_features: int,

@@ -13,6 +13,7 @@ import numpy as np
 from fastspec.kernels._csrc cimport (
     fs_linear_q,
     fs_q4_k_to_q4_1,
+    fs_q4_k_to_q8_0,
     fs_q5_0_to_q8_0,
     fs_q6_k_to_q8_0,
     fs_quant_pack,
@@ -34,8 +35,9 @@ __all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "TRANSCODED", "packed_bytes", "pack"
 KINDS = ("q8_0", "q4_0", "q4_1")
 BLOCK = 32
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
-#: GGUF type -> (its block bytes, weights a block, the native kind it is transcoded into).
-TRANSCODED = {"Q4_K": (144, 256, "q4_1"), "Q6_K": (210, 256, "q8_0"), "Q5_0": (22, 32, "q8_0")}
+#: (GGUF type, the native kind it is transcoded into) -> (its block bytes, weights a block).
+TRANSCODED = {("Q4_K", "q4_1"): (144, 256), ("Q4_K", "q8_0"): (144, 256),
+              ("Q6_K", "q8_0"): (210, 256), ("Q5_0", "q8_0"): (22, 32)}
 
 
 cdef int _kind(str kind) except -1:
@@ -103,14 +105,14 @@ def rows(str kind, packed, int in_features, int out_features, ids):
     return dst
 
 
-def transcode(str type_name, raw):
+def transcode(str type_name, raw, str kind):
     """Return Q4_K / Q6_K super-blocks or Q5_0 blocks ``raw`` (uint8 (rows, n * 144 | 210 |
-    22)) as their native kind's GGUF blocks (uint8 (rows, n * (8 | 1) * (20 | 34));
-    csrc/fs_transcode.h); ValueError when a Q6_K or Q5_0 scale is NaN or infinite."""
-    sb, weights, kind = TRANSCODED[type_name]
+    22)) as GGUF blocks of ``kind`` (uint8 (rows, n * (8 | 1) * (20 | 34));
+    csrc/fs_transcode.h); ValueError when a scale is NaN or infinite (not Q4_K -> q4_1)."""
+    sb, weights = TRANSCODED[type_name, kind]
     cdef const uint8_t[:, ::1] src = np.ascontiguousarray(raw, np.uint8)
     cdef Py_ssize_t rows = src.shape[0], n = src.shape[1] // sb, rc = 0
-    cdef int which = ("Q4_K", "Q6_K", "Q5_0").index(type_name)
+    cdef int which = list(TRANSCODED).index((type_name, kind))
     if src.shape[1] != n * sb:
         raise ValueError(f"{type_name} rows must be whole blocks of {sb} bytes")
     out = np.empty((rows, n * weights // BLOCK * BLOCK_BYTES[kind]), np.uint8)
@@ -121,6 +123,8 @@ def transcode(str type_name, raw):
         if which == 0:
             fs_q4_k_to_q4_1(&src[0, 0], rows * n, &dst[0, 0])
         elif which == 1:
+            rc = fs_q4_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
+        elif which == 2:
             rc = fs_q6_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
         else:
             rc = fs_q5_0_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])

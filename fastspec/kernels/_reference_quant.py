@@ -22,7 +22,8 @@ BLOCK = 32
 #: Bytes of one GGUF block of each kind.
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
 #: GGUF K-quant type -> (its super-block bytes, the native kind it is transcoded into).
-TRANSCODED = {"Q4_K": (144, 256, "q4_1"), "Q6_K": (210, 256, "q8_0"), "Q5_0": (22, 32, "q8_0")}
+TRANSCODED = {("Q4_K", "q4_1"): (144, 256), ("Q4_K", "q8_0"): (144, 256),
+              ("Q6_K", "q8_0"): (210, 256), ("Q5_0", "q8_0"): (22, 32)}
 _COLS = 8  # output columns per packed panel
 _FMAX = np.float32(np.finfo(np.float32).max)
 _TINY = np.float32(2.0 ** -96)
@@ -77,20 +78,21 @@ def pack(kind: str, blocks: np.ndarray, in_features: int,
     return out
 
 
-def transcode(type_name: str, raw: np.ndarray) -> np.ndarray:
+def transcode(type_name: str, raw: np.ndarray, kind: str) -> np.ndarray:
     """Return Q4_K / Q6_K super-blocks or Q5_0 blocks ``raw`` (uint8 (rows, n * 144 | 210 |
-    22)) as their native kind's GGUF blocks (uint8 (rows, n * (8 | 1) * (20 | 34))),
+    22)) as GGUF blocks of ``kind`` (uint8 (rows, n * (8 | 1) * (20 | 34))),
     csrc/fs_transcode.h's rules.
 
-    Raises ValueError when a Q6_K or Q5_0 scale is NaN or infinite."""
-    sb, weights, kind = TRANSCODED[type_name]
+    Raises ValueError when a scale is NaN or infinite (not for Q4_K -> q4_1)."""
+    sb, weights = TRANSCODED[type_name, kind]
     rows, n = raw.shape[0], raw.shape[1] // sb
     if raw.shape[1] != n * sb:
         raise ValueError(f"{type_name} rows must be whole blocks of {sb} bytes")
     b = np.ascontiguousarray(raw, np.uint8).reshape(rows * n, sb)
     width = weights // BLOCK * BLOCK_BYTES[kind]
     out = np.empty((rows * n, width), np.uint8)
-    convert = {"Q4_K": _q4_k_to_q4_1, "Q6_K": _q6_k_to_q8_0, "Q5_0": _q5_0_to_q8_0}[type_name]
+    convert = {("Q4_K", "q4_1"): _q4_k_to_q4_1, ("Q4_K", "q8_0"): _q4_k_to_q8_0,
+               ("Q6_K", "q8_0"): _q6_k_to_q8_0, ("Q5_0", "q8_0"): _q5_0_to_q8_0}[type_name, kind]
     step = 2 ** 20 // weights  # 1M weights at a time: bounded temporaries
     for i in range(0, rows * n, step):
         out[i:i + step] = convert(b[i:i + step]).reshape(-1, width)
@@ -103,20 +105,50 @@ def _f16(a: np.ndarray) -> np.ndarray:
         return a.astype(np.float16).view(np.uint8)
 
 
-def _q4_k_to_q4_1(b: np.ndarray) -> np.ndarray:
+def _q4_k_parts(b: np.ndarray):
+    """Q4_K super-blocks (n, 144) -> (d * sc, dmin * m) float32 (n, 8), exact, and the
+    4-bit values uint8 (n, 8, 32) of each sub-block."""
     n = b.shape[0]
     d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
     dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
     q = b[:, 4:16]  # ggml's get_scale_min_k4
     sc = np.concatenate([q[:, 0:4] & 63, (q[:, 8:12] & 0x0F) | (q[:, 0:4] >> 6) << 4], axis=1)
     m = np.concatenate([q[:, 4:8] & 63, (q[:, 8:12] >> 4) | (q[:, 4:8] >> 6) << 4], axis=1)
-    out = np.empty((n, 8, 20), np.uint8)
-    with np.errstate(over="ignore", invalid="ignore"):  # refused later by the pack's check
-        out[:, :, 0:2] = _f16(d * sc).reshape(n, 8, 2)
-        out[:, :, 2:4] = _f16(-(dmin * m)).reshape(n, 8, 2)
     qs = b[:, 16:].reshape(n, 4, 32)  # bytes 32i..: sub-block 2i low, 2i + 1 high nibbles
-    nib = np.stack((qs & 0x0F, qs >> 4), axis=2).reshape(n, 8, 32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return d * sc, dmin * m, np.stack((qs & 0x0F, qs >> 4), axis=2).reshape(n, 8, 32)
+
+
+def _q4_k_to_q4_1(b: np.ndarray) -> np.ndarray:
+    n = b.shape[0]
+    ds, dm, nib = _q4_k_parts(b)
+    out = np.empty((n, 8, 20), np.uint8)
+    out[:, :, 0:2] = _f16(ds).reshape(n, 8, 2)  # a NaN or inf: refused later by the pack
+    out[:, :, 2:4] = _f16(-dm).reshape(n, 8, 2)
     out[:, :, 4:] = nib[:, :, :16] | (nib[:, :, 16:] << 4)
+    return out
+
+
+def _q4_k_to_q8_0(b: np.ndarray) -> np.ndarray:
+    if not np.isfinite(b[:, 0:4].copy().view(np.float16)).all():
+        raise ValueError("Q4_K blocks hold a NaN or infinite scale")
+    ds, dm, nib = _q4_k_parts(b)
+    w = ds[:, :, None] * nib.astype(np.float32) - dm[:, :, None]  # as gguf: exact products
+    return _q8_0_blocks(w.reshape(-1, 32))
+
+
+def _q8_0_blocks(w: np.ndarray) -> np.ndarray:
+    """GGUF's Q8_0 rule on float32 blocks w (n, 32) -> uint8 (n, 34)."""
+    dq = np.abs(w).max(axis=1, keepdims=True) / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(dq == 0, np.float32(0), np.float32(1) / dq)
+    v = w * inv
+    a = np.abs(v)
+    whole = np.floor(a)
+    r = whole + np.floor(np.float32(2) * (a - whole))  # half away from zero
+    out = np.empty((w.shape[0], 34), np.uint8)
+    out[:, 0:2] = _f16(dq)
+    out[:, 2:] = np.where(v < 0, -r, r).astype(np.int8).view(np.uint8)
     return out
 
 
@@ -135,18 +167,7 @@ def _q6_k_to_q8_0(b: np.ndarray) -> np.ndarray:
     hi = (b[:, 128:192][:, _Q6_HI[0]] >> _Q6_HI[1]) & 0x03
     q = ((lo | hi << 4).astype(np.int16) - 32).astype(np.float32)
     ds = d * b[:, 192:208].view(np.int8).astype(np.float32)  # exact
-    w = (np.repeat(ds, 16, axis=1) * q).reshape(n * 8, 32)
-    dq = np.abs(w).max(axis=1, keepdims=True) / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.where(dq == 0, np.float32(0), np.float32(1) / dq)
-    v = w * inv
-    a = np.abs(v)
-    whole = np.floor(a)
-    r = whole + np.floor(np.float32(2) * (a - whole))  # half away from zero
-    out = np.empty((n * 8, 34), np.uint8)
-    out[:, 0:2] = _f16(dq)
-    out[:, 2:] = np.where(v < 0, -r, r).astype(np.int8).view(np.uint8)
-    return out
+    return _q8_0_blocks((np.repeat(ds, 16, axis=1) * q).reshape(n * 8, 32))
 
 
 _J = np.arange(16)

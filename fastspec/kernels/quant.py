@@ -33,8 +33,10 @@ QUANT_KINDS = ("q8_0", "q4_0", "q4_1")
 #: Inputs per block (GGUF's QK8_0 / QK4_0 / QK4_1).
 BLOCK = 32
 _INT_LIMIT = 2**31 - 1
-#: GGUF types with a direct conversion (:func:`transcode`), and their native kind.
-TRANSCODED = {name: kind for name, (_, _, kind) in _reference_quant.TRANSCODED.items()}
+#: GGUF types with a direct conversion (:func:`transcode`) -> the native kinds it makes
+#: (the first: the kind a load keeps them in unless asked for another).
+TRANSCODED = {name: tuple(k for t, k in _reference_quant.TRANSCODED if t == name)
+              for name, _ in _reference_quant.TRANSCODED}
 _compiled: list[ModuleType] = []
 
 
@@ -273,25 +275,24 @@ def gather(mats: Sequence[QuantMatrix]) -> list[QuantMatrix]:
     return [moved.get(id(m), m) for m in mats]
 
 
-def transcode(type_name: str, raw: np.ndarray) -> np.ndarray:
+def transcode(type_name: str, raw: np.ndarray, kind: str | None = None) -> np.ndarray:
     """Return GGUF Q4_K, Q6_K or Q5_0 rows ``raw`` (uint8 (rows, n * 144 | 210 | 22), whole
-    blocks) as GGUF blocks of their native kind (:data:`TRANSCODED`), uint8
-    (rows, n * 8 * 20 | n * 8 * 34 | n * 34).
-
-    Q4_K becomes q4_1 with the same 4-bit values, not requantized (scale ``d * sc`` and min
-    ``-dmin * m`` of each sub-block, exact in float32, rounded to float16); Q6_K becomes q8_0,
-    the bytes of ``gguf.quants``' dequantize-and-quantize; Q5_0 becomes q8_0 with the same
-    ``d`` and the integers ``q - 16`` (exactly the same weights). One pass over the bytes,
-    shared out between the threads (:func:`fastspec.set_threads`; the same bytes at any
-    count) (csrc/fs_transcode.h; the twin on the numpy backend).
-    ValueError: another type, partial blocks, a NaN or infinite Q6_K or Q5_0 scale (a Q4_K
-    one gives a q4_1 scale :meth:`QuantMatrix.from_blocks` refuses).
+    blocks) as blocks of ``kind`` (default ``TRANSCODED[type_name][0]``), uint8 (rows, n * 8 *
+    20 | n * 8 * 34 | n * 34): Q4_K as q4_1 keeps its 4-bit values (scale ``d * sc``, min
+    ``-dmin * m``, exact in float32, rounded to float16); Q6_K and Q4_K as q8_0 are the bytes
+    of ``gguf.quants``' dequantize-and-quantize; Q5_0 keeps ``d`` and the integers ``q - 16``.
+    One compiled pass (csrc/fs_transcode.h; the twin on the numpy backend) that the threads
+    share: the same bytes at any :func:`fastspec.set_threads` count. ValueError: another type
+    or kind, partial blocks, a NaN or infinite scale (for Q4_K as q4_1: at the pack).
     """
-    if type_name not in TRANSCODED:
+    if (kinds := TRANSCODED.get(type_name)) is None:
         raise ValueError(f"type_name must be one of {', '.join(TRANSCODED)}, got {type_name!r}")
+    kind = kinds[0] if kind is None else kind
+    if kind not in kinds:
+        raise ValueError(f"{type_name} converts to {' or '.join(kinds)}, not {kind!r}")
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2:
         raise ValueError("raw must be a 2-D uint8 ndarray")
-    return _impl().transcode(type_name, raw)
+    return _impl().transcode(type_name, raw, kind)
 
 
 def reserve(shapes: Sequence[tuple[str, int, int]]) -> list[np.ndarray]:
