@@ -202,6 +202,17 @@ static inline float fs_h2f(uint16_t h)
     return f;
 }
 
+/* A little-endian 16-bit value (a GGUF block's f16 scale) read from / written to bytes. */
+static inline uint16_t fs_rd16le(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static inline void fs_wr16le(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v & 0xffu);
+    p[1] = (uint8_t)(v >> 8);
+}
+
+/* Whether binary16 bits are an infinity or a NaN (the largest exponent). */
+static inline int fs_h_nonfinite(uint16_t h) { return (h & 0x7c00u) == 0x7c00u; }
+
 /* bfloat16 bits -> float: the upper half of the float's bits (exact). */
 static inline float fs_bf2f(uint16_t b)
 {

@@ -22,9 +22,11 @@
 
 #include "fs_isa.h"
 
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #if defined(_WIN32) || defined(FS_POOL_SERIAL)
 #define FS_POOL_THREADED 0
@@ -80,6 +82,41 @@ int fs_pool_chunks(int units, size_t unit_cost, int min_units)
      * thread idle for a third of the work (the 576-column products at 2 threads) */
     int c = (int)n;
     return c > t ? c - c % t : c;
+}
+
+typedef struct {
+    fs_pool_range_fn fn;
+    void *ctx;
+    size_t n;
+    int nchunks;
+    int rc[FS_POOL_RANGES_MAX];
+} fs_pool_ranges_job;
+
+static void fs_pool_range_chunk(void *ctx, int c)
+{
+    fs_pool_ranges_job *j = (fs_pool_ranges_job *)ctx;
+    size_t begin = j->n * (size_t)c / (size_t)j->nchunks;
+    size_t end = j->n * (size_t)(c + 1) / (size_t)j->nchunks;
+    j->rc[c] = j->fn(j->ctx, begin, end);
+}
+
+int fs_pool_run_ranges(fs_pool_range_fn fn, void *ctx, size_t n, size_t item_cost)
+{
+    fs_pool_ranges_job j;
+    int t = fs_pool_threads();
+    if (n == 0) return 0;
+    memset(&j, 0, sizeof j);
+    j.fn = fn;
+    j.ctx = ctx;
+    j.n = n;
+    j.nchunks = fs_pool_chunks(n > (size_t)INT_MAX ? INT_MAX : (int)n, item_cost, 1);
+    if (j.nchunks > FS_POOL_RANGES_MAX)  /* a multiple of the threads where they are fewer */
+        j.nchunks = t < FS_POOL_RANGES_MAX ? FS_POOL_RANGES_MAX - FS_POOL_RANGES_MAX % t
+                                           : FS_POOL_RANGES_MAX;
+    fs_pool_run(fs_pool_range_chunk, &j, j.nchunks);
+    for (int c = 0; c < j.nchunks; c++)
+        if (j.rc[c] != 0) return j.rc[c];
+    return 0;
 }
 
 #if !FS_POOL_THREADED

@@ -102,6 +102,15 @@ long fs_pool_spin_limit_ns(void);
  * threads of equal speed). Chunk c of n then covers units [c * units / n, (c + 1) * units / n). */
 int fs_pool_chunks(int units, size_t unit_cost, int min_units);
 
+/* Work over items [0, n) that can fail (a load-time pass over a file's blocks): cut into at
+ * most FS_POOL_RANGES_MAX chunks of whole items (fs_pool_chunks' count, each item costing
+ * `item_cost`, kept a multiple of the threads), fn(ctx, begin, end) run once for each chunk
+ * through fs_pool_run; each chunk's status is kept apart (no shared writes), and the first
+ * nonzero one in chunk order is returned, else 0. The same rules as fs_pool_run for fn. */
+#define FS_POOL_RANGES_MAX 64
+typedef int (*fs_pool_range_fn)(void *ctx, size_t begin, size_t end);
+int fs_pool_run_ranges(fs_pool_range_fn fn, void *ctx, size_t n, size_t item_cost);
+
 /* The functions behind fs_pool_run, fs_pool_threads, fs_pool_set_threads, fs_pool_awake and
  * fs_pool_keep_awake in one copy of the core; the dispatch table (fs_isa.h) points at the
  * owner's. */

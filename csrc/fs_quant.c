@@ -35,15 +35,6 @@ size_t fs_quant_packed_bytes(int kind, int in, int out)
 #define FS_Q_NOFUSE(v) ((void)0)
 #endif
 
-static uint16_t fs_q_rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static void fs_q_wr16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)(v & 0xff);
-    p[1] = (uint8_t)(v >> 8);
-}
-/* An f16 with the largest exponent is an infinity or a NaN. */
-static int fs_q_bad16(uint16_t h) { return (h & 0x7c00u) == 0x7c00u; }
-
 /* Panels [g0, g1) of fs_quant_pack (arguments checked); returns 1 if a scale is bad. */
 static int fs_q_pack_panels(int kind, const uint8_t *blocks, int in, int out, uint8_t *P,
                             int g0, int g1)
@@ -58,9 +49,9 @@ static int fs_q_pack_panels(int kind, const uint8_t *blocks, int in, int out, ui
             const uint8_t *row = blocks + (size_t)(g * FS_Q_COLS + c) * nb * bb;
             for (int b = 0; b < nb; b++) {
                 const uint8_t *blk = row + (size_t)b * bb;
-                uint16_t d = fs_q_rd16(blk);
-                bad |= fs_q_bad16(d);
-                fs_q_wr16(pan + (size_t)(b * FS_Q_COLS + c) * 2, d);
+                uint16_t d = fs_rd16le(blk);
+                bad |= fs_h_nonfinite(d);
+                fs_wr16le(pan + (size_t)(b * FS_Q_COLS + c) * 2, d);
                 uint8_t *qs = pan + qoff + (size_t)b * qb;
                 if (kind == FS_Q8_0) {
                     for (int i = 0; i < FS_Q_BLOCK; i++)
@@ -69,9 +60,9 @@ static int fs_q_pack_panels(int kind, const uint8_t *blocks, int in, int out, ui
                 }
                 const uint8_t *nib = blk + 2;
                 if (kind == FS_Q4_1) {
-                    uint16_t m = fs_q_rd16(blk + 2);
-                    bad |= fs_q_bad16(m);
-                    fs_q_wr16(pan + moff + (size_t)(b * FS_Q_COLS + c) * 2, m);
+                    uint16_t m = fs_rd16le(blk + 2);
+                    bad |= fs_h_nonfinite(m);
+                    fs_wr16le(pan + moff + (size_t)(b * FS_Q_COLS + c) * 2, m);
                     nib = blk + 4;
                 }
                 /* GGUF: byte i holds element i (low) and element i + 16 (high): the same pair
@@ -83,45 +74,27 @@ static int fs_q_pack_panels(int kind, const uint8_t *blocks, int in, int out, ui
     return bad;
 }
 
-/* A pack cut into chunks of whole panels for the core's pool (a load of a large model packs
- * gigabytes: the first touch of the destination's pages is most of it); each chunk records
- * its own result, so the bytes do not depend on the threads. */
-#define FS_Q_PACK_MAX_CHUNKS 64
+/* A pack shared out by the core's pool in chunks of whole panels (fs_pool_run_ranges: a load
+ * packs gigabytes, most of it the first touch of the destination's pages). */
 typedef struct {
     const uint8_t *blocks;
     uint8_t *P;
-    int kind, in, out, ng, nchunks;
-    signed char bad[FS_Q_PACK_MAX_CHUNKS];
+    int kind, in, out;
 } fs_q_pack_job;
 
-static void fs_q_pack_chunk(void *ctx, int c)
+static int fs_q_pack_range(void *ctx, size_t g0, size_t g1)
 {
-    fs_q_pack_job *j = (fs_q_pack_job *)ctx;
-    int g0 = (int)((long long)j->ng * c / j->nchunks);
-    int g1 = (int)((long long)j->ng * (c + 1) / j->nchunks);
-    j->bad[c] = (signed char)fs_q_pack_panels(j->kind, j->blocks, j->in, j->out, j->P, g0, g1);
+    const fs_q_pack_job *j = (const fs_q_pack_job *)ctx;
+    return fs_q_pack_panels(j->kind, j->blocks, j->in, j->out, j->P, (int)g0, (int)g1);
 }
 
 int fs_quant_pack(int kind, const uint8_t *blocks, int in, int out, uint8_t *P)
 {
-    fs_q_pack_job j;
+    fs_q_pack_job j = {blocks, P, kind, in, out};
     if (fs_quant_block_bytes(kind) == 0 || in <= 0 || in % FS_Q_BLOCK != 0 || out < 1)
         return FS_Q_EARG;
-    memset(&j, 0, sizeof j);
-    j.blocks = blocks;
-    j.P = P;
-    j.kind = kind;
-    j.in = in;
-    j.out = out;
-    j.ng = (out + FS_Q_COLS - 1) / FS_Q_COLS;
-    j.nchunks = fs_pool_chunks(j.ng, (size_t)in * FS_Q_COLS, 1);
-    if (j.nchunks > FS_Q_PACK_MAX_CHUNKS)
-        j.nchunks = FS_Q_PACK_MAX_CHUNKS;
-    fs_pool_run(fs_q_pack_chunk, &j, j.nchunks);
-    for (int c = 0; c < j.nchunks; c++)
-        if (j.bad[c])
-            return FS_Q_EBADSCALE;
-    return 0;
+    return fs_pool_run_ranges(fs_q_pack_range, &j, (size_t)((out + FS_Q_COLS - 1) / FS_Q_COLS),
+                              (size_t)in * FS_Q_COLS) ? FS_Q_EBADSCALE : 0;
 }
 
 void fs_quant_unpack(int kind, const uint8_t *P, int in, int out, uint8_t *blocks)
@@ -160,9 +133,9 @@ void fs_quant_rows_f32(int kind, const uint8_t *P, int in, int out, const int32_
         float *o = dst + (size_t)k * in;
         for (int b = 0; b < nb; b++) {
             const uint8_t *qs = pan + qoff + (size_t)b * qb;
-            float d = fs_h2f(fs_q_rd16(pan + (size_t)(b * FS_Q_COLS + c) * 2));
+            float d = fs_h2f(fs_rd16le(pan + (size_t)(b * FS_Q_COLS + c) * 2));
             float m = kind == FS_Q4_1
-                      ? fs_h2f(fs_q_rd16(pan + moff + (size_t)(b * FS_Q_COLS + c) * 2)) : 0.0f;
+                      ? fs_h2f(fs_rd16le(pan + moff + (size_t)(b * FS_Q_COLS + c) * 2)) : 0.0f;
             for (int i = 0; i < FS_Q_BLOCK; i++) {
                 float v;
                 if (kind == FS_Q8_0) {

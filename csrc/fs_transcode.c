@@ -2,7 +2,6 @@
  * (fs_transcode.h), the work shared out by the core's pool. */
 #include "fs_transcode.h"
 
-#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -42,13 +41,6 @@ static uint16_t fs_f2h(float f)
     }
 }
 
-static uint16_t fs_t_rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
-static void fs_t_wr16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)(v & 0xffu);
-    p[1] = (uint8_t)(v >> 8);
-}
-
 /* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K super-block. */
 static void fs_t_scale_min(int j, const uint8_t *q, int *sc, int *m)
 {
@@ -66,14 +58,14 @@ static void fs_t_q4_k(const uint8_t *src, size_t n, uint8_t *dst)
 {
     for (size_t s = 0; s < n; s++) {
         const uint8_t *b = src + s * 144, *qs = b + 16;
-        float d = fs_h2f(fs_t_rd16(b)), dmin = fs_h2f(fs_t_rd16(b + 2));
+        float d = fs_h2f(fs_rd16le(b)), dmin = fs_h2f(fs_rd16le(b + 2));
         for (int j = 0; j < 8; j++) {
             uint8_t *o = dst + (s * 8 + (size_t)j) * 20;
             const uint8_t *chunk = qs + 32 * (j / 2);
             int sc, m, shift = 4 * (j & 1);
             fs_t_scale_min(j, b + 4, &sc, &m);
-            fs_t_wr16(o, fs_f2h(d * (float)sc));
-            fs_t_wr16(o + 2, fs_f2h(-(dmin * (float)m)));
+            fs_wr16le(o, fs_f2h(d * (float)sc));
+            fs_wr16le(o + 2, fs_f2h(-(dmin * (float)m)));
             for (int k = 0; k < 16; k++)
                 o[4 + k] = (uint8_t)(((chunk[k] >> shift) & 0x0f)
                                      | (((chunk[k + 16] >> shift) & 0x0f) << 4));
@@ -86,7 +78,7 @@ static void fs_t_q4_k(const uint8_t *src, size_t n, uint8_t *dst)
 static void fs_t_q8_0_block(const float *w, float amax, uint8_t *o)
 {
     float dq = amax / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
-    fs_t_wr16(o, fs_f2h(dq));
+    fs_wr16le(o, fs_f2h(dq));
     for (int i = 0; i < 32; i++) {
         /* gguf's roundf, floor(a) + floor(2 (a - floor(a))), half away from zero: for
          * 0 <= a < 2^23 truncation is floor and both steps are exact */
@@ -104,9 +96,9 @@ static int fs_t_q4_k_q8(const uint8_t *src, size_t n, uint8_t *dst)
 {
     for (size_t s = 0; s < n; s++) {
         const uint8_t *b = src + s * 144, *qs = b + 16;
-        uint16_t dh = fs_t_rd16(b), mh = fs_t_rd16(b + 2);
+        uint16_t dh = fs_rd16le(b), mh = fs_rd16le(b + 2);
         float d = fs_h2f(dh), dmin = fs_h2f(mh);
-        if ((dh & 0x7c00u) == 0x7c00u || (mh & 0x7c00u) == 0x7c00u)
+        if (fs_h_nonfinite(dh) || fs_h_nonfinite(mh))
             return -1;
         for (int j = 0; j < 8; j++) {
             const uint8_t *chunk = qs + 32 * (j / 2);
@@ -139,10 +131,10 @@ static int fs_t_q6_k(const uint8_t *src, size_t n, uint8_t *dst)
     for (size_t s = 0; s < n; s++) {
         const uint8_t *b = src + s * 210, *ql = b, *qh = b + 128;
         const int8_t *scales = (const int8_t *)(b + 192);
-        uint16_t dh = fs_t_rd16(b + 208);
+        uint16_t dh = fs_rd16le(b + 208);
         float d = fs_h2f(dh);
         int8_t q[256];  /* the 6-bit values minus 32, in element order */
-        if ((dh & 0x7c00u) == 0x7c00u)
+        if (fs_h_nonfinite(dh))
             return -1;
         for (int h = 0; h < 2; h++) {  /* ggml's element order: 4 weights per l, 32 apart */
             const uint8_t *lo = ql + 64 * h, *hi = qh + 32 * h;
@@ -186,11 +178,11 @@ static int fs_t_q5_0(const uint8_t *src, size_t n, uint8_t *dst)
     for (size_t s = 0; s < n; s++) {
         const uint8_t *b = src + s * 22, *qs = b + 6;
         uint8_t *o = dst + s * 34;
-        uint16_t dh = fs_t_rd16(b);
+        uint16_t dh = fs_rd16le(b);
         uint32_t qh = (uint32_t)b[2] | (uint32_t)b[3] << 8 | (uint32_t)b[4] << 16
                       | (uint32_t)b[5] << 24;
         int keep = (dh & 0x7fffu) != 0;
-        if ((dh & 0x7c00u) == 0x7c00u)
+        if (fs_h_nonfinite(dh))
             return -1;
         o[0] = b[0];
         o[1] = b[1];
@@ -204,71 +196,50 @@ static int fs_t_q5_0(const uint8_t *src, size_t n, uint8_t *dst)
     return 0;
 }
 
-/* One conversion cut into chunks of whole source blocks for the core's pool; each chunk
- * records its own result (no shared writes), so the bytes do not depend on the threads. */
-enum { FS_T_Q4_K, FS_T_Q6_K, FS_T_Q5_0, FS_T_Q4_K_Q8 };
-#define FS_T_MAX_CHUNKS 64
+/* One conversion, its blocks shared out by the core's pool (fs_pool_run_ranges). */
 typedef struct {
     const uint8_t *src;
     uint8_t *dst;
-    size_t n;
-    int type, nchunks;
-    signed char rc[FS_T_MAX_CHUNKS];
+    int type;
 } fs_t_job;
 
-static void fs_t_chunk(void *ctx, int c)
+enum { FS_T_Q4_K, FS_T_Q4_K_Q8, FS_T_Q6_K, FS_T_Q5_0 };
+
+static int fs_t_range(void *ctx, size_t a, size_t e)
 {
-    fs_t_job *j = (fs_t_job *)ctx;
-    size_t a = j->n * (size_t)c / (size_t)j->nchunks;
-    size_t e = j->n * (size_t)(c + 1) / (size_t)j->nchunks;
+    const fs_t_job *j = (const fs_t_job *)ctx;
     switch (j->type) {
-    case FS_T_Q4_K: fs_t_q4_k(j->src + a * 144, e - a, j->dst + a * 160); break;
-    case FS_T_Q6_K: j->rc[c] = (signed char)fs_t_q6_k(j->src + a * 210, e - a, j->dst + a * 272);
-                    break;
-    case FS_T_Q4_K_Q8:
-        j->rc[c] = (signed char)fs_t_q4_k_q8(j->src + a * 144, e - a, j->dst + a * 272);
-        break;
-    default: j->rc[c] = (signed char)fs_t_q5_0(j->src + a * 22, e - a, j->dst + a * 34);
+    case FS_T_Q4_K: fs_t_q4_k(j->src + a * 144, e - a, j->dst + a * 160); return 0;
+    case FS_T_Q4_K_Q8: return fs_t_q4_k_q8(j->src + a * 144, e - a, j->dst + a * 272);
+    case FS_T_Q6_K: return fs_t_q6_k(j->src + a * 210, e - a, j->dst + a * 272);
+    case FS_T_Q5_0: return fs_t_q5_0(j->src + a * 22, e - a, j->dst + a * 34);
+    default: return -1;
     }
 }
 
-static int fs_t_run(int type, const uint8_t *src, size_t n, uint8_t *dst)
+/* cost in fs_pool_chunks' unit (a product's weight): a converted weight costs about 4 */
+static int fs_t_run(int type, const uint8_t *src, size_t n, uint8_t *dst, size_t weights)
 {
-    fs_t_job j;
-    int units = n > (size_t)INT_MAX ? INT_MAX : (int)n;
-    /* cost in fs_pool_chunks' unit (a product's weight): a converted weight costs ~4 */
-    size_t cost = type == FS_T_Q5_0 ? 32 * 4 : 256 * 4;
-    memset(&j, 0, sizeof j);
-    j.src = src;
-    j.dst = dst;
-    j.n = n;
-    j.type = type;
-    j.nchunks = fs_pool_chunks(units, cost, 1);
-    if (j.nchunks > FS_T_MAX_CHUNKS)
-        j.nchunks = FS_T_MAX_CHUNKS;
-    fs_pool_run(fs_t_chunk, &j, j.nchunks);
-    for (int c = 0; c < j.nchunks; c++)
-        if (j.rc[c] != 0)
-            return -1;
-    return 0;
+    fs_t_job j = {src, dst, type};
+    return fs_pool_run_ranges(fs_t_range, &j, n, weights * 4);
 }
 
 void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst)
 {
-    (void)fs_t_run(FS_T_Q4_K, src, n, dst);
-}
-
-int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
-{
-    return fs_t_run(FS_T_Q6_K, src, n, dst);
-}
-
-int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
-{
-    return fs_t_run(FS_T_Q5_0, src, n, dst);
+    (void)fs_t_run(FS_T_Q4_K, src, n, dst, 256);
 }
 
 int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
 {
-    return fs_t_run(FS_T_Q4_K_Q8, src, n, dst);
+    return fs_t_run(FS_T_Q4_K_Q8, src, n, dst, 256);
+}
+
+int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
+{
+    return fs_t_run(FS_T_Q6_K, src, n, dst, 256);
+}
+
+int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
+{
+    return fs_t_run(FS_T_Q5_0, src, n, dst, 32);
 }

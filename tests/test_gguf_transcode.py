@@ -235,8 +235,9 @@ def test_k_quant_file_loads_as_its_conversion(k_quant_file, backend, weight_dtyp
 
 
 def test_blocks_without_a_copy_are_the_same_bytes(k_quant_file):
-    """``blocks(copy=False)`` (what the loader packs from) is a view of the file's map where
-    the rows are not permuted, and always the same bytes as ``blocks()``, a new array."""
+    """``blocks(copy=False)`` (what the loader packs from) is a read-only view of the file's
+    map where the rows are not permuted, and always the same bytes as ``blocks()``, a new
+    array."""
     file = fs.formats.gguf.GGUFFile(k_quant_file)
     views = 0
     for name, t in file.tensors(file.config()):
@@ -245,6 +246,7 @@ def test_blocks_without_a_copy_are_the_same_bytes(k_quant_file):
             np.testing.assert_array_equal(view, copy, err_msg=name)
             assert not np.shares_memory(copy, t._t.data)
             assert np.shares_memory(view, t._t.data) == (not t.head_rows), name
+            assert copy.flags.writeable and view.flags.writeable == bool(t.head_rows)
             views += not t.head_rows
     assert views >= 10
 

@@ -168,14 +168,14 @@ class GGUFTensor:
         return native_kind(self.type_name, requested, self.float_kind)
 
     def blocks(self, copy: bool = True) -> np.ndarray:
-        """Return the raw Q8_0/Q4_0/Q4_1 blocks as uint8 ``(out, in/32 * block bytes)`` (rows
-        unpermuted for a llama file's ``attn_q``/``attn_k``), a new array; with ``copy=False``
-        a view of the file's map where the rows are not permuted (read it before the file
-        changes or closes)."""
+        """Return the raw quantized blocks as uint8 ``(out, bytes a row)`` (rows unpermuted
+        for a llama file's ``attn_q``/``attn_k``), a new array; with ``copy=False`` a
+        read-only view of the file's map where the rows are not permuted."""
         if self.type_name not in NEAREST_NATIVE or self.ndim != 2:
             raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
                              "holds no quantized blocks")
-        raw = (np.array if copy else np.asarray)(self._t.data, dtype=np.uint8)
+        raw = np.array(self._t.data, dtype=np.uint8) if copy else self._t.data.view()
+        raw.flags.writeable = bool(copy)
         if raw.ndim != 2 or raw.shape[0] != self.shape[0]:
             raise ValueError(f"{self.file.path}: tensor {self.name!r} has {raw.shape} bytes "
                              f"of blocks, not {self.shape[0]} rows")

@@ -129,7 +129,7 @@ def quant_matrix(tensor: Any, requested: str, out: np.ndarray | None = None):
     """Return GGUF matrix ``tensor`` (a :class:`~fastspec.formats.gguf.GGUFTensor`) as a
     :class:`~fastspec.kernels.quant.QuantMatrix` of :func:`native_kind`.
 
-    A tensor whose type is that kind keeps its blocks (``tensor.blocks()``), byte for byte:
+    A tensor whose type is that kind keeps its blocks (``tensor.blocks``), byte for byte:
     nothing is dequantized. A Q4_K tensor stored as q4_1 (its 4-bit values kept, not
     requantized), a Q6_K or Q4_K one stored as q8_0 (the bytes of the dequantize-and-quantize
     below) and a Q5_0 one stored as q8_0 (its scales and integers kept) go through

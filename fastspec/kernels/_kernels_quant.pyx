@@ -112,7 +112,7 @@ def transcode(str type_name, raw, str kind):
     sb, weights = TRANSCODED[type_name, kind]
     cdef const uint8_t[:, ::1] src = np.ascontiguousarray(raw, np.uint8)
     cdef Py_ssize_t rows = src.shape[0], n = src.shape[1] // sb, rc = 0
-    cdef int which = list(TRANSCODED).index((type_name, kind))
+    cdef bint q4_1 = kind == "q4_1", q4_k = type_name == "Q4_K", q6_k = type_name == "Q6_K"
     if src.shape[1] != n * sb:
         raise ValueError(f"{type_name} rows must be whole blocks of {sb} bytes")
     out = np.empty((rows, n * weights // BLOCK * BLOCK_BYTES[kind]), np.uint8)
@@ -120,16 +120,17 @@ def transcode(str type_name, raw, str kind):
     if rows * n == 0:
         return out
     with nogil:
-        if which == 0:
+        if q4_k and q4_1:
             fs_q4_k_to_q4_1(&src[0, 0], rows * n, &dst[0, 0])
-        elif which == 1:
+        elif q4_k:
             rc = fs_q4_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
-        elif which == 2:
+        elif q6_k:
             rc = fs_q6_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
         else:
             rc = fs_q5_0_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
     if rc != 0:
-        raise ValueError(f"{type_name} blocks hold a NaN or infinite scale")
+        raise ValueError(f"{type_name} blocks hold a NaN or infinite scale"
+                         + (" or min" if q4_k else ""))
     return out
 
 

@@ -21,7 +21,7 @@ KINDS = ("q8_0", "q4_0", "q4_1")
 BLOCK = 32
 #: Bytes of one GGUF block of each kind.
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
-#: GGUF K-quant type -> (its super-block bytes, the native kind it is transcoded into).
+#: (GGUF type, the native kind it is transcoded into) -> (its block bytes, weights a block).
 TRANSCODED = {("Q4_K", "q4_1"): (144, 256), ("Q4_K", "q8_0"): (144, 256),
               ("Q6_K", "q8_0"): (210, 256), ("Q5_0", "q8_0"): (22, 32)}
 _COLS = 8  # output columns per packed panel
@@ -131,7 +131,7 @@ def _q4_k_to_q4_1(b: np.ndarray) -> np.ndarray:
 
 def _q4_k_to_q8_0(b: np.ndarray) -> np.ndarray:
     if not np.isfinite(b[:, 0:4].copy().view(np.float16)).all():
-        raise ValueError("Q4_K blocks hold a NaN or infinite scale")
+        raise ValueError("Q4_K blocks hold a NaN or infinite scale or min")
     ds, dm, nib = _q4_k_parts(b)
     w = ds[:, :, None] * nib.astype(np.float32) - dm[:, :, None]  # as gguf: exact products
     return _q8_0_blocks(w.reshape(-1, 32))
