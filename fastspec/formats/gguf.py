@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 import numpy as np
 
+from fastspec.formats.file_map import FileMap
 from fastspec.formats.gguf_header import TensorInfo, read_header
 from fastspec.formats.gguf_names import (LEAF, ROPE_FREQS, TOP, gguf_tensor_name, hf_shapes,
                                          unpermute)
@@ -185,8 +186,11 @@ class GGUFTensor:
         """Return the matrix as a :class:`~fastspec.kernels.quant.QuantMatrix` for a model
         of kind ``requested`` (:func:`fastspec.formats.gguf_quant.quant_matrix`: a file's
         own blocks kept when its type is the kind it is stored in, else converted), packed
-        into ``out`` when given."""
-        return quant_matrix(self, requested, out)
+        into ``out`` when given; then its pages of the file's map are released
+        (:meth:`~fastspec.formats.file_map.FileMap.release`: a load's peak is not the file)."""
+        q = quant_matrix(self, requested, out)
+        self.file._map.release(self._t.data)
+        return q
 
     def mapped(self) -> np.ndarray:
         """Return the tensor as a copy-on-write view of the file when it is F32, F16 or BF16
@@ -238,9 +242,10 @@ class GGUFFile:
                              {n: t.name for n, t in types.items()})
         self.metadata: dict[str, Any] = header.metadata
         try:
-            data = np.memmap(self.path, mode="c").view(np.ndarray)  # plain views slice faster
+            self._map = FileMap(self.path)
         except (ValueError, OSError) as exc:  # emptied or removed since the header was read
             raise ValueError(f"{self.path}: cannot map the file: {exc}") from None
+        data = self._map.data
         start, order = header.layout.data_offset, header.layout.byte_order
         self._tensors = {t.name: _file_tensor(self.path, t, types[t.type], data, start, order)
                          for t in header.tensors}
