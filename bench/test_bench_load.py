@@ -24,6 +24,10 @@ import pytest
 
 import fastspec as fs
 
+pytest.importorskip("gguf")  # fastspec reads GGUF files with it
+if not os.path.exists("/proc/self/status"):
+    pytest.skip("the peak RSS is read from /proc (Linux)", allow_module_level=True)
+
 THREADS = tuple(int(t) for t in os.environ.get("FASTSPEC_BENCH_THREADS", "1").split(","))
 REPEATS = int(os.environ.get("FASTSPEC_BENCH_LOAD_REPEATS", "3"))
 HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None
@@ -68,7 +72,6 @@ def _child(code: str, path: Path, threads: int) -> tuple[float, int]:
 
 @pytest.fixture(scope="module")
 def k_quant_file(tmp_path_factory) -> Path:
-    pytest.importorskip("gguf")
     from gguf import GGMLQuantizationType as Q
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -112,6 +115,7 @@ def test_load(benchmark, request, name, threads):
               f"{who} {info[f'{who}_load_s']:.2f} s, peak RSS "
               f"{info[f'{who}_peak_rss_bytes'] / 2**20:.0f} MiB"
               for who in rows if rows[who])
-          + (f"; time over llama.cpp's {info['load_s_over_llama_cpp']:.2f}x" if HAVE_LLAMA else ""))
+          + (f"; time over llama.cpp's {info['load_s_over_llama_cpp']:.2f}x"
+             if HAVE_LLAMA else ""))
     assert all(s > 0 for got in rows.values() for s, _ in got)
     benchmark.pedantic(lambda: info, rounds=1)

@@ -81,3 +81,25 @@ def test_a_quantized_load_releases_every_packed_tensor(tmp_path, monkeypatch):
     file = fs.formats.gguf.GGUFFile(path)
     want = sorted(t._t.data.nbytes for _, t in file.tensors(model.config) if t.ndim == 2)
     assert sorted(released) == want and len(want) == 2 * 7 + 2  # layers, embedding, head
+
+
+def test_float_tensors_lent_as_views_are_never_released(tmp_path):
+    """F32/F16 tensors of the map may be writable views lent out (``GGUFTensor.mapped``, a
+    model loaded with ``mmap=True``): packing one as q8_0 must not drop what was written into
+    them (MADV_DONTNEED discards a private page's writes); a quantized tensor's pages are."""
+    gguf = pytest.importorskip("gguf")
+    from _gguf_writer import write_model
+
+    Q = gguf.GGMLQuantizationType
+    path = tmp_path / "m.gguf"
+    write_model(path, "qwen2", dim=256, ffn=512, types=(Q.F32, Q.F16, Q.Q8_0))
+    file = fs.formats.gguf.GGUFFile(path)
+    kinds = set()
+    for _, t in file.tensors(file.config()):
+        if t.ndim == 2 and t.type_name in ("F32", "F16"):
+            view = t.mapped()
+            view[...] = 2.0
+            t.quant("q8_0")
+            assert (view == 2.0).all(), t.name
+            kinds.add(t.type_name)
+    assert kinds == {"F32", "F16"}

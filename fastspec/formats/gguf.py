@@ -183,13 +183,13 @@ class GGUFTensor:
         return unpermute(raw, self.head_rows) if self.head_rows else raw
 
     def quant(self, requested: str, out: np.ndarray | None = None):
-        """Return the matrix as a :class:`~fastspec.kernels.quant.QuantMatrix` for a model
-        of kind ``requested`` (:func:`fastspec.formats.gguf_quant.quant_matrix`: a file's
-        own blocks kept when its type is the kind it is stored in, else converted), packed
-        into ``out`` when given; then its pages of the file's map are released
-        (:meth:`~fastspec.formats.file_map.FileMap.release`: a load's peak is not the file)."""
+        """Return the matrix as a :class:`~fastspec.kernels.quant.QuantMatrix` for a model of
+        kind ``requested`` (:func:`fastspec.formats.gguf_quant.quant_matrix`), packed into
+        ``out`` when given; then release a quantized type's pages of the map (:class:`FileMap`;
+        not F32/F16/BF16 ones, which :meth:`mapped` may have lent out as writable views)."""
         q = quant_matrix(self, requested, out)
-        self.file._map.release(self._t.data)
+        if self.type_name not in ("F32", "F16", "BF16"):
+            self.file._map.release(self._t.data)
         return q
 
     def mapped(self) -> np.ndarray:

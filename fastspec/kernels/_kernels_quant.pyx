@@ -110,9 +110,11 @@ def transcode(str type_name, raw, str kind):
     22)) as GGUF blocks of ``kind`` (uint8 (rows, n * (8 | 1) * (20 | 34));
     csrc/fs_transcode.h); ValueError when a scale is NaN or infinite (not Q4_K -> q4_1)."""
     sb, weights = TRANSCODED[type_name, kind]
+    # the converter, in the order of the branches below (each writes the blocks of its kind)
+    cdef int which = (("Q4_K", "q4_1"), ("Q4_K", "q8_0"), ("Q6_K", "q8_0"),
+                      ("Q5_0", "q8_0")).index((type_name, kind))
     cdef const uint8_t[:, ::1] src = np.ascontiguousarray(raw, np.uint8)
     cdef Py_ssize_t rows = src.shape[0], n = src.shape[1] // sb, rc = 0
-    cdef bint q4_1 = kind == "q4_1", q4_k = type_name == "Q4_K", q6_k = type_name == "Q6_K"
     if src.shape[1] != n * sb:
         raise ValueError(f"{type_name} rows must be whole blocks of {sb} bytes")
     out = np.empty((rows, n * weights // BLOCK * BLOCK_BYTES[kind]), np.uint8)
@@ -120,17 +122,17 @@ def transcode(str type_name, raw, str kind):
     if rows * n == 0:
         return out
     with nogil:
-        if q4_k and q4_1:
+        if which == 0:
             fs_q4_k_to_q4_1(&src[0, 0], rows * n, &dst[0, 0])
-        elif q4_k:
+        elif which == 1:
             rc = fs_q4_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
-        elif q6_k:
+        elif which == 2:
             rc = fs_q6_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
-        else:
+        elif which == 3:
             rc = fs_q5_0_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
     if rc != 0:
         raise ValueError(f"{type_name} blocks hold a NaN or infinite scale"
-                         + (" or min" if q4_k else ""))
+                         + (" or min" if type_name == "Q4_K" else ""))
     return out
 
 
