@@ -64,6 +64,27 @@ def test_release_of_what_is_not_a_whole_page_of_the_map(mapped):
     assert resident(path) == 40 * PAGE
 
 
+def record_releases(monkeypatch) -> list[tuple[int, int]]:
+    """The (offset in the file's map, bytes) of every FileMap.release from now on."""
+    spans: list[tuple[int, int]] = []
+    release = FileMap.release
+    monkeypatch.setattr(FileMap, "release", lambda self, part: spans.append(
+        (part.ctypes.data - self._base, part.nbytes)) or release(self, part))
+    return spans
+
+
+def released_bytes(spans, file, tensor) -> int:
+    """How far from its start ``tensor``'s bytes are covered by released spans, without a
+    gap (0: none of it released)."""
+    start = tensor._t.data.ctypes.data - file._map._base
+    stop, at = start + tensor._t.data.nbytes, start
+    for a, n in sorted(s for s in spans if start <= s[0] < stop):
+        if a > at:
+            break
+        at = max(at, a + n)
+    return at - start
+
+
 def test_a_quantized_load_releases_every_packed_tensor(tmp_path, monkeypatch):
     """Each matrix of a quantized GGUF load is released once it is packed (a permuted llama
     ``attn_q``/``attn_k`` included: the pages released are the file's, whatever was read)."""
@@ -73,14 +94,13 @@ def test_a_quantized_load_releases_every_packed_tensor(tmp_path, monkeypatch):
     path = tmp_path / "m.gguf"
     write_model(path, "llama", dim=256, ffn=512, types=(gguf.GGMLQuantizationType.Q4_K,
                                                          gguf.GGMLQuantizationType.Q8_0))
-    released = []
-    release = FileMap.release
-    monkeypatch.setattr(FileMap, "release",
-                        lambda self, part: released.append(part.nbytes) or release(self, part))
+    spans = record_releases(monkeypatch)
     model = fs.Transformer.load(path, weight_dtype="auto")
     file = fs.formats.gguf.GGUFFile(path)
-    want = sorted(t._t.data.nbytes for _, t in file.tensors(model.config) if t.ndim == 2)
-    assert sorted(released) == want and len(want) == 2 * 7 + 2  # layers, embedding, head
+    mats = [t for _, t in file.tensors(model.config) if t.ndim == 2]
+    assert len(mats) == 2 * 7 + 2  # layers, embedding, head
+    for t in mats:
+        assert released_bytes(spans, file, t) == t._t.data.nbytes, t.name
 
 
 def test_float_tensors_lent_as_views_are_never_released(tmp_path):
@@ -103,3 +123,26 @@ def test_float_tensors_lent_as_views_are_never_released(tmp_path):
             assert (view == 2.0).all(), t.name
             kinds.add(t.type_name)
     assert kinds == {"F32", "F16"}
+
+
+def test_a_float_load_releases_what_it_dequantized(tmp_path, monkeypatch):
+    """A float load dequantizes each quantized tensor chunk by chunk (``GGUFTensor.read``) and
+    releases each chunk's pages once converted: together they cover every quantized matrix;
+    no F16 tensor's bytes are released (they may be lent out as views)."""
+    gguf = pytest.importorskip("gguf")
+    from _gguf_writer import write_model
+
+    Q = gguf.GGMLQuantizationType
+    path = tmp_path / "m.gguf"
+    write_model(path, "llama", dim=256, ffn=512, types=(Q.Q4_K, Q.Q8_0, Q.F16))
+    spans = record_releases(monkeypatch)
+    monkeypatch.setattr(fs.formats.gguf, "_CHUNK", 3 * 256)  # several chunks a matrix
+    fs.Transformer.load(path, weight_dtype="float32")
+    file = fs.formats.gguf.GGUFFile(path)
+    kinds = set()
+    for _, t in file.tensors(file.config()):
+        if t.ndim == 2:
+            want = 0 if t.type_name == "F16" else t._t.data.nbytes
+            assert released_bytes(spans, file, t) == want, t.name
+            kinds.add(t.type_name)
+    assert kinds == {"Q4_K", "Q8_0", "F16"}

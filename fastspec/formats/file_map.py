@@ -1,9 +1,9 @@
 """A model file mapped copy-on-write as one uint8 array, whose pages a loader hands back once
 it has converted them.
 
-A load that packs a file's quantized blocks into its own arena reads each tensor once; the
-pages it touched would otherwise stay in the process's resident memory until the map closes,
-so the load's peak would be the file plus the packed weights. :meth:`FileMap.release` drops
+A load that packs or dequantizes a file's quantized blocks into its own arrays reads each
+tensor once; the pages it touched would otherwise stay in the process's resident memory until
+the map closes, so the load's peak would be the file plus the weights. :meth:`FileMap.release` drops
 them (``madvise(MADV_DONTNEED)``, Linux): they stay in the operating system's page cache, and a
 later read of the same bytes maps them again, unchanged. Only bytes nothing wrote to may be
 released: the writes into a copy-on-write page would be dropped with it.

@@ -129,12 +129,12 @@ class GGUFTensor:
                                                                          np.float32))
 
     def _convert(self, raw: np.ndarray) -> np.ndarray:
-        """Return file rows ``raw`` in :attr:`dtype` (a view of the map for F32/F16/BF16)."""
-        if self.type_name == "BF16":
-            return raw.view(np.uint16)
-        if self.type_name in ("F32", "F16"):
-            return raw
+        """Return file rows ``raw`` in :attr:`dtype` (a view of the map for F32/F16/BF16; else
+        dequantized, and raw's pages of the map released: :class:`FileMap`)."""
+        if self.type_name in ("F32", "F16", "BF16"):
+            return raw.view(np.uint16) if self.type_name == "BF16" else raw
         out = _gguf().quants.dequantize(raw, self._t.tensor_type)
+        self.file._map.release(raw)
         if not np.isfinite(out).all():  # a NaN or infinite scale (or min) in the blocks
             raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
                              "dequantizes to NaN or infinite values: its blocks hold a NaN "
