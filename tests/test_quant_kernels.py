@@ -315,7 +315,8 @@ def test_own_quantizer_equals_gguf(kind, monkeypatch):
     rng = np.random.default_rng(3)
     W = rng.standard_normal((17, 96)).astype(np.float32)
     W[0, :32] = 0.0
-    W[1, :32] = np.arange(32) - 15.5   # exact halves for q8_0's rounding
+    W[1, :32] = np.arange(32) - 15.5
+    W[2, :32] = np.r_[127.0, np.arange(31) - 14.5]  # d = 1: exact halves for q8_0's rounding
     with_gguf = Q.quantize_blocks(kind, W)
     monkeypatch.setitem(sys.modules, "gguf", None)
     monkeypatch.setitem(sys.modules, "gguf.quants", None)

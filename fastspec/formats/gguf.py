@@ -52,6 +52,9 @@ _CONFIG_KEYS = frozenset({
     "vocab_size"})
 #: Elements :meth:`GGUFTensor.read` converts at a time (1 MB of float32).
 _CHUNK = 1 << 18
+#: Tensor types read as views of the map, never released (:meth:`GGUFTensor.mapped` lends them).
+_MAPPABLE = ("F32", "F16", "BF16")
+
 
 def _gguf():
     """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
@@ -114,8 +117,8 @@ class GGUFTensor:
     values that are not finite (a NaN or infinite scale or min) are a ValueError naming the
     file and the tensor.
 
-    The tensor reads through its file's memory map: the :class:`GGUFFile` must stay open
-    (it does while a tensor references it).
+    The tensor reads through its file's memory map (the :class:`GGUFFile` stays open while
+    a tensor references it), whose pages of a quantized type it hands back once converted.
     """
 
     def __init__(self, file: GGUFFile, tensor: Any, head_rows: int | None = None,
@@ -129,9 +132,9 @@ class GGUFTensor:
                                                                          np.float32))
 
     def _convert(self, raw: np.ndarray) -> np.ndarray:
-        """Return file rows ``raw`` in :attr:`dtype` (a view of the map for F32/F16/BF16; else
-        dequantized, and raw's pages of the map released: :class:`FileMap`)."""
-        if self.type_name in ("F32", "F16", "BF16"):
+        """Return file rows ``raw`` in :attr:`dtype`: a view of the map (:data:`_MAPPABLE`),
+        else dequantized and raw's pages of the map released (:class:`FileMap`)."""
+        if self.type_name in _MAPPABLE:
             return raw.view(np.uint16) if self.type_name == "BF16" else raw
         out = _gguf().quants.dequantize(raw, self._t.tensor_type)
         self.file._map.release(raw)
@@ -183,26 +186,23 @@ class GGUFTensor:
         return unpermute(raw, self.head_rows) if self.head_rows else raw
 
     def quant(self, requested: str, out: np.ndarray | None = None):
-        """Return the matrix as a :class:`~fastspec.kernels.quant.QuantMatrix` for a model of
-        kind ``requested`` (:func:`fastspec.formats.gguf_quant.quant_matrix`), packed into
-        ``out`` when given; then release a quantized type's pages of the map (:class:`FileMap`;
-        not F32/F16/BF16 ones, which :meth:`mapped` may have lent out as writable views)."""
+        """Return :func:`~fastspec.formats.gguf_quant.quant_matrix` for a model of kind
+        ``requested`` (packed into ``out``); then release its pages unless :data:`_MAPPABLE`."""
         q = quant_matrix(self, requested, out)
-        if self.type_name not in ("F32", "F16", "BF16"):
+        if self.type_name not in _MAPPABLE:
             self.file._map.release(self._t.data)
         return q
 
     def mapped(self) -> np.ndarray:
-        """Return the tensor as a copy-on-write view of the file when it is F32, F16 or BF16
-        and not permuted (nothing read until touched; the file must not change while it
-        lives); other tensors cannot be mapped and are read (:meth:`read`)."""
-        if self.head_rows or self.type_name not in ("F32", "F16", "BF16"):
+        """Return the tensor as a copy-on-write view of the file when it is :data:`_MAPPABLE`
+        and not permuted (nothing read until touched; the file must not change while it lives),
+        else read (:meth:`read`)."""
+        if self.head_rows or self.type_name not in _MAPPABLE:
             return self.read()
         return self._convert(self._t.data).view(np.ndarray)
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        a = self.read()
-        return a if dtype is None else a.astype(dtype, copy=False)
+        return self.read() if dtype is None else self.read().astype(dtype, copy=False)
 
     def __repr__(self) -> str:
         return f"GGUFTensor({self.name!r}, {self.type_name}, shape={self.shape})"

@@ -134,11 +134,12 @@ def _q4_k_to_q8_0(b: np.ndarray) -> np.ndarray:
         raise ValueError("Q4_K blocks hold a NaN or infinite scale or min")
     ds, dm, nib = _q4_k_parts(b)
     w = ds[:, :, None] * nib.astype(np.float32) - dm[:, :, None]  # as gguf: exact products
-    return _q8_0_blocks(w.reshape(-1, 32))
+    return q8_0_blocks(w.reshape(-1, 32))
 
 
-def _q8_0_blocks(w: np.ndarray) -> np.ndarray:
-    """GGUF's Q8_0 rule on float32 blocks w (n, 32) -> uint8 (n, 34)."""
+def q8_0_blocks(w: np.ndarray) -> np.ndarray:
+    """GGUF's Q8_0 rule (ggml's reference) on float32 blocks w (n, 32) -> uint8 (n, 34):
+    d = amax / 127, q = round-half-away(w / d), d stored as float16."""
     dq = np.abs(w).max(axis=1, keepdims=True) / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(dq == 0, np.float32(0), np.float32(1) / dq)
@@ -167,7 +168,7 @@ def _q6_k_to_q8_0(b: np.ndarray) -> np.ndarray:
     hi = (b[:, 128:192][:, _Q6_HI[0]] >> _Q6_HI[1]) & 0x03
     q = ((lo | hi << 4).astype(np.int16) - 32).astype(np.float32)
     ds = d * b[:, 192:208].view(np.int8).astype(np.float32)  # exact
-    return _q8_0_blocks((np.repeat(ds, 16, axis=1) * q).reshape(n * 8, 32))
+    return q8_0_blocks((np.repeat(ds, 16, axis=1) * q).reshape(n * 8, 32))
 
 
 _J = np.arange(16)

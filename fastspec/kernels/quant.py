@@ -356,12 +356,7 @@ def _quantize_ggml(kind: str, W: np.ndarray) -> np.ndarray:
     one = np.float32(1)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         if kind == "q8_0":
-            d = np.abs(x).max(axis=1, keepdims=True) / np.float32(127)
-            inv = np.where(d == 0, np.float32(0), one / d)
-            v = np.abs(x * inv)
-            whole = np.floor(v)  # half away from zero, as ggml's roundf
-            q = (np.sign(x) * (whole + np.floor(2 * (v - whole)))).astype(np.int8)
-            parts = [d.astype(np.float16).view(np.uint8), q.view(np.uint8)]
+            parts = [_reference_quant.q8_0_blocks(x)]
         else:
             if kind == "q4_0":
                 big = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)

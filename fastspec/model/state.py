@@ -135,7 +135,7 @@ def _quant_final(raw: Any, kind: str, out: np.ndarray | None = None) -> Any:
     if hasattr(raw, "in_features"):
         return raw
     if hasattr(raw, "quant"):
-        return raw.quant(kind) if out is None else raw.quant(kind, out)
+        return raw.quant(kind, out)
     from fastspec.model.quantized import as_quant
     return as_quant(raw.read() if _is_file_tensor(raw) else raw, kind, rows_are_outputs=True)
 
