@@ -96,6 +96,28 @@ def test_tables_divide_each_frequency():
     np.testing.assert_allclose(np.arctan2(sin[1], cos[1]), angles, rtol=1e-12)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_tables_in_chunks_are_the_one_pass_values(monkeypatch, threads):
+    """rope_tables fills its tables a chunk of positions at a time, the chunks shared by
+    threads: the same values as the whole table in one pass, across chunk edges (the last
+    chunk partial), for float32 and float64, with and without divisors."""
+    from fastspec import kernels
+    from fastspec.model import functional as F
+
+    monkeypatch.setattr(F, "_ROPE_ROWS", 7)
+    monkeypatch.setattr(F, "_ROPE_THREADED_MIN", 0 if threads > 1 else 1 << 62)
+    monkeypatch.setattr(kernels, "get_threads", lambda: threads)
+    for n, dim, f in ((7 * 9 + 3, 16, None), (40, 12, [1.0, 2.0, 0.5, 3.0, 7.0, 1.5]),
+                      (1, 4, None), (0, 8, None)):
+        inv = 1e4 ** (-np.arange(0, dim, 2, dtype=np.float64) / dim) / np.asarray(f or 1.0)
+        angles = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
+        for dtype in (np.float32, np.float64):
+            cos, sin = F.rope_tables(n, dim, 1e4, dtype, f)
+            assert cos.dtype == sin.dtype == dtype and cos.shape == (n, dim // 2)
+            np.testing.assert_array_equal(cos, np.cos(angles).astype(dtype))
+            np.testing.assert_array_equal(sin, np.sin(angles).astype(dtype))
+
+
 # --- against transformers ------------------------------------------------------------------
 
 @pytest.fixture(scope="module", params=[1e4, 5e5], ids=["theta1e4", "theta5e5"])

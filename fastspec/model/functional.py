@@ -6,6 +6,7 @@ block and the audits; the compiled runner implements the same formulas.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -28,6 +29,12 @@ def layer_norm(x: np.ndarray, eps: float) -> np.ndarray:
     return ((x64 - mu) / np.sqrt(var + eps)).astype(x.dtype, copy=False)
 
 
+#: Positions of :func:`rope_tables` computed at a time (float64 temporaries of this many rows
+#: stay in the cache), and the fewest table entries for which the chunks share the threads.
+_ROPE_ROWS = 1024
+_ROPE_THREADED_MIN = 1 << 18
+
+
 def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
                 freq_factors=None) -> tuple[np.ndarray, np.ndarray]:
     """Return ``cos, sin`` of shape (max_positions, head_dim // 2) for rotate-half RoPE.
@@ -35,10 +42,35 @@ def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
     Frequency ``i`` turns ``theta ** (-2 i / head_dim) / freq_factors[i]`` radians a position
     (``freq_factors`` of shape (head_dim // 2,); None: all ones), as llama.cpp's RoPE reads
     ``rope_freqs.weight``. Angles are computed in float64, then rounded to ``dtype``.
+
+    The tables are filled :data:`_ROPE_ROWS` positions at a time (element by element the same
+    operations, so the same values), the chunks of a large table (a GGUF file's context of
+    131072 positions) shared by :func:`fastspec.kernels.get_threads` Python threads: NumPy's
+    ``cos`` and ``sin`` release the GIL.
     """
-    angles = (np.arange(max_positions, dtype=np.float64)[:, None]
-              * rope_inv_freq(head_dim, theta, freq_factors)[None, :])
-    return np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+    inv_freq = rope_inv_freq(head_dim, theta, freq_factors)
+    cos = np.empty((max_positions, inv_freq.size), dtype)
+    sin = np.empty_like(cos)
+
+    def fill(p0: int) -> None:
+        p1 = min(p0 + _ROPE_ROWS, max_positions)
+        angles = np.arange(p0, p1, dtype=np.float64)[:, None] * inv_freq[None, :]
+        cos[p0:p1] = np.cos(angles)
+        sin[p0:p1] = np.sin(angles)
+
+    starts = range(0, max_positions, _ROPE_ROWS)
+    threads = 1
+    if cos.size >= _ROPE_THREADED_MIN:
+        from fastspec.kernels import get_threads  # here: keeps the import chains short
+        threads = min(get_threads(), len(starts))
+    if threads > 1:
+        with ThreadPoolExecutor(threads) as pool:
+            for _ in pool.map(fill, starts):
+                pass
+    else:
+        for p0 in starts:
+            fill(p0)
+    return cos, sin
 
 
 def rope_inv_freq(head_dim: int, theta: float, freq_factors=None) -> np.ndarray:
