@@ -4,6 +4,7 @@
 #include "fs_quant.h"
 
 #include <float.h>
+#include <string.h>
 
 #include "fs_isa.h"
 #include "fs_pool.h"
@@ -35,41 +36,46 @@ size_t fs_quant_packed_bytes(int kind, int in, int out)
 #define FS_Q_NOFUSE(v) ((void)0)
 #endif
 
+int fs_quant_pack_panel(int kind, const uint8_t *rows, int in, int ncols, uint8_t *pan)
+{
+    int bb = fs_quant_block_bytes(kind), nb = in / FS_Q_BLOCK, bad = 0;
+    size_t qoff = FS_Q_PANEL_QS(kind, nb), moff = FS_Q_PANEL_M(nb);
+    size_t qb = kind == FS_Q8_0 ? 256 : 128;
+    int groups = kind == FS_Q8_0 ? 8 : 4;  /* 4-byte groups a block: 32 int8, 16 nibble pairs */
+    memset(pan, 0, fs_quant_panel_bytes(kind, in));
+    for (int c = 0; c < ncols; c++) {
+        const uint8_t *row = rows + (size_t)c * nb * bb;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = row + (size_t)b * bb, *q = blk + 2;
+            uint16_t d = fs_rd16le(blk);
+            bad |= fs_h_nonfinite(d);
+            fs_wr16le(pan + (size_t)(b * FS_Q_COLS + c) * 2, d);
+            if (kind == FS_Q4_1) {
+                uint16_t m = fs_rd16le(blk + 2);
+                bad |= fs_h_nonfinite(m);
+                fs_wr16le(pan + moff + (size_t)(b * FS_Q_COLS + c) * 2, m);
+                q = blk + 4;
+            }
+            /* group j (inputs 4j..4j+3; for q4_*, GGUF's byte i holds elements i (low) and
+             * i + 16 (high): the same pair as the panel's byte, so bytes move whole) */
+            uint8_t *qs = pan + qoff + (size_t)b * qb + (size_t)c * 4;
+            for (int j = 0; j < groups; j++) memcpy(qs + (size_t)j * FS_Q_COLS * 4, q + 4 * j, 4);
+        }
+    }
+    return bad;
+}
+
 /* Panels [g0, g1) of fs_quant_pack (arguments checked); returns 1 if a scale is bad. */
 static int fs_q_pack_panels(int kind, const uint8_t *blocks, int in, int out, uint8_t *P,
                             int g0, int g1)
 {
-    int bb = fs_quant_block_bytes(kind), nb = in / FS_Q_BLOCK, bad = 0;
-    size_t psz = fs_quant_panel_bytes(kind, in), qoff = FS_Q_PANEL_QS(kind, nb);
-    size_t moff = FS_Q_PANEL_M(nb), qb = kind == FS_Q8_0 ? 256 : 128;
+    size_t psz = fs_quant_panel_bytes(kind, in);
+    size_t row = (size_t)(in / FS_Q_BLOCK) * (size_t)fs_quant_block_bytes(kind);
+    int bad = 0;
     for (int g = g0; g < g1; g++) {
-        uint8_t *pan = P + (size_t)g * psz;
-        memset(pan, 0, psz);
-        for (int c = 0; c < FS_Q_COLS && g * FS_Q_COLS + c < out; c++) {
-            const uint8_t *row = blocks + (size_t)(g * FS_Q_COLS + c) * nb * bb;
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *blk = row + (size_t)b * bb;
-                uint16_t d = fs_rd16le(blk);
-                bad |= fs_h_nonfinite(d);
-                fs_wr16le(pan + (size_t)(b * FS_Q_COLS + c) * 2, d);
-                uint8_t *qs = pan + qoff + (size_t)b * qb;
-                if (kind == FS_Q8_0) {
-                    for (int i = 0; i < FS_Q_BLOCK; i++)
-                        qs[((i / 4) * FS_Q_COLS + c) * 4 + i % 4] = blk[2 + i];
-                    continue;
-                }
-                const uint8_t *nib = blk + 2;
-                if (kind == FS_Q4_1) {
-                    uint16_t m = fs_rd16le(blk + 2);
-                    bad |= fs_h_nonfinite(m);
-                    fs_wr16le(pan + moff + (size_t)(b * FS_Q_COLS + c) * 2, m);
-                    nib = blk + 4;
-                }
-                /* GGUF: byte i holds element i (low) and element i + 16 (high): the same pair
-                 * as the panel's byte, so the byte moves whole. */
-                for (int i = 0; i < 16; i++) qs[((i / 4) * FS_Q_COLS + c) * 4 + i % 4] = nib[i];
-            }
-        }
+        int c0 = g * FS_Q_COLS, ncols = out - c0 < FS_Q_COLS ? out - c0 : FS_Q_COLS;
+        bad |= fs_quant_pack_panel(kind, blocks + (size_t)c0 * row, in, ncols,
+                                   P + (size_t)g * psz);
     }
     return bad;
 }

@@ -59,6 +59,11 @@ size_t fs_quant_packed_bytes(int kind, int in, int out);
 /* GGUF rows (out rows of in/32 blocks each, row-major) -> the packed layout P
  * (fs_quant_packed_bytes); returns 0, or FS_Q_EBADSCALE / FS_Q_EARG (P is then unspecified). */
 int fs_quant_pack(int kind, const uint8_t *blocks, int in, int out, uint8_t *P);
+/* One panel of fs_quant_pack, on the calling thread: the ncols (1 <= ncols <= FS_Q_COLS)
+ * GGUF rows at `rows` (each in/32 blocks) into pan (fs_quant_panel_bytes; the missing
+ * columns zero). Returns 1 if a scale (or a q4_1 min) is NaN or infinite, else 0. Nothing
+ * else is checked (fs_transcode_pack packs each panel as it converts it). */
+int fs_quant_pack_panel(int kind, const uint8_t *rows, int in, int ncols, uint8_t *pan);
 /* The inverse of fs_quant_pack: P -> GGUF rows (out * in / 32 * block bytes). */
 void fs_quant_unpack(int kind, const uint8_t *P, int in, int out, uint8_t *blocks);
 /* Dequantize the rows `cols` of W (GGUF rows = output columns; 0 <= cols[i] < out) into dst

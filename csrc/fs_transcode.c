@@ -3,10 +3,12 @@
 #include "fs_transcode.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fs_common.h"
 #include "fs_pool.h"
+#include "fs_quant.h"
 
 /* float -> binary16 bits, nearest (ties to even), as numpy's astype(float16): past the
  * largest f16 an infinity, below its subnormals a signed zero, a NaN keeps its sign and the
@@ -41,6 +43,22 @@ static uint16_t fs_f2h(float f)
     }
 }
 
+/* fs_f2h, inline for the values a scale almost always has (normal binary16 results and
+ * zeros), the rest through fs_f2h: the same bits. */
+static inline uint16_t fs_f2h_fast(float f)
+{
+    uint32_t x, ax, r, rem;
+    memcpy(&x, &f, sizeof x);
+    ax = x & 0x7fffffffu;
+    if (ax - 0x38800000u < 0x477ff000u - 0x38800000u) {  /* as fs_f2h's normal branch */
+        r = (ax - 0x38000000u) >> 13;
+        rem = ax & 0x1fffu;
+        r += rem > 0x1000u || (rem == 0x1000u && (r & 1u));
+        return (uint16_t)((x >> 16 & 0x8000u) | r);
+    }
+    return ax == 0 ? (uint16_t)(x >> 16 & 0x8000u) : fs_f2h(f);
+}
+
 /* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K super-block. */
 static void fs_t_scale_min(int j, const uint8_t *q, int *sc, int *m)
 {
@@ -53,32 +71,59 @@ static void fs_t_scale_min(int j, const uint8_t *q, int *sc, int *m)
     }
 }
 
+/* fs_f2h of 16 values: one loop without branches (the compiler vectorizes it) for results
+ * that are normal binary16 values or zeros, as fs_f2h rounds them; all 16 again through
+ * fs_f2h when one is not (the same bits either way). */
+static void fs_t_f2h16(const float *v, uint16_t *h)
+{
+    uint32_t x[16], other = 0;
+    memcpy(x, v, sizeof x);
+    for (int i = 0; i < 16; i++) {
+        uint32_t ax = x[i] & 0x7fffffffu, r = (ax - 0x38000000u) >> 13, rem = ax & 0x1fffu;
+        r += (uint32_t)(rem > 0x1000u) | ((uint32_t)(rem == 0x1000u) & r);
+        other |= (uint32_t)(ax - 0x38800000u >= 0x477ff000u - 0x38800000u) & (uint32_t)(ax != 0);
+        h[i] = (uint16_t)((x[i] >> 16 & 0x8000u) | (ax == 0 ? 0u : r));
+    }
+    if (other)
+        for (int i = 0; i < 16; i++) h[i] = fs_f2h(v[i]);
+}
+
 /* Super-blocks [0, n) of each kind; the public functions below cut them into chunks. */
 static void fs_t_q4_k(const uint8_t *src, size_t n, uint8_t *dst)
 {
     for (size_t s = 0; s < n; s++) {
         const uint8_t *b = src + s * 144, *qs = b + 16;
-        float d = fs_h2f(fs_rd16le(b)), dmin = fs_h2f(fs_rd16le(b + 2));
+        float d = fs_h2f(fs_rd16le(b)), dmin = fs_h2f(fs_rd16le(b + 2)), v[16];
+        uint16_t h[16];
+        for (int j = 0; j < 8; j++) {  /* the scales d * sc, then the mins -(dmin * m) */
+            int sc, m;
+            fs_t_scale_min(j, b + 4, &sc, &m);
+            v[j] = d * (float)sc;
+            v[8 + j] = -(dmin * (float)m);
+        }
+        fs_t_f2h16(v, h);
         for (int j = 0; j < 8; j++) {
             uint8_t *o = dst + (s * 8 + (size_t)j) * 20;
-            const uint8_t *chunk = qs + 32 * (j / 2);
-            int sc, m, shift = 4 * (j & 1);
-            fs_t_scale_min(j, b + 4, &sc, &m);
-            fs_wr16le(o, fs_f2h(d * (float)sc));
-            fs_wr16le(o + 2, fs_f2h(-(dmin * (float)m)));
-            for (int k = 0; k < 16; k++)
-                o[4 + k] = (uint8_t)(((chunk[k] >> shift) & 0x0f)
-                                     | (((chunk[k + 16] >> shift) & 0x0f) << 4));
+            fs_wr16le(o, h[j]);
+            fs_wr16le(o + 2, h[8 + j]);
+        }
+        for (int i = 0; i < 4; i++) {  /* bytes 32i..: low nibbles block 2i, high 2i + 1 */
+            const uint8_t *chunk = qs + 32 * i;
+            uint8_t *lo = dst + (s * 8 + 2 * (size_t)i) * 20 + 4, *hi = lo + 20;
+            for (int k = 0; k < 16; k++) {
+                lo[k] = (uint8_t)((chunk[k] & 0x0f) | (chunk[k + 16] << 4));
+                hi[k] = (uint8_t)((chunk[k] >> 4) | (chunk[k + 16] & 0xf0));
+            }
         }
     }
 }
 
 /* GGUF's Q8_0 rule on one block of 32 float32 weights whose largest magnitude is amax:
  * d' = amax / 127, id = d' ? 1 / d' : 0, q = round-half-away(w * id), d' stored as f16. */
-static void fs_t_q8_0_block(const float *w, float amax, uint8_t *o)
+static void fs_t_q8_0_block(const float *FS_RESTRICT w, float amax, uint8_t *FS_RESTRICT o)
 {
     float dq = amax / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
-    fs_wr16le(o, fs_f2h(dq));
+    fs_wr16le(o, fs_f2h_fast(dq));
     for (int i = 0; i < 32; i++) {
         /* gguf's roundf, floor(a) + floor(2 (a - floor(a))), half away from zero: for
          * 0 <= a < 2^23 truncation is floor and both steps are exact */
@@ -125,7 +170,8 @@ static int fs_t_q4_k_q8(const uint8_t *src, size_t n, uint8_t *dst)
 }
 
 /* Returns -1 at the first super-block whose d is NaN or infinite, else 0. The loops are
- * written so that the compiler vectorizes them (plain C, no intrinsics). */
+ * written so that the compiler vectorizes them (plain C, no intrinsics; unsigned bytes, whose
+ * max and min x86-64's baseline SSE2 has). */
 static int fs_t_q6_k(const uint8_t *src, size_t n, uint8_t *dst)
 {
     for (size_t s = 0; s < n; s++) {
@@ -133,36 +179,37 @@ static int fs_t_q6_k(const uint8_t *src, size_t n, uint8_t *dst)
         const int8_t *scales = (const int8_t *)(b + 192);
         uint16_t dh = fs_rd16le(b + 208);
         float d = fs_h2f(dh);
-        int8_t q[256];  /* the 6-bit values minus 32, in element order */
+        uint8_t u[256];  /* the 6-bit values (q = u - 32), in element order */
         if (fs_h_nonfinite(dh))
             return -1;
         for (int h = 0; h < 2; h++) {  /* ggml's element order: 4 weights per l, 32 apart */
             const uint8_t *lo = ql + 64 * h, *hi = qh + 32 * h;
-            int8_t *y = q + 128 * h;
+            uint8_t *y = u + 128 * h;
             for (int l = 0; l < 32; l++) {
-                y[l] = (int8_t)(((lo[l] & 0x0f) | (hi[l] & 3) << 4) - 32);
-                y[l + 32] = (int8_t)(((lo[l + 32] & 0x0f) | (hi[l] >> 2 & 3) << 4) - 32);
-                y[l + 64] = (int8_t)((lo[l] >> 4 | (hi[l] >> 4 & 3) << 4) - 32);
-                y[l + 96] = (int8_t)((lo[l + 32] >> 4 | (hi[l] >> 6 & 3) << 4) - 32);
+                y[l] = (uint8_t)((lo[l] & 0x0f) | (hi[l] & 3) << 4);
+                y[l + 32] = (uint8_t)((lo[l + 32] & 0x0f) | (hi[l] >> 2 & 3) << 4);
+                y[l + 64] = (uint8_t)(lo[l] >> 4 | (hi[l] >> 4 & 3) << 4);
+                y[l + 96] = (uint8_t)(lo[l + 32] >> 4 | (hi[l] >> 6 & 3) << 4);
             }
         }
         for (int k = 0; k < 8; k++) {  /* block k: elements 32k.., scales 2k and 2k + 1 */
-            const int8_t *x = q + 32 * k;
+            const uint8_t *x = u + 32 * k;
             uint8_t *o = dst + (s * 8 + (size_t)k) * 34;
-            float ds[2] = {d * (float)scales[2 * k], d * (float)scales[2 * k + 1]};
             float w[32], amax = 0.0f;
             for (int half = 0; half < 2; half++) {
                 /* max |ds * q| = |ds| * max |q|: a product's rounding is monotone and
-                 * symmetric, so this is the largest of the 16 rounded products */
-                int top = 0;
+                 * symmetric, so this is the largest of the 16 rounded products; max |q| is
+                 * max(umax - 32, 32 - umin) */
+                float ds = d * (float)scales[2 * k + half], m;
+                uint8_t umax = 0, umin = 63;
                 for (int i = 0; i < 16; i++) {
-                    int a = x[16 * half + i] < 0 ? -x[16 * half + i] : x[16 * half + i];
-                    top = a > top ? a : top;
+                    umax = x[16 * half + i] > umax ? x[16 * half + i] : umax;
+                    umin = x[16 * half + i] < umin ? x[16 * half + i] : umin;
                 }
-                float m = fabsf(ds[half]) * (float)top;
+                m = fabsf(ds) * (float)(umax - 32 > 32 - umin ? umax - 32 : 32 - umin);
                 amax = m > amax ? m : amax;
                 for (int i = 0; i < 16; i++)
-                    w[16 * half + i] = ds[half] * (float)x[16 * half + i];
+                    w[16 * half + i] = ds * (float)((int)x[16 * half + i] - 32);
             }
             fs_t_q8_0_block(w, amax, o);
         }
@@ -196,50 +243,109 @@ static int fs_t_q5_0(const uint8_t *src, size_t n, uint8_t *dst)
     return 0;
 }
 
-/* One conversion, its blocks shared out by the core's pool (fs_pool_run_ranges). */
-typedef struct {
-    const uint8_t *src;
-    uint8_t *dst;
-    int type;
-} fs_t_job;
+/* The conversions (fs_transcode.h's FS_T_*): source block bytes, weights a source block, the
+ * native kind written. */
+static const struct {
+    int sb, weights, kind;
+} fs_t_conv[FS_T_COUNT] = {
+    [FS_T_Q4_K_Q4_1] = {144, 256, FS_Q4_1},
+    [FS_T_Q4_K_Q8_0] = {144, 256, FS_Q8_0},
+    [FS_T_Q6_K_Q8_0] = {210, 256, FS_Q8_0},
+    [FS_T_Q5_0_Q8_0] = {22, 32, FS_Q8_0},
+};
 
-enum { FS_T_Q4_K, FS_T_Q4_K_Q8, FS_T_Q6_K, FS_T_Q5_0 };
-
-static int fs_t_range(void *ctx, size_t a, size_t e)
+/* Conversion conv of the n source blocks at src into dst on the calling thread: 0, or -1 at
+ * a NaN or infinite scale (Q4_K -> Q4_1 cannot fail here: fs_transcode.h). */
+static int fs_t_convert(int conv, const uint8_t *src, size_t n, uint8_t *dst)
 {
-    const fs_t_job *j = (const fs_t_job *)ctx;
-    switch (j->type) {
-    case FS_T_Q4_K: fs_t_q4_k(j->src + a * 144, e - a, j->dst + a * 160); return 0;
-    case FS_T_Q4_K_Q8: return fs_t_q4_k_q8(j->src + a * 144, e - a, j->dst + a * 272);
-    case FS_T_Q6_K: return fs_t_q6_k(j->src + a * 210, e - a, j->dst + a * 272);
-    case FS_T_Q5_0: return fs_t_q5_0(j->src + a * 22, e - a, j->dst + a * 34);
+    switch (conv) {
+    case FS_T_Q4_K_Q4_1: fs_t_q4_k(src, n, dst); return 0;
+    case FS_T_Q4_K_Q8_0: return fs_t_q4_k_q8(src, n, dst);
+    case FS_T_Q6_K_Q8_0: return fs_t_q6_k(src, n, dst);
+    case FS_T_Q5_0_Q8_0: return fs_t_q5_0(src, n, dst);
     default: return -1;
     }
 }
 
-/* cost in fs_pool_chunks' unit (a product's weight): a converted weight costs about 4 */
-static int fs_t_run(int type, const uint8_t *src, size_t n, uint8_t *dst, size_t weights)
+/* Bytes the conversion writes for one source block. */
+static size_t fs_t_out_bytes(int conv)
 {
-    fs_t_job j = {src, dst, type};
-    return fs_pool_run_ranges(fs_t_range, &j, n, weights * 4);
+    return (size_t)(fs_t_conv[conv].weights / FS_Q_BLOCK)
+           * (size_t)fs_quant_block_bytes(fs_t_conv[conv].kind);
+}
+
+/* One conversion, its blocks shared out by the core's pool (fs_pool_run_ranges). */
+typedef struct {
+    const uint8_t *src;
+    uint8_t *dst;
+    int conv, in, out;
+} fs_t_job;
+
+static int fs_t_range(void *ctx, size_t a, size_t e)
+{
+    const fs_t_job *j = (const fs_t_job *)ctx;
+    return fs_t_convert(j->conv, j->src + a * (size_t)fs_t_conv[j->conv].sb, e - a,
+                        j->dst + a * fs_t_out_bytes(j->conv));
+}
+
+/* cost in fs_pool_chunks' unit (a product's weight): a converted weight costs about 4 */
+static int fs_t_run(int conv, const uint8_t *src, size_t n, uint8_t *dst)
+{
+    fs_t_job j = {src, dst, conv, 0, 0};
+    return fs_pool_run_ranges(fs_t_range, &j, n, (size_t)fs_t_conv[conv].weights * 4);
 }
 
 void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst)
 {
-    (void)fs_t_run(FS_T_Q4_K, src, n, dst, 256);
+    (void)fs_t_run(FS_T_Q4_K_Q4_1, src, n, dst);
 }
 
 int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
 {
-    return fs_t_run(FS_T_Q4_K_Q8, src, n, dst, 256);
+    return fs_t_run(FS_T_Q4_K_Q8_0, src, n, dst);
 }
 
 int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
 {
-    return fs_t_run(FS_T_Q6_K, src, n, dst, 256);
+    return fs_t_run(FS_T_Q6_K_Q8_0, src, n, dst);
 }
 
 int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
 {
-    return fs_t_run(FS_T_Q5_0, src, n, dst, 32);
+    return fs_t_run(FS_T_Q5_0_Q8_0, src, n, dst);
+}
+
+/* Panels [g0, g1) of fs_transcode_pack: each panel's rows converted into a buffer of this
+ * chunk (at most 8 rows of native blocks: L1/L2-sized), then packed from it. */
+static int fs_tp_range(void *ctx, size_t g0, size_t g1)
+{
+    const fs_t_job *j = (const fs_t_job *)ctx;
+    size_t nsrc = (size_t)(j->in / fs_t_conv[j->conv].weights);
+    size_t srow = nsrc * (size_t)fs_t_conv[j->conv].sb, drow = nsrc * fs_t_out_bytes(j->conv);
+    size_t psz = fs_quant_panel_bytes(fs_t_conv[j->conv].kind, j->in);
+    uint8_t *buf = (uint8_t *)malloc(FS_Q_COLS * drow);
+    int rc = 0;
+    if (buf == NULL)
+        return FS_T_ENOMEM;
+    for (size_t g = g0; g < g1 && rc == 0; g++) {
+        size_t c0 = g * FS_Q_COLS;
+        int ncols = j->out - (int)c0 < FS_Q_COLS ? j->out - (int)c0 : FS_Q_COLS;
+        if (fs_t_convert(j->conv, j->src + c0 * srow, (size_t)ncols * nsrc, buf) != 0
+            || fs_quant_pack_panel(fs_t_conv[j->conv].kind, buf, j->in, ncols,
+                                   j->dst + g * psz) != 0)
+            rc = FS_T_EBADSCALE;
+    }
+    free(buf);
+    return rc;
+}
+
+int fs_transcode_pack(int conv, const uint8_t *src, int in, int out, uint8_t *P)
+{
+    fs_t_job j = {src, P, conv, in, out};
+    if (conv < 0 || conv >= FS_T_COUNT || in <= 0 || in % fs_t_conv[conv].weights != 0
+        || out < 1)
+        return FS_T_EARG;
+    /* a panel: 8 rows of `in` weights, each converted (~4) and packed (~1) */
+    return fs_pool_run_ranges(fs_tp_range, &j, (size_t)((out + FS_Q_COLS - 1) / FS_Q_COLS),
+                              (size_t)in * FS_Q_COLS * 5);
 }

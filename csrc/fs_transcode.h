@@ -49,4 +49,20 @@ int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
  * block's d is NaN or infinite. */
 int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
 
+/* The conversions, by number (fs_transcode_pack). */
+enum { FS_T_Q4_K_Q4_1, FS_T_Q4_K_Q8_0, FS_T_Q6_K_Q8_0, FS_T_Q5_0_Q8_0, FS_T_COUNT };
+/* fs_transcode_pack's errors (negative). */
+#define FS_T_EBADSCALE (-1)  /* a NaN or infinite scale or min, in the source or converted */
+#define FS_T_ENOMEM (-2)     /* a chunk's buffer could not be allocated */
+#define FS_T_EARG (-3)       /* conv unknown, in not a positive multiple of its source block's
+                              * weights, out < 1 */
+
+/* The conversion conv of GGUF rows src (out rows of in weights, whole source blocks, as the
+ * file stores them) packed straight into P (fs_quant_pack's layout of its native kind,
+ * fs_quant_packed_bytes): the bytes fs_quant_pack gives the converted rows, without them
+ * ever being whole in memory (each panel's 8 rows are converted into a small buffer, then
+ * packed; the panels shared out by the core's pool). Returns 0 or an FS_T_E* code (P is then
+ * unspecified). */
+int fs_transcode_pack(int conv, const uint8_t *src, int in, int out, uint8_t *P);
+
 #endif

@@ -196,8 +196,61 @@ def test_conversion_and_pack_are_the_same_bits_at_every_thread_count(type_name, 
                 with pytest.raises(ValueError, match="NaN or infinite|row 202"):
                     quant.QuantMatrix.from_blocks(kind, quant.transcode(type_name, bad, kind),
                                                   cols)
+                # converted and packed in one pass: the same bytes, into a slot of garbage
+                slot = np.full(want_packed.size + 64, 0xA5, np.uint8)
+                slot = slot[(-slot.ctypes.data) % 64:][:want_packed.size]
+                m = quant.QuantMatrix.from_gguf(type_name, raw, cols, kind, slot)
+                assert m.packed is slot and m.shape == (203, cols)
+                np.testing.assert_array_equal(m.packed, want_packed)
+                with pytest.raises(ValueError, match="NaN or infinite|row 202"):
+                    quant.QuantMatrix.from_gguf(type_name, bad, cols, kind)
     finally:
         set_threads(threads)
+
+
+@pytest.mark.parametrize("type_name, kind", list(RULES))
+def test_from_gguf_is_transcode_then_pack(backend, type_name, kind):
+    """QuantMatrix.from_gguf: the bytes of from_blocks(transcode(...)) for 1 to 17 rows (the
+    last panel partial), a bad scale anywhere named as the two passes name it."""
+    for rows in (1, 7, 8, 9, 17):
+        raw = superblocks(type_name, rows, 3, seed=rows, special=True)
+        small = (np.random.default_rng(rows).standard_normal(rows * 3) * 1e-3)
+        for off in SCALES[type_name]:  # finite converted scales (packable), zeros kept
+            v = raw.reshape(-1, SUPER[type_name])[:, off:off + 2].copy().view(np.float16)
+            v[v != 0] = small.astype(np.float16)[v[:, 0] != 0]
+            raw.reshape(-1, SUPER[type_name])[:, off:off + 2] = v.view(np.uint8)
+        cols = 3 * WEIGHTS[type_name]
+        want = quant.QuantMatrix.from_blocks(kind, quant.transcode(type_name, raw, kind), cols)
+        got = quant.QuantMatrix.from_gguf(type_name, raw, cols, kind)
+        assert got.kind == kind and got.shape == want.shape
+        np.testing.assert_array_equal(got.packed, want.packed)
+        assert not got.packed.flags.writeable
+    bad = raw.copy()
+    bad[rows - 1, SCALES[type_name][0]:][:2] = np.array([np.inf], np.float16).view(np.uint8)
+    with pytest.raises(ValueError, match=f"NaN or infinite|row {rows - 1}"):
+        quant.QuantMatrix.from_gguf(type_name, bad, cols, kind)
+
+
+def test_from_gguf_bad_input(backend):
+    raw = superblocks("Q6_K", 2, 3, seed=1, special=False)
+    with pytest.raises(ValueError, match="Q6_K rows cannot be packed as 'q4_1'"):
+        quant.QuantMatrix.from_gguf("Q6_K", raw, 768, "q4_1")
+    with pytest.raises(ValueError, match="Q5_K rows cannot be packed"):
+        quant.QuantMatrix.from_gguf("Q5_K", raw, 768)
+    with pytest.raises(ValueError, match="whole blocks of 210 bytes"):
+        quant.QuantMatrix.from_gguf("Q6_K", raw[:, :-1], 768)
+    with pytest.raises(ValueError, match="shape"):
+        quant.QuantMatrix.from_gguf("Q6_K", raw, 512)  # 3 super-blocks a row, not 2
+    with pytest.raises(ValueError, match="uint8"):
+        quant.QuantMatrix.from_gguf("Q6_K", raw.astype(np.int16), 768)
+    with pytest.raises(ValueError, match="out must be"):
+        quant.QuantMatrix.from_gguf("Q6_K", raw, 768, out=np.zeros(10, np.uint8))
+    own = quant.QuantMatrix.from_float("q8_0", np.ones((3, 64), np.float32))
+    blocks = own.to_blocks()
+    same = quant.QuantMatrix.from_gguf("Q8_0", blocks, 64)  # a native type: its own blocks
+    np.testing.assert_array_equal(same.packed, own.packed)
+    with pytest.raises(ValueError, match="Q8_0 rows cannot be packed as 'q4_0'"):
+        quant.QuantMatrix.from_gguf("Q8_0", blocks, 64, "q4_0")
 
 
 # --- the loader: K-quant matrices, packed straight into the arena ---------------------------

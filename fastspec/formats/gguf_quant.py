@@ -132,8 +132,9 @@ def quant_matrix(tensor: Any, requested: str, out: np.ndarray | None = None):
     A tensor whose type is that kind keeps its blocks (``tensor.blocks``), byte for byte:
     nothing is dequantized. A Q4_K tensor stored as q4_1 (its 4-bit values kept, not
     requantized), a Q6_K or Q4_K one stored as q8_0 (the bytes of the dequantize-and-quantize
-    below) and a Q5_0 one stored as q8_0 (its scales and integers kept) go through
-    :func:`fastspec.kernels.quant.transcode`, one compiled pass; a
+    below) and a Q5_0 one stored as q8_0 (its scales and integers kept) are converted by
+    :func:`fastspec.kernels.quant.transcode`'s rules as they are packed
+    (:meth:`~fastspec.kernels.quant.QuantMatrix.from_gguf`, one compiled pass); a
     :data:`SCALED_INT8` one stored as q8_0 keeps its scales and integers (exactly the same
     weights). Any other is read (dequantized) :data:`_CHUNK` elements at a time, whole heads
     for a permuted llama ``attn_q``/``attn_k``, and each block of rows quantized into the
@@ -154,24 +155,23 @@ def quant_matrix(tensor: Any, requested: str, out: np.ndarray | None = None):
         Blocks of a NaN or infinite scale, wrong block counts, or values that dequantize to
         NaN or infinity (named with the file and the tensor).
     """
-    from fastspec.kernels.quant import TRANSCODED, QuantMatrix, transcode
+    from fastspec.kernels.quant import TRANSCODED, QuantMatrix
     from fastspec.model.quantized import quant_blocks
 
     kind = native_kind(tensor.type_name, requested, getattr(tensor, "float_kind", None))
     rows, cols = tensor.shape
     try:
-        if tensor.type_name.lower() == kind:
-            blocks = tensor.blocks(copy=False)  # packed at once: no copy of the file's bytes
-        elif kind in TRANSCODED.get(tensor.type_name, ()):
-            blocks = transcode(tensor.type_name, tensor.blocks(copy=False), kind)
-        else:
-            h = tensor.head_rows or 1
-            step = max(h, _CHUNK // max(1, cols) // h * h)
-            blocks = (_scaled_int8_as_q8_0(tensor, step)
-                      if tensor.type_name in SCALED_INT8 and kind == "q8_0" else None)
-            if blocks is None:
-                blocks = np.concatenate([quant_blocks(tensor.read(r, min(r + step, rows)), kind)
-                                         for r in range(0, rows, step)])
+        if tensor.type_name.lower() == kind or kind in TRANSCODED.get(tensor.type_name, ()):
+            # packed (converted on the way) from the file's map: no copy of its bytes
+            return QuantMatrix.from_gguf(tensor.type_name, tensor.blocks(copy=False), cols,
+                                         kind, out)
+        h = tensor.head_rows or 1
+        step = max(h, _CHUNK // max(1, cols) // h * h)
+        blocks = (_scaled_int8_as_q8_0(tensor, step)
+                  if tensor.type_name in SCALED_INT8 and kind == "q8_0" else None)
+        if blocks is None:
+            blocks = np.concatenate([quant_blocks(tensor.read(r, min(r + step, rows)), kind)
+                                     for r in range(0, rows, step)])
         return QuantMatrix.from_blocks(kind, blocks, cols, out)
     except ValueError as exc:
         where = f"{tensor.file.path}: tensor {tensor.name!r} ({tensor.type_name})"

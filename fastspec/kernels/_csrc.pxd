@@ -239,6 +239,16 @@ cdef extern from "fs_transcode.h" nogil:
     int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
     int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
     int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
+    # the conversion packed straight into fs_quant_pack's layout; FS_T_* numbers and errors
+    enum:
+        FS_T_Q4_K_Q4_1
+        FS_T_Q4_K_Q8_0
+        FS_T_Q6_K_Q8_0
+        FS_T_Q5_0_Q8_0
+        FS_T_EBADSCALE
+        FS_T_ENOMEM
+        FS_T_EARG
+    int fs_transcode_pack(int conv, const uint8_t *src, int inp, int out, uint8_t *P)
 
 
 cdef extern from "fs_quant.h" nogil:

@@ -2,7 +2,8 @@
 import numpy as np
 
 __all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "TRANSCODED", "packed_bytes", "pack", "unpack",
-           "rows", "transcode", "quantize_activations", "linear", "kernel_name"]
+           "rows", "transcode", "transcode_pack", "quantize_activations", "linear",
+           "kernel_name"]
 
 KINDS: tuple[str, ...]
 BLOCK: int
@@ -16,6 +17,8 @@ def unpack(kind: str, packed: np.ndarray, in_features: int, out_features: int) -
 def rows(kind: str, packed: np.ndarray, in_features: int, out_features: int,
          ids: np.ndarray) -> np.ndarray: ...
 def transcode(type_name: str, raw: np.ndarray, kind: str) -> np.ndarray: ...
+def transcode_pack(type_name: str, raw: np.ndarray, kind: str, in_features: int,
+                   out: np.ndarray | None = ...) -> np.ndarray: ...
 def quantize_activations(
     x: np.ndarray, kind: str = ...) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def linear(kind: str, x: np.ndarray, packed: np.ndarray, in_features: int, out_features: int,

@@ -23,6 +23,12 @@ from fastspec.kernels._csrc cimport (
     fs_quant_scratch_bytes,
     fs_quant_kernel_name,
     fs_quant_unpack,
+    fs_transcode_pack,
+    FS_T_ENOMEM,
+    FS_T_Q4_K_Q4_1,
+    FS_T_Q4_K_Q8_0,
+    FS_T_Q5_0_Q8_0,
+    FS_T_Q6_K_Q8_0,
 )
 from fastspec.kernels._isa cimport share_table
 from fastspec.kernels._kernels_base cimport thread_scratch
@@ -30,7 +36,8 @@ from fastspec.kernels._kernels_base cimport thread_scratch
 share_table()  # the quantized kernel of the path lives in the one dispatch table
 
 __all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "TRANSCODED", "packed_bytes", "pack", "unpack",
-           "rows", "transcode", "quantize_activations", "linear", "kernel_name"]
+           "rows", "transcode", "transcode_pack", "quantize_activations", "linear",
+           "kernel_name"]
 
 KINDS = ("q8_0", "q4_0", "q4_1")
 BLOCK = 32
@@ -38,6 +45,9 @@ BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
 #: (GGUF type, the native kind it is transcoded into) -> (its block bytes, weights a block).
 TRANSCODED = {("Q4_K", "q4_1"): (144, 256), ("Q4_K", "q8_0"): (144, 256),
               ("Q6_K", "q8_0"): (210, 256), ("Q5_0", "q8_0"): (22, 32)}
+#: fs_transcode.h's number of each conversion.
+_CONV = {("Q4_K", "q4_1"): FS_T_Q4_K_Q4_1, ("Q4_K", "q8_0"): FS_T_Q4_K_Q8_0,
+         ("Q6_K", "q8_0"): FS_T_Q6_K_Q8_0, ("Q5_0", "q8_0"): FS_T_Q5_0_Q8_0}
 
 
 cdef int _kind(str kind) except -1:
@@ -110,9 +120,7 @@ def transcode(str type_name, raw, str kind):
     22)) as GGUF blocks of ``kind`` (uint8 (rows, n * (8 | 1) * (20 | 34));
     csrc/fs_transcode.h); ValueError when a scale is NaN or infinite (not Q4_K -> q4_1)."""
     sb, weights = TRANSCODED[type_name, kind]
-    # the converter, in the order of the branches below (each writes the blocks of its kind)
-    cdef int which = (("Q4_K", "q4_1"), ("Q4_K", "q8_0"), ("Q6_K", "q8_0"),
-                      ("Q5_0", "q8_0")).index((type_name, kind))
+    cdef int which = _CONV[type_name, kind]  # each branch below writes the blocks of its kind
     cdef const uint8_t[:, ::1] src = np.ascontiguousarray(raw, np.uint8)
     cdef Py_ssize_t rows = src.shape[0], n = src.shape[1] // sb, rc = 0
     if src.shape[1] != n * sb:
@@ -122,18 +130,45 @@ def transcode(str type_name, raw, str kind):
     if rows * n == 0:
         return out
     with nogil:
-        if which == 0:
+        if which == FS_T_Q4_K_Q4_1:
             fs_q4_k_to_q4_1(&src[0, 0], rows * n, &dst[0, 0])
-        elif which == 1:
+        elif which == FS_T_Q4_K_Q8_0:
             rc = fs_q4_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
-        elif which == 2:
+        elif which == FS_T_Q6_K_Q8_0:
             rc = fs_q6_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
-        elif which == 3:
+        elif which == FS_T_Q5_0_Q8_0:
             rc = fs_q5_0_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
     if rc != 0:
         raise ValueError(f"{type_name} blocks hold a NaN or infinite scale"
                          + (" or min" if type_name == "Q4_K" else ""))
     return out
+
+
+def transcode_pack(str type_name, raw, str kind, int in_features, out=None):
+    """Return the packed layout of ``kind`` (uint8, packed_bytes, 64-byte aligned; written into
+    ``out`` when given) of Q4_K / Q6_K / Q5_0 rows ``raw`` (uint8 (out_features, in_features /
+    weights a block * its bytes)) as :func:`transcode` converts them: pack(transcode(...)) in
+    one pass (fs_transcode_pack); ValueError when a scale or min is NaN or infinite."""
+    sb, weights = TRANSCODED[type_name, kind]
+    cdef int conv = _CONV[type_name, kind], rc
+    cdef const uint8_t[:, ::1] src = np.ascontiguousarray(raw, np.uint8)
+    cdef int out_f = src.shape[0]
+    if (out_f < 1 or in_features <= 0 or in_features % weights
+            or src.shape[1] != in_features // weights * sb):
+        raise ValueError(f"{type_name} rows of {in_features} inputs must be whole blocks of "
+                         f"{weights} weights ({sb} bytes), got shape {tuple(raw.shape)}")
+    cdef Py_ssize_t need = fs_quant_packed_bytes(_kind(kind), in_features, out_f)
+    P = _aligned_empty(need) if out is None else out
+    cdef uint8_t[::1] p = P
+    if p.shape[0] != need:
+        raise ValueError(f"out must have {need} bytes, got {p.shape[0]}")
+    with nogil:
+        rc = fs_transcode_pack(conv, &src[0, 0], in_features, out_f, &p[0])
+    if rc == FS_T_ENOMEM:
+        raise MemoryError("no memory for a panel's converted rows")
+    if rc != 0:
+        raise ValueError(f"{type_name} blocks hold a NaN or infinite scale or min")
+    return P
 
 
 def quantize_activations(x, str kind="q8_0"):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["KINDS", "BLOCK", "BLOCK_BYTES", "TRANSCODED", "packed_bytes", "pack", "unpack",
-           "rows", "transcode", "quantize_activations", "linear", "kernel_name"]
+           "rows", "transcode", "transcode_pack", "quantize_activations", "linear",
+           "kernel_name"]
 
 #: Kinds in csrc/fs_quant.h's order (FS_Q8_0, FS_Q4_0, FS_Q4_1).
 KINDS = ("q8_0", "q4_0", "q4_1")
@@ -97,6 +98,15 @@ def transcode(type_name: str, raw: np.ndarray, kind: str) -> np.ndarray:
     for i in range(0, rows * n, step):
         out[i:i + step] = convert(b[i:i + step]).reshape(-1, width)
     return out.reshape(rows, n * width)
+
+
+def transcode_pack(type_name: str, raw: np.ndarray, kind: str, in_features: int,
+                   out: np.ndarray | None = None) -> np.ndarray:
+    """Return :func:`pack` of :func:`transcode` (the compiled module converts and packs each
+    panel's rows in one pass, csrc/fs_transcode.h's fs_transcode_pack: the same bytes).
+
+    Raises ValueError when a scale or min is NaN or infinite."""
+    return pack(kind, transcode(type_name, raw, kind), in_features, out)
 
 
 def _f16(a: np.ndarray) -> np.ndarray:
@@ -296,3 +306,31 @@ def linear(kind: str, x: np.ndarray, packed: np.ndarray, in_features: int, out_f
 def kernel_name(kind: str, n: int, in_features: int = 0) -> str:
     """Return the name of the kernel a product of n rows runs: "numpy" (this twin)."""
     return "numpy"
+
+
+def quantize_ggml(kind: str, W: np.ndarray) -> np.ndarray:
+    """GGUF blocks (out, in // 32 * BLOCK_BYTES[kind]) of a float32 W (out, in) by ggml's
+    reference rules (:func:`fastspec.kernels.quant.quantize_blocks` without ``gguf``)."""
+    out_f, in_f = W.shape
+    x = W.reshape(-1, BLOCK)
+    one = np.float32(1)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        if kind == "q8_0":
+            parts = [q8_0_blocks(x)]
+        else:
+            if kind == "q4_0":
+                big = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
+                d, m, off = big / np.float32(-8), None, np.float32(8.5)
+                base = x
+            else:
+                lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
+                d, m, off = (hi - lo) / np.float32(15), lo, np.float32(0.5)
+                base = x - lo
+            inv = np.where(d == 0, np.float32(0), one / d)
+            nib = np.clip(np.trunc(base * inv + off), 0, 15).astype(np.uint8)
+            packed = nib[:, :16] | (nib[:, 16:] << np.uint8(4))
+            parts = [d.astype(np.float16).view(np.uint8)]
+            if m is not None:
+                parts.append(m.astype(np.float16).view(np.uint8))
+            parts.append(packed)
+    return np.concatenate(parts, axis=1).reshape(out_f, -1)

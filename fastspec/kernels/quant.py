@@ -95,6 +95,16 @@ def _check_scales(kind: str, blocks: np.ndarray, in_features: int) -> None:
                              "(NaN and infinite scales are refused)")
 
 
+def _check_out(out: np.ndarray | None, need: int) -> None:
+    """ValueError unless ``out`` is None or a slot to pack ``need`` bytes into."""
+    if out is not None and not (isinstance(out, np.ndarray) and out.dtype == np.uint8
+                                and out.ndim == 1 and out.flags.c_contiguous
+                                and out.flags.writeable and out.shape[0] == need
+                                and out.ctypes.data % 64 == 0):
+        raise ValueError(f"out must be a writable, 64-byte aligned, contiguous uint8 array of "
+                         f"{need} bytes")
+
+
 class QuantMatrix:
     """A quantized weight W (out_features, in_features), packed for the kernels.
 
@@ -183,19 +193,40 @@ class QuantMatrix:
         if blocks.shape[0] > _INT_LIMIT:
             raise ValueError(f"out_features is too large, got {blocks.shape[0]}")
         blocks = np.ascontiguousarray(blocks)
-        if out is not None:
-            need = packed_bytes(kind, in_features, blocks.shape[0])
-            if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 1
-                    and out.flags.c_contiguous and out.flags.writeable
-                    and out.shape[0] == need and out.ctypes.data % 64 == 0):
-                raise ValueError(f"out must be a writable, 64-byte aligned, contiguous uint8 "
-                                 f"array of {need} bytes")
+        _check_out(out, packed_bytes(kind, in_features, blocks.shape[0]))
         try:  # the pack refuses a NaN or infinite scale; the message then names its place
             packed = _impl().pack(kind, blocks, in_features, out)
         except ValueError:
             _check_scales(kind, blocks, in_features)
             raise
         return cls(kind, in_features, blocks.shape[0], packed)
+
+    @classmethod
+    def from_gguf(cls, type_name: str, raw: np.ndarray, in_features: int,
+                  kind: str | None = None, out: np.ndarray | None = None) -> QuantMatrix:
+        """Pack GGUF rows of type ``type_name`` as ``kind``: a native kind's own blocks
+        (:meth:`from_blocks`), or a :data:`TRANSCODED` type's converted (default: its first
+        kind) and packed in one pass, the bytes of ``from_blocks(kind, transcode(type_name,
+        raw, kind), in_features, out)`` without the converted rows ever whole in memory.
+
+        ``raw``: uint8 (out_features, a row's bytes in that type); ``out`` as in
+        :meth:`from_blocks`. ValueError: another type or kind, a wrong shape, a NaN or infinite
+        scale (named as :func:`transcode` and :meth:`from_blocks` name them).
+        """
+        if type_name.lower() in QUANT_KINDS and kind in (None, type_name.lower()):
+            return cls.from_blocks(type_name.lower(), raw, in_features, out)
+        kinds = TRANSCODED.get(type_name, ())
+        if (kind := kinds[0] if kind is None and kinds else kind) not in kinds:
+            raise ValueError(f"{type_name} rows cannot be packed as {kind!r}")
+        in_features = _check_in_features(in_features)
+        if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2:
+            raise ValueError("raw must be a 2-D uint8 ndarray")
+        _check_out(out, packed_bytes(kind, in_features, raw.shape[0]))
+        try:
+            packed = _impl().transcode_pack(type_name, raw, kind, in_features, out)
+        except ValueError:  # the two passes name the bad block or shape
+            return cls.from_blocks(kind, transcode(type_name, raw, kind), in_features, out)
+        return cls(kind, in_features, raw.shape[0], packed)
 
     @classmethod
     def from_float(cls, kind: str, W: np.ndarray) -> QuantMatrix:
@@ -338,7 +369,7 @@ def quantize_blocks(kind: str, W: np.ndarray) -> np.ndarray:
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import quantize
     except ImportError:
-        blocks = _quantize_ggml(kind, W)
+        blocks = _reference_quant.quantize_ggml(kind, W)
     else:
         with np.errstate(over="ignore"):
             blocks = quantize(W, GGMLQuantizationType[kind.upper()])
@@ -348,32 +379,6 @@ def quantize_blocks(kind: str, W: np.ndarray) -> np.ndarray:
     except ValueError:
         raise ValueError(f"W has values too large for {kind}'s float16 scales") from None
     return blocks
-
-
-def _quantize_ggml(kind: str, W: np.ndarray) -> np.ndarray:
-    out_f, in_f = W.shape
-    x = W.reshape(-1, BLOCK)
-    one = np.float32(1)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        if kind == "q8_0":
-            parts = [_reference_quant.q8_0_blocks(x)]
-        else:
-            if kind == "q4_0":
-                big = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
-                d, m, off = big / np.float32(-8), None, np.float32(8.5)
-                base = x
-            else:
-                lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
-                d, m, off = (hi - lo) / np.float32(15), lo, np.float32(0.5)
-                base = x - lo
-            inv = np.where(d == 0, np.float32(0), one / d)
-            nib = np.clip(np.trunc(base * inv + off), 0, 15).astype(np.uint8)
-            packed = nib[:, :16] | (nib[:, 16:] << np.uint8(4))
-            parts = [d.astype(np.float16).view(np.uint8)]
-            if m is not None:
-                parts.append(m.astype(np.float16).view(np.uint8))
-            parts.append(packed)
-    return np.concatenate(parts, axis=1).reshape(out_f, -1)
 
 
 def _check_rows(x: Any, name: str, in_features: int | None = None) -> np.ndarray:
