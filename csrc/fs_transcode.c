@@ -10,6 +10,15 @@
 #include "fs_pool.h"
 #include "fs_quant.h"
 
+/* The binary16 bits (no sign) of a float's magnitude ax that rounds to a normal binary16
+ * value (2^-14 <= value < 65520): the exponent rebiased, the 13 dropped bits rounded to
+ * nearest, ties to even. No branch: the loops below vectorize with it. */
+static inline uint32_t fs_f2h_normal(uint32_t ax)
+{
+    uint32_t r = (ax - 0x38000000u) >> 13, rem = ax & 0x1fffu;
+    return r + ((uint32_t)(rem > 0x1000u) | ((uint32_t)(rem == 0x1000u) & r));
+}
+
 /* float -> binary16 bits, nearest (ties to even), as numpy's astype(float16): past the
  * largest f16 an infinity, below its subnormals a signed zero, a NaN keeps its sign and the
  * top of its payload (never becoming an infinity). */
@@ -25,12 +34,8 @@ static uint16_t fs_f2h(float f)
     }
     if (ax >= 0x477ff000u)  /* infinity, or at least halfway past 65504 */
         return (uint16_t)(sign | 0x7c00u);
-    if (ax >= 0x38800000u) {  /* normal: rebias the exponent, round the 13 dropped bits */
-        r = (ax - 0x38000000u) >> 13;
-        rem = ax & 0x1fffu;
-        r += rem > 0x1000u || (rem == 0x1000u && (r & 1u));
-        return (uint16_t)(sign | r);
-    }
+    if (ax >= 0x38800000u)  /* normal */
+        return (uint16_t)(sign | fs_f2h_normal(ax));
     if (ax <= 0x33000000u)  /* at most 2^-25, half the smallest subnormal: zero (ties even) */
         return (uint16_t)sign;
     {  /* subnormal: (ax's significand) * 2^(e - 150) in units of 2^-24 */
@@ -47,15 +52,11 @@ static uint16_t fs_f2h(float f)
  * zeros), the rest through fs_f2h: the same bits. */
 static inline uint16_t fs_f2h_fast(float f)
 {
-    uint32_t x, ax, r, rem;
+    uint32_t x, ax;
     memcpy(&x, &f, sizeof x);
     ax = x & 0x7fffffffu;
-    if (ax - 0x38800000u < 0x477ff000u - 0x38800000u) {  /* as fs_f2h's normal branch */
-        r = (ax - 0x38000000u) >> 13;
-        rem = ax & 0x1fffu;
-        r += rem > 0x1000u || (rem == 0x1000u && (r & 1u));
-        return (uint16_t)((x >> 16 & 0x8000u) | r);
-    }
+    if (ax - 0x38800000u < 0x477ff000u - 0x38800000u)  /* as fs_f2h's normal branch */
+        return (uint16_t)((x >> 16 & 0x8000u) | fs_f2h_normal(ax));
     return ax == 0 ? (uint16_t)(x >> 16 & 0x8000u) : fs_f2h(f);
 }
 
@@ -79,10 +80,9 @@ static void fs_t_f2h16(const float *v, uint16_t *h)
     uint32_t x[16], other = 0;
     memcpy(x, v, sizeof x);
     for (int i = 0; i < 16; i++) {
-        uint32_t ax = x[i] & 0x7fffffffu, r = (ax - 0x38000000u) >> 13, rem = ax & 0x1fffu;
-        r += (uint32_t)(rem > 0x1000u) | ((uint32_t)(rem == 0x1000u) & r);
+        uint32_t ax = x[i] & 0x7fffffffu;
         other |= (uint32_t)(ax - 0x38800000u >= 0x477ff000u - 0x38800000u) & (uint32_t)(ax != 0);
-        h[i] = (uint16_t)((x[i] >> 16 & 0x8000u) | (ax == 0 ? 0u : r));
+        h[i] = (uint16_t)((x[i] >> 16 & 0x8000u) | (ax == 0 ? 0u : fs_f2h_normal(ax)));
     }
     if (other)
         for (int i = 0; i < 16; i++) h[i] = fs_f2h(v[i]);
@@ -346,6 +346,6 @@ int fs_transcode_pack(int conv, const uint8_t *src, int in, int out, uint8_t *P)
         || out < 1)
         return FS_T_EARG;
     /* a panel: 8 rows of `in` weights, each converted (~4) and packed (~1) */
-    return fs_pool_run_ranges(fs_tp_range, &j, (size_t)((out + FS_Q_COLS - 1) / FS_Q_COLS),
+    return fs_pool_run_ranges(fs_tp_range, &j, ((size_t)out + FS_Q_COLS - 1) / FS_Q_COLS,
                               (size_t)in * FS_Q_COLS * 5);
 }

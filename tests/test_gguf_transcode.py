@@ -231,6 +231,24 @@ def test_from_gguf_is_transcode_then_pack(backend, type_name, kind):
         quant.QuantMatrix.from_gguf(type_name, bad, cols, kind)
 
 
+def test_from_gguf_never_hides_a_one_pass_error(monkeypatch):
+    """Where the one pass refuses rows the two passes take, its error stands (no quiet
+    fallback to the two passes, which hold the whole converted matrix)."""
+    raw = superblocks("Q6_K", 2, 1, seed=1, special=False)
+
+    class Refusing:
+        @staticmethod
+        def transcode_pack(*args):
+            raise ValueError("the one pass refused")
+
+        transcode = staticmethod(quant._impl().transcode)
+        pack = staticmethod(quant._impl().pack)
+
+    monkeypatch.setattr(quant, "_impl", lambda: Refusing)
+    with pytest.raises(ValueError, match="the one pass refused"):
+        quant.QuantMatrix.from_gguf("Q6_K", raw, 256)
+
+
 def test_from_gguf_bad_input(backend):
     raw = superblocks("Q6_K", 2, 3, seed=1, special=False)
     with pytest.raises(ValueError, match="Q6_K rows cannot be packed as 'q4_1'"):
@@ -241,8 +259,10 @@ def test_from_gguf_bad_input(backend):
         quant.QuantMatrix.from_gguf("Q6_K", raw[:, :-1], 768)
     with pytest.raises(ValueError, match="shape"):
         quant.QuantMatrix.from_gguf("Q6_K", raw, 512)  # 3 super-blocks a row, not 2
-    with pytest.raises(ValueError, match="uint8"):
+    with pytest.raises(TypeError, match="uint8"):  # as from_blocks says it
         quant.QuantMatrix.from_gguf("Q6_K", raw.astype(np.int16), 768)
+    with pytest.raises(ValueError, match="shape"):
+        quant.QuantMatrix.from_gguf("Q6_K", raw[:0], 768)
     with pytest.raises(ValueError, match="out must be"):
         quant.QuantMatrix.from_gguf("Q6_K", raw, 768, out=np.zeros(10, np.uint8))
     own = quant.QuantMatrix.from_float("q8_0", np.ones((3, 64), np.float32))

@@ -24,6 +24,7 @@ from fastspec.kernels._csrc cimport (
     fs_quant_kernel_name,
     fs_quant_unpack,
     fs_transcode_pack,
+    FS_T_EBADSCALE,
     FS_T_ENOMEM,
     FS_T_Q4_K_Q4_1,
     FS_T_Q4_K_Q8_0,
@@ -64,6 +65,16 @@ cdef object _aligned_empty(Py_ssize_t nbytes):
     return buf[off:off + nbytes]
 
 
+cdef object _packed_out(int k, int in_features, int out_f, out):
+    """Return ``out`` (checked to hold the packed bytes of kind k) or a new aligned array."""
+    cdef Py_ssize_t need = fs_quant_packed_bytes(k, in_features, out_f)
+    if out is None:
+        return _aligned_empty(need)
+    if out.shape[0] != need:
+        raise ValueError(f"out must have {need} bytes, got {out.shape[0]}")
+    return out
+
+
 def packed_bytes(str kind, int in_features, int out_features):
     """Return the bytes of W (out_features, in_features) in the packed layout."""
     return fs_quant_packed_bytes(_kind(kind), in_features, out_features)
@@ -76,11 +87,8 @@ def pack(str kind, blocks, int in_features, out=None):
     cdef int k = _kind(kind), rc
     cdef const uint8_t[:, ::1] b = np.ascontiguousarray(blocks, np.uint8)
     cdef int out_f = b.shape[0]
-    cdef Py_ssize_t need = fs_quant_packed_bytes(k, in_features, out_f)
-    P = _aligned_empty(need) if out is None else out
+    P = _packed_out(k, in_features, out_f, out)
     cdef uint8_t[::1] p = P
-    if p.shape[0] != need:
-        raise ValueError(f"out must have {need} bytes, got {p.shape[0]}")
     with nogil:
         rc = fs_quant_pack(k, &b[0, 0], in_features, out_f, &p[0])
     if rc != 0:
@@ -157,17 +165,16 @@ def transcode_pack(str type_name, raw, str kind, int in_features, out=None):
             or src.shape[1] != in_features // weights * sb):
         raise ValueError(f"{type_name} rows of {in_features} inputs must be whole blocks of "
                          f"{weights} weights ({sb} bytes), got shape {tuple(raw.shape)}")
-    cdef Py_ssize_t need = fs_quant_packed_bytes(_kind(kind), in_features, out_f)
-    P = _aligned_empty(need) if out is None else out
+    P = _packed_out(_kind(kind), in_features, out_f, out)
     cdef uint8_t[::1] p = P
-    if p.shape[0] != need:
-        raise ValueError(f"out must have {need} bytes, got {p.shape[0]}")
     with nogil:
         rc = fs_transcode_pack(conv, &src[0, 0], in_features, out_f, &p[0])
     if rc == FS_T_ENOMEM:
         raise MemoryError("no memory for a panel's converted rows")
-    if rc != 0:
+    if rc == FS_T_EBADSCALE:
         raise ValueError(f"{type_name} blocks hold a NaN or infinite scale or min")
+    if rc != 0:
+        raise ValueError(f"{type_name} rows do not fit in_features={in_features}")
     return P
 
 

@@ -306,31 +306,3 @@ def linear(kind: str, x: np.ndarray, packed: np.ndarray, in_features: int, out_f
 def kernel_name(kind: str, n: int, in_features: int = 0) -> str:
     """Return the name of the kernel a product of n rows runs: "numpy" (this twin)."""
     return "numpy"
-
-
-def quantize_ggml(kind: str, W: np.ndarray) -> np.ndarray:
-    """GGUF blocks (out, in // 32 * BLOCK_BYTES[kind]) of a float32 W (out, in) by ggml's
-    reference rules (:func:`fastspec.kernels.quant.quantize_blocks` without ``gguf``)."""
-    out_f, in_f = W.shape
-    x = W.reshape(-1, BLOCK)
-    one = np.float32(1)
-    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
-        if kind == "q8_0":
-            parts = [q8_0_blocks(x)]
-        else:
-            if kind == "q4_0":
-                big = np.take_along_axis(x, np.abs(x).argmax(axis=1)[:, None], axis=1)
-                d, m, off = big / np.float32(-8), None, np.float32(8.5)
-                base = x
-            else:
-                lo, hi = x.min(axis=1, keepdims=True), x.max(axis=1, keepdims=True)
-                d, m, off = (hi - lo) / np.float32(15), lo, np.float32(0.5)
-                base = x - lo
-            inv = np.where(d == 0, np.float32(0), one / d)
-            nib = np.clip(np.trunc(base * inv + off), 0, 15).astype(np.uint8)
-            packed = nib[:, :16] | (nib[:, 16:] << np.uint8(4))
-            parts = [d.astype(np.float16).view(np.uint8)]
-            if m is not None:
-                parts.append(m.astype(np.float16).view(np.uint8))
-            parts.append(packed)
-    return np.concatenate(parts, axis=1).reshape(out_f, -1)

@@ -23,6 +23,7 @@ import numpy as np
 
 from fastspec.kernels import _reference_quant, backend
 from fastspec.kernels.arena import WeightArena, in_arena
+from fastspec.kernels.quant_blocks import check_scales, quantize_blocks
 
 __all__ = ["QUANT_KINDS", "BLOCK", "TRANSCODED", "block_bytes", "packed_bytes", "QuantMatrix",
            "gather", "reserve", "transcode", "linear_q",
@@ -79,20 +80,6 @@ def _check_in_features(in_features: Any) -> int:
         raise ValueError(f"in_features must be a positive multiple of {BLOCK}, "
                          f"got {in_features}")
     return int(in_features)
-
-
-def _check_scales(kind: str, blocks: np.ndarray, in_features: int) -> None:
-    """ValueError naming the first (row, block) whose f16 scale or min is NaN or infinite."""
-    nb, bb = in_features // BLOCK, block_bytes(kind)
-    b3 = blocks.reshape(blocks.shape[0], nb, bb)
-    for start, what in ((0, "scale"), (2, "min"))[:2 if kind == "q4_1" else 1]:
-        h = b3[:, :, start:start + 2].copy().view(np.uint16)[..., 0]
-        bad = (h & 0x7C00) == 0x7C00
-        if bad.any():
-            row, blk = (int(i[0]) for i in np.nonzero(bad))
-            value = h[row, blk:blk + 1].view(np.float16)[0]
-            raise ValueError(f"{kind} blocks: the {what} of row {row}, block {blk} is {value} "
-                             "(NaN and infinite scales are refused)")
 
 
 def _check_out(out: np.ndarray | None, need: int) -> None:
@@ -197,35 +184,57 @@ class QuantMatrix:
         try:  # the pack refuses a NaN or infinite scale; the message then names its place
             packed = _impl().pack(kind, blocks, in_features, out)
         except ValueError:
-            _check_scales(kind, blocks, in_features)
+            check_scales(kind, blocks, in_features)
             raise
         return cls(kind, in_features, blocks.shape[0], packed)
 
     @classmethod
     def from_gguf(cls, type_name: str, raw: np.ndarray, in_features: int,
                   kind: str | None = None, out: np.ndarray | None = None) -> QuantMatrix:
-        """Pack GGUF rows of type ``type_name`` as ``kind``: a native kind's own blocks
-        (:meth:`from_blocks`), or a :data:`TRANSCODED` type's converted (default: its first
-        kind) and packed in one pass, the bytes of ``from_blocks(kind, transcode(type_name,
-        raw, kind), in_features, out)`` without the converted rows ever whole in memory.
+        """Pack GGUF rows of type ``type_name`` as ``kind``.
 
-        ``raw``: uint8 (out_features, a row's bytes in that type); ``out`` as in
-        :meth:`from_blocks`. ValueError: another type or kind, a wrong shape, a NaN or infinite
-        scale (named as :func:`transcode` and :meth:`from_blocks` name them).
+        A native kind's own blocks go to :meth:`from_blocks`; the rows of a
+        :data:`TRANSCODED` type are converted as they are packed, a panel of 8 rows at a time
+        (csrc/fs_transcode.h's ``fs_transcode_pack``): the bytes of ``from_blocks(kind,
+        transcode(type_name, raw, kind), in_features, out)`` without the converted matrix.
+
+        Parameters
+        ----------
+        type_name : str
+            The GGUF type of ``raw``: "Q8_0", "Q4_0", "Q4_1" or a key of :data:`TRANSCODED`.
+        raw : ndarray of uint8, shape (out_features, a row's bytes in that type)
+        in_features : int
+        kind : {"q8_0", "q4_0", "q4_1"}, optional
+            Default: the type's own kind, or the first of its :data:`TRANSCODED` kinds.
+        out : ndarray of uint8, optional
+            Where to pack, as in :meth:`from_blocks`.
+
+        Raises
+        ------
+        TypeError
+            ``raw`` is not a uint8 ndarray.
+        ValueError
+            Another type or kind, a wrong shape, or a NaN or infinite scale (named as
+            :func:`transcode` and :meth:`from_blocks` name it).
         """
         if type_name.lower() in QUANT_KINDS and kind in (None, type_name.lower()):
             return cls.from_blocks(type_name.lower(), raw, in_features, out)
         kinds = TRANSCODED.get(type_name, ())
         if (kind := kinds[0] if kind is None and kinds else kind) not in kinds:
-            raise ValueError(f"{type_name} rows cannot be packed as {kind!r}")
+            done = ", ".join(f"{t} as {' or '.join(k)}" for t, k in TRANSCODED.items())
+            raise ValueError(f"{type_name} rows cannot be packed as {kind!r} (native kinds as "
+                             f"they are; converted: {done})")
         in_features = _check_in_features(in_features)
-        if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2:
-            raise ValueError("raw must be a 2-D uint8 ndarray")
+        if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8:
+            raise TypeError("raw must be a uint8 ndarray")
+        if raw.ndim != 2 or not 0 < raw.shape[0] <= _INT_LIMIT:
+            raise ValueError(f"raw must have shape (out_features >= 1, bytes), got {raw.shape}")
         _check_out(out, packed_bytes(kind, in_features, raw.shape[0]))
         try:
             packed = _impl().transcode_pack(type_name, raw, kind, in_features, out)
-        except ValueError:  # the two passes name the bad block or shape
-            return cls.from_blocks(kind, transcode(type_name, raw, kind), in_features, out)
+        except ValueError:  # the two passes say where (a q4_1 scale's row and block)
+            cls.from_blocks(kind, transcode(type_name, raw, kind), in_features)
+            raise  # they found nothing: the one-pass error stands
         return cls(kind, in_features, raw.shape[0], packed)
 
     @classmethod
@@ -354,31 +363,6 @@ def _aligned_copy(a: np.ndarray) -> np.ndarray:
     out = buf[off:off + a.nbytes]
     out[:] = a.reshape(-1)
     return out
-
-
-def quantize_blocks(kind: str, W: np.ndarray) -> np.ndarray:
-    """GGUF blocks (out, in // 32 * block_bytes) of a finite float W (out, in).
-
-    ``gguf.quants.quantize`` when importable; else ggml's reference rules in float32: q8_0
-    d = amax / 127, q = round-half-away(x / d); q4_0 d = (the signed value of largest
-    magnitude) / -8, q = min(15, trunc(x / d + 8.5)); q4_1 d = (max - min) / 15, m = min,
-    q = min(15, trunc((x - min) / d + 0.5)); d and m stored as float16.
-    """
-    W = np.asarray(W, np.float32)
-    try:
-        from gguf.constants import GGMLQuantizationType
-        from gguf.quants import quantize
-    except ImportError:
-        blocks = _reference_quant.quantize_ggml(kind, W)
-    else:
-        with np.errstate(over="ignore"):
-            blocks = quantize(W, GGMLQuantizationType[kind.upper()])
-    blocks = np.ascontiguousarray(blocks, np.uint8).reshape(W.shape[0], -1)
-    try:
-        _check_scales(kind, blocks, W.shape[1])
-    except ValueError:
-        raise ValueError(f"W has values too large for {kind}'s float16 scales") from None
-    return blocks
 
 
 def _check_rows(x: Any, name: str, in_features: int | None = None) -> np.ndarray:

@@ -21,7 +21,8 @@ from fastspec.kernels.bf16 import RoundingMatrix, from_bits
 from fastspec.model.config import QUANT_WEIGHT_DTYPES
 from fastspec.model.schema import MATRICES, LayerWeights
 
-from fastspec.kernels.quant import QuantMatrix, linear_q, quantize_blocks
+from fastspec.kernels.quant import QuantMatrix, linear_q
+from fastspec.kernels.quant_blocks import quantize_blocks
 
 __all__ = ["QuantMatrix", "QLinear", "QRows", "is_quant", "as_quant", "quant_blocks",
            "layout_shape", "quantize_model", "float_matrix", "QUANT_WEIGHT_DTYPES"]
@@ -81,7 +82,7 @@ def as_quant(a: Any, kind: str, rows_are_outputs: bool = False) -> "QuantMatrix"
 def quant_blocks(a: Any, kind: str) -> np.ndarray:
     """Return matrix ``a`` (``(out, in)``, any storage dtype, :func:`float_matrix`) as GGUF
     blocks of ``kind``, uint8 ``(out, in // 32 * block bytes)``
-    (:func:`fastspec.kernels.quant.quantize_blocks`).
+    (:func:`fastspec.kernels.quant_blocks.quantize_blocks`).
 
     Raises
     ------
