@@ -75,7 +75,7 @@ static void fs_t_scale_min(int j, const uint8_t *q, int *sc, int *m)
 /* fs_f2h of 16 values: one loop without branches (the compiler vectorizes it) for results
  * that are normal binary16 values or zeros, as fs_f2h rounds them; all 16 again through
  * fs_f2h when one is not (the same bits either way). */
-static void fs_t_f2h16(const float *v, uint16_t *h)
+FS_ALWAYS_INLINE void fs_t_f2h16(const float *v, uint16_t *h)
 {
     uint32_t x[16], other = 0;
     memcpy(x, v, sizeof x);
@@ -89,7 +89,7 @@ static void fs_t_f2h16(const float *v, uint16_t *h)
 }
 
 /* Super-blocks [0, n) of each kind; the public functions below cut them into chunks. */
-static void fs_t_q4_k(const uint8_t *src, size_t n, uint8_t *dst)
+FS_CLONES static void fs_t_q4_k(const uint8_t *src, size_t n, uint8_t *dst)
 {
     for (size_t s = 0; s < n; s++) {
         const uint8_t *b = src + s * 144, *qs = b + 16;
@@ -120,7 +120,8 @@ static void fs_t_q4_k(const uint8_t *src, size_t n, uint8_t *dst)
 
 /* GGUF's Q8_0 rule on one block of 32 float32 weights whose largest magnitude is amax:
  * d' = amax / 127, id = d' ? 1 / d' : 0, q = round-half-away(w * id), d' stored as f16. */
-static void fs_t_q8_0_block(const float *FS_RESTRICT w, float amax, uint8_t *FS_RESTRICT o)
+FS_ALWAYS_INLINE void fs_t_q8_0_block(const float *FS_RESTRICT w, float amax,
+                                     uint8_t *FS_RESTRICT o)
 {
     float dq = amax / 127.0f, id = dq != 0.0f ? 1.0f / dq : 0.0f;
     fs_wr16le(o, fs_f2h_fast(dq));
@@ -137,7 +138,7 @@ static void fs_t_q8_0_block(const float *FS_RESTRICT w, float amax, uint8_t *FS_
  * computes it (both products exact: at most 21 significant bits; one rounding, at the
  * subtraction, so a fused multiply-add gives the same), then the Q8_0 rule. Returns -1 at
  * the first super-block whose d or dmin is NaN or infinite, else 0. */
-static int fs_t_q4_k_q8(const uint8_t *src, size_t n, uint8_t *dst)
+FS_CLONES static int fs_t_q4_k_q8(const uint8_t *src, size_t n, uint8_t *dst)
 {
     for (size_t s = 0; s < n; s++) {
         const uint8_t *b = src + s * 144, *qs = b + 16;
@@ -172,7 +173,7 @@ static int fs_t_q4_k_q8(const uint8_t *src, size_t n, uint8_t *dst)
 /* Returns -1 at the first super-block whose d is NaN or infinite, else 0. The loops are
  * written so that the compiler vectorizes them (plain C, no intrinsics; unsigned bytes, whose
  * max and min x86-64's baseline SSE2 has). */
-static int fs_t_q6_k(const uint8_t *src, size_t n, uint8_t *dst)
+FS_CLONES static int fs_t_q6_k(const uint8_t *src, size_t n, uint8_t *dst)
 {
     for (size_t s = 0; s < n; s++) {
         const uint8_t *b = src + s * 210, *ql = b, *qh = b + 128;

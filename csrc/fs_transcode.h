@@ -1,8 +1,9 @@
 /* fs_transcode.h -- GGUF K-quant super-blocks and Q5_0 blocks into the native kinds of
  * fs_quant.h, at load.
  *
- * Portable C (a load-time pass over the file's bytes, cut into chunks of whole source blocks
- * that the core's pool (fs_pool.h) shares out: the same bytes at any thread count); the NumPy
+ * Plain C (a load-time pass over the file's bytes, cut into chunks of whole source blocks
+ * that the core's pool (fs_pool.h) shares out: the same bytes at any thread count; the K-quant
+ * loops compiled as FS_CLONES variants, fs_common.h, the same bytes on each); the NumPy
  * twin is fastspec/kernels/_reference_quant.py (transcode), the oracle gguf.quants. The K-quant
  * functions take n super-blocks of 256 weights, row-major as the file stores them, and write
  * GGUF blocks of 32 (8 per super-block):
