@@ -290,30 +290,13 @@ static int fs_t_range(void *ctx, size_t a, size_t e)
 }
 
 /* cost in fs_pool_chunks' unit (a product's weight): a converted weight costs about 4 */
-static int fs_t_run(int conv, const uint8_t *src, size_t n, uint8_t *dst)
+int fs_transcode(int conv, const uint8_t *src, size_t n, uint8_t *dst)
 {
     fs_t_job j = {src, dst, conv, 0, 0};
-    return fs_pool_run_ranges(fs_t_range, &j, n, (size_t)fs_t_conv[conv].weights * 4);
-}
-
-void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst)
-{
-    (void)fs_t_run(FS_T_Q4_K_Q4_1, src, n, dst);
-}
-
-int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
-{
-    return fs_t_run(FS_T_Q4_K_Q8_0, src, n, dst);
-}
-
-int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
-{
-    return fs_t_run(FS_T_Q6_K_Q8_0, src, n, dst);
-}
-
-int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
-{
-    return fs_t_run(FS_T_Q5_0_Q8_0, src, n, dst);
+    if (conv < 0 || conv >= FS_T_COUNT)
+        return FS_T_EARG;
+    return fs_pool_run_ranges(fs_t_range, &j, n, (size_t)fs_t_conv[conv].weights * 4)
+               ? FS_T_EBADSCALE : 0;
 }
 
 /* Panels [g0, g1) of fs_transcode_pack: each panel's rows converted into a buffer of this

@@ -19,7 +19,7 @@
  *   Q4_K -> Q8_0 (for a model stored as q8_0): w = (d * sc) * q - dmin * m in float32 (the
  *        products exact, one rounding at the subtraction), then the same Q8_0 rule.
  *
- * fs_q5_0_to_q8_0 takes n blocks of 32:
+ * and Q5_0 takes n blocks of 32:
  *   Q5_0 (22 bytes: f16 d, 32 fifth bits, 16 bytes of nibbles), one block of 32 each
  *     -> Q8_0 (34 bytes): the same d bytes and the integers q - 16: exactly the same weights
  *        (a block of d = +-0, whose weights are all zero, gets zero integers).
@@ -34,29 +34,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Q4_K super-blocks -> Q4_1 blocks (8 x 20 bytes each). Cannot fail: a non-finite d or dmin
- * gives a non-finite q4_1 scale or min, which fs_quant_pack refuses. */
-void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst);
-
-/* Q6_K super-blocks -> Q8_0 blocks (8 x 34 bytes each). Returns 0, or -1 (dst unspecified)
- * when a super-block's d is NaN or infinite (its weights would be). */
-int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
-
-/* Q4_K super-blocks -> Q8_0 blocks (8 x 34 bytes each), for a model stored as q8_0. Returns
- * 0, or -1 (dst unspecified) when a super-block's d or dmin is NaN or infinite. */
-int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
-
-/* Q5_0 blocks -> Q8_0 blocks (34 bytes each). Returns 0, or -1 (dst unspecified) when a
- * block's d is NaN or infinite. */
-int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst);
-
-/* The conversions, by number (fs_transcode_pack). */
+/* The conversions, by number. */
 enum { FS_T_Q4_K_Q4_1, FS_T_Q4_K_Q8_0, FS_T_Q6_K_Q8_0, FS_T_Q5_0_Q8_0, FS_T_COUNT };
-/* fs_transcode_pack's errors (negative). */
+/* fs_transcode's and fs_transcode_pack's errors (negative). */
 #define FS_T_EBADSCALE (-1)  /* a NaN or infinite scale or min, in the source or converted */
 #define FS_T_ENOMEM (-2)     /* a chunk's buffer could not be allocated */
 #define FS_T_EARG (-3)       /* conv unknown, in not a positive multiple of its source block's
                               * weights, out < 1 */
+
+/* The conversion conv of n source blocks (super-blocks of 256 weights, or Q5_0 blocks of 32)
+ * at src into dst (8 native blocks a super-block, one a Q5_0 block), the blocks shared out by
+ * the core's pool. Returns 0, FS_T_EBADSCALE (dst unspecified) when a source block's d (or
+ * Q4_K's dmin) is NaN or infinite, FS_T_EARG for an unknown conv. Q4_K -> Q4_1 never fails
+ * here: a non-finite d or dmin gives a non-finite q4_1 scale or min, which the pack refuses. */
+int fs_transcode(int conv, const uint8_t *src, size_t n, uint8_t *dst);
 
 /* The conversion conv of GGUF rows src (out rows of in weights, whole source blocks, as the
  * file stores them) packed straight into P (fs_quant_pack's layout of its native kind,

@@ -235,11 +235,8 @@ cdef extern from "fs_kernels.h" nogil:
 
 cdef extern from "fs_transcode.h" nogil:
     # GGUF K-quant super-blocks and Q5_0 blocks into native Q4_1 / Q8_0 blocks, at load
-    void fs_q4_k_to_q4_1(const uint8_t *src, size_t n, uint8_t *dst)
-    int fs_q6_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
-    int fs_q4_k_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
-    int fs_q5_0_to_q8_0(const uint8_t *src, size_t n, uint8_t *dst)
-    # the conversion packed straight into fs_quant_pack's layout; FS_T_* numbers and errors
+    # FS_T_* conversion numbers and errors; fs_transcode_pack: the conversion packed straight
+    # into fs_quant_pack's layout
     enum:
         FS_T_Q4_K_Q4_1
         FS_T_Q4_K_Q8_0
@@ -248,6 +245,7 @@ cdef extern from "fs_transcode.h" nogil:
         FS_T_EBADSCALE
         FS_T_ENOMEM
         FS_T_EARG
+    int fs_transcode(int conv, const uint8_t *src, size_t n, uint8_t *dst)
     int fs_transcode_pack(int conv, const uint8_t *src, int inp, int out, uint8_t *P)
 
 

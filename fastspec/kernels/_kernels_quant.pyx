@@ -12,10 +12,6 @@ import numpy as np
 
 from fastspec.kernels._csrc cimport (
     fs_linear_q,
-    fs_q4_k_to_q4_1,
-    fs_q4_k_to_q8_0,
-    fs_q5_0_to_q8_0,
-    fs_q6_k_to_q8_0,
     fs_quant_pack,
     fs_quant_packed_bytes,
     fs_quant_rows,
@@ -23,6 +19,7 @@ from fastspec.kernels._csrc cimport (
     fs_quant_scratch_bytes,
     fs_quant_kernel_name,
     fs_quant_unpack,
+    fs_transcode,
     fs_transcode_pack,
     FS_T_EBADSCALE,
     FS_T_ENOMEM,
@@ -128,7 +125,7 @@ def transcode(str type_name, raw, str kind):
     22)) as GGUF blocks of ``kind`` (uint8 (rows, n * (8 | 1) * (20 | 34));
     csrc/fs_transcode.h); ValueError when a scale is NaN or infinite (not Q4_K -> q4_1)."""
     sb, weights = TRANSCODED[type_name, kind]
-    cdef int which = _CONV[type_name, kind]  # each branch below writes the blocks of its kind
+    cdef int conv = _CONV[type_name, kind]
     cdef const uint8_t[:, ::1] src = np.ascontiguousarray(raw, np.uint8)
     cdef Py_ssize_t rows = src.shape[0], n = src.shape[1] // sb, rc = 0
     if src.shape[1] != n * sb:
@@ -138,14 +135,7 @@ def transcode(str type_name, raw, str kind):
     if rows * n == 0:
         return out
     with nogil:
-        if which == FS_T_Q4_K_Q4_1:
-            fs_q4_k_to_q4_1(&src[0, 0], rows * n, &dst[0, 0])
-        elif which == FS_T_Q4_K_Q8_0:
-            rc = fs_q4_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
-        elif which == FS_T_Q6_K_Q8_0:
-            rc = fs_q6_k_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
-        elif which == FS_T_Q5_0_Q8_0:
-            rc = fs_q5_0_to_q8_0(&src[0, 0], rows * n, &dst[0, 0])
+        rc = fs_transcode(conv, &src[0, 0], rows * n, &dst[0, 0])
     if rc != 0:
         raise ValueError(f"{type_name} blocks hold a NaN or infinite scale"
                          + (" or min" if type_name == "Q4_K" else ""))
