@@ -11,7 +11,11 @@ from fastspec.kernels import MAX_THREADS, threads_info
 
 __all__ = ["positive_int", "thread_count", "non_negative_float", "gamma_or_adaptive",
            "add_backend_option", "add_sampling_options", "add_threads_option",
-           "apply_threads_option", "WEIGHT_DTYPES"]
+           "apply_threads_option", "WEIGHT_DTYPES", "MODEL_SOURCES"]
+
+#: What ``--model`` takes (:func:`fastspec.models.resolve`), for the commands' help.
+MODEL_SOURCES = ("a GGUF file, a catalog name (smollm2), a model Ollama pulled (llama3.2:1b or "
+                 "ollama:NAME) or a Hugging Face folder")
 
 #: ``--weight-dtype`` choices of the commands that load a model: float storage, or GGUF's
 #: quantized blocks (q8_0, q4_0, q4_1; a GGUF file's own blocks of that kind are used as they

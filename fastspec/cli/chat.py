@@ -11,8 +11,8 @@ import argparse
 import sys
 from typing import TextIO
 
-from fastspec.cli.args import (WEIGHT_DTYPES, add_sampling_options, add_threads_option,
-                               positive_int)
+from fastspec.cli.args import (MODEL_SOURCES, WEIGHT_DTYPES, add_sampling_options,
+                               add_threads_option, positive_int)
 
 __all__ = ["add_parser", "run", "converse"]
 
@@ -75,12 +75,11 @@ def add_parser(sub) -> None:
     """Register ``chat`` on the subparsers ``sub``."""
     p = sub.add_parser(
         "chat", help="a conversation with a chat model, replies streamed with tokens/s and tau",
-        description="Chat with a GGUF file (or a catalog name: smollm2) or a Hugging Face "
-                    "folder that has a chat template. Replies stream as the target verifies "
-                    "them; tokens/s and tau follow each one. /reset starts over, /exit or "
-                    "end of input leaves.")
+        description=f"Chat with a model that has a chat template: {MODEL_SOURCES}. Replies "
+                    "stream as the target verifies them; tokens/s and tau follow each one. "
+                    "/reset starts over, /exit or end of input leaves.")
     p.add_argument("--model", required=True, metavar="PATH",
-                   help="a GGUF file, a catalog name (smollm2) or a Hugging Face folder")
+                   help=MODEL_SOURCES)
     p.add_argument("--drafter", default="ngram", metavar="SPEC",
                    help="none | ngram | draft:DIR | dflash:DIR (default ngram)")
     p.add_argument("--system", default=None, help="a system message for the conversation")

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from fastspec.cli.args import add_threads_option, non_negative_float, positive_int
+from fastspec.cli.args import (MODEL_SOURCES, add_threads_option, non_negative_float,
+                               positive_int)
 
 __all__ = ["add_parser", "run"]
 
@@ -18,9 +19,9 @@ def add_parser(sub) -> None:
                     "over vanilla, tau, acceptance rate and whether the output is identical "
                     "to vanilla.")
     p.add_argument("--model", metavar="PATH",
-                   help="a chat model instead of the embedded ones: a GGUF file, a catalog name "
-                        "(smollm2) or a Hugging Face folder; runs vanilla, ngram and ngram_tree "
-                        "on a grounded request (type hints) rendered by its chat template")
+                   help=f"a chat model instead of the embedded ones: {MODEL_SOURCES}; runs "
+                        "vanilla, ngram and ngram_tree on a grounded request (type hints) "
+                        "rendered by its chat template")
     p.add_argument("--prompt", help="prompt text (default: a held-out code prompt; with "
                                     "--model, the user message)")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, metavar="N",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from fastspec.cli.args import (WEIGHT_DTYPES, add_threads_option, gamma_or_adaptive,
-                               non_negative_float, positive_int)
+from fastspec.cli.args import (MODEL_SOURCES, WEIGHT_DTYPES, add_threads_option,
+                               gamma_or_adaptive, non_negative_float, positive_int)
 
 __all__ = ["add_parser", "run"]
 
@@ -20,8 +20,7 @@ def add_parser(sub) -> None:
                     "file or a Hugging Face folder) on a built-in request suite instead: "
                     "vanilla, n-gram and n-gram tree.")
     p.add_argument("--model", metavar="PATH",
-                   help="a GGUF file or a Hugging Face folder with a chat template "
-                        "(fastspec.models.find('smollm2') gives the SmolLM2 file)")
+                   help=f"a chat model: {MODEL_SOURCES}, with a chat template")
     p.add_argument("--suite", choices=("grounded", "open"), default="grounded",
                    help="with --model: input-grounded edits (12) or open-ended requests (4)")
     p.add_argument("--weight-dtype", choices=("auto",) + WEIGHT_DTYPES, default="auto",

@@ -1,7 +1,8 @@
 """``fastspec generate``: text in, streamed text out, with any drafter, on any model file.
 
 Without ``--model`` it runs the embedded byte-level bundle. With ``--model`` it reads a GGUF
-file (or a catalog name such as ``smollm2``: :func:`fastspec.models.resolve`) with the
+file (or a catalog name such as ``smollm2``, or a model Ollama pulled such as ``llama3.2:1b``:
+:func:`fastspec.models.resolve`) with the
 tokenizer and chat template of its metadata (``[gguf]`` extra), or a Llama/Qwen2/Qwen3 Hugging
 Face folder and its ``tokenizer.json`` (``[hf]`` extra for the tokenizer; ``--prompt-ids``
 needs neither). ``--chat MESSAGE`` renders one user turn with the model's chat template and
@@ -20,8 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from fastspec.cli.args import (WEIGHT_DTYPES, add_sampling_options, add_threads_option,
-                               positive_int)
+from fastspec.cli.args import (MODEL_SOURCES, WEIGHT_DTYPES, add_sampling_options,
+                               add_threads_option, positive_int)
 from fastspec.decoding import speculative_generate
 from fastspec.drafters import DraftModelDrafter, NgramDrafter
 from fastspec.drafters.base import Proposal
@@ -135,11 +136,12 @@ def _load(args):
         _check_length(len(ids), args.max_new_tokens, max_seq_len, "embedded target")
         bundle = pretrained.load()
         return bundle.target, tok, ids, bundle
+    from fastspec.formats.gguf_header import is_gguf
     from fastspec.formats.hf_folder import hf_config
     from fastspec.models.catalog import resolve
 
     folder = resolve(args.model)
-    if folder.suffix.lower() == ".gguf" and not folder.is_dir():
+    if is_gguf(folder):
         return _load_gguf(args, folder)
     raw = json_io.read_json_object(folder / "config.json")
     if raw is None:
@@ -277,8 +279,7 @@ def add_parser(sub) -> None:
                     "extra). Streams the text to stdout, then prints tokens/s, tau and target "
                     "calls to stderr.")
     p.add_argument("--model", metavar="PATH",
-                   help="a GGUF file, a catalog name (smollm2) or a Hugging Face folder "
-                        "(default: the embedded models)")
+                   help=f"{MODEL_SOURCES} (default: the embedded models)")
     p.add_argument("--drafter", metavar="SPEC",
                    help="none | ngram | draft:DIR | dflash:DIR (embedded: draft, dflash); "
                         "default dflash (embedded) or ngram (--model)")

@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
                     "blocks of the requested type are kept byte for byte.")
     p.add_argument("input", metavar="IN",
                    help="a .gguf file, a Hugging Face folder (Llama/Qwen2/Qwen3), an .npz "
-                        "written by fastspec, a catalog name (smollm2), or "
+                        "written by fastspec, a catalog name (smollm2), a model Ollama "
+                        "pulled (llama3.2:1b or ollama:NAME), or "
                         f"{' / '.join(EMBEDDED)} (the embedded models)")
     p.add_argument("output", metavar="OUT", help="the GGUF file to write (.gguf)")
     p.add_argument("--type", dest="kind", required=True, choices=("q8_0", "q4_0", "q4_1"),
@@ -51,9 +52,10 @@ def _load(source: str, kind: str):
                                     f"(looked in {pretrained.data_dir()})")
         bundle = pretrained.load()
         return getattr(bundle, source.split(":")[1]), None
+    from fastspec.formats.gguf_header import is_gguf
     from fastspec.models.catalog import resolve
     path = resolve(source)
-    if path.is_file() and path.suffix.lower() == ".gguf":
+    if is_gguf(path):
         # native: blocks of the file's Q8_0/Q4_0/Q4_1 tensors kept, other types converted
         return Transformer.load(path, weight_dtype=kind), path
     if path.is_dir() or path.suffix == ".npz":

