@@ -32,19 +32,53 @@ _LLAMA3_HEAD = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _LLAMA3_TAIL = r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _LLAMA3 = _LLAMA3_HEAD + r"|\p{N}{1,3}" + _LLAMA3_TAIL
 _QWEN2 = _LLAMA3_HEAD + r"|\p{N}" + _LLAMA3_TAIL   # single digits instead of runs of 1-3
+# DeepSeek's (LLM and Coder): newlines apart, then words and punctuation with one leading
+# space, CJK runs, digits
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+_DEEPSEEK_LETTERS = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293"
+    "\u0295-\u02af\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a"
+    "\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556"
+    "\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b"
+    "\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d"
+    "\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4"
+    "\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128"
+    "\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184"
+    "\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d\ua680-\ua69b"
+    "\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17"
+    "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+    "\U0001e900-\U0001e943")
+_DEEPSEEK_LLM = ("[\r\n]", f"\\s?[{_DEEPSEEK_LETTERS}]+",
+                 "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+                 r"\s+$", _CJK, r"\p{N}+")
+_DEEPSEEK_CODER = ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}")
+# Mistral's tekken (llama.cpp's form: "upper" and "lower" letters by lookahead)
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+           r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SEED_CODER = (_LLAMA3_HEAD + r"|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)"
+               r"|\s+")
 
 #: ``tokenizer.ggml.pre`` -> the regexes applied in order (llama.cpp's lists).
 PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"),
     "gpt-2": (_GPT2,),
     **{name: (r"\p{N}", _GPT2) for name in
-       ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")},
-    **{name: (_LLAMA3,) for name in ("llama-bpe", "llama3", "llama-v3")},
-    **{name: (_QWEN2,) for name in ("qwen2", "deepseek-r1-qwen")},
+       ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b")},
+    **{name: (_LLAMA3,) for name in ("llama-bpe", "llama3", "llama-v3", "falcon3", "midm-2.0",
+                                     "smaug-bpe")},
+    **{name: (_QWEN2,) for name in ("qwen2", "deepseek-r1-qwen", "megrez")},
+    "deepseek-llm": _DEEPSEEK_LLM,
+    "deepseek-coder": _DEEPSEEK_CODER,
+    "tekken": (_TEKKEN,),
+    "seed-coder": (_SEED_CODER,),
+    "viking": (" ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+", r"\p{N}"),
 }
 # llama.cpp sets ignore_merges (a word already in the vocabulary is one token) and add_bos
-# for the Llama-3 family only.
-_LLAMA3_FAMILY = frozenset({"llama-bpe", "llama3", "llama-v3"})
+# for the Llama-3 family (not smaug-bpe, which shares its regex) and tekken only.
+_LLAMA3_FAMILY = frozenset({"llama-bpe", "llama3", "llama-v3", "falcon3", "midm-2.0", "tekken"})
 
 #: Token texts llama.cpp treats as end of generation wherever they sit in the vocabulary
 #: (llama-vocab.cpp, "auto-detect special tokens by text").
