@@ -2,8 +2,8 @@
 
 A folder holds a Qwen3-style ``config.json`` with the drafter's shape (``hidden_size``,
 ``num_hidden_layers`` = draft layers, heads, ``intermediate_size``, ``rms_norm_eps``,
-``rope_theta``, and Llama 3.1's ``"llama3"`` RoPE scaling when it has one, read as
-:mod:`fastspec.formats.hf_rope` reads a model's), ``block_size``, ``num_target_layers`` and
+``rope_theta``, and ``"linear"`` or Llama 3.1's ``"llama3"`` RoPE scaling when it has one,
+read as :mod:`fastspec.formats.hf_rope` reads a model's), ``block_size``, ``num_target_layers`` and
 ``dflash_config: {target_layer_ids, mask_token_id}`` (optionally ``input_embedding_scale``,
 ``output_multiplier``, ``final_logit_softcapping``), and ``model.safetensors`` with
 ``fc.weight``, ``hidden_norm.weight``, ``norm.weight`` and ``layers.N.*`` (Qwen3 layer names,
@@ -35,7 +35,7 @@ import numpy as np
 from fastspec.formats import json_io
 from fastspec.formats.json_io import read_json_object
 from fastspec.formats.hf_folder import weight_files, read_safetensors, write_safetensors
-from fastspec.formats.hf_rope import rope_freq_factors, rope_theta
+from fastspec.formats.hf_rope import SCALINGS, rope_freq_factors, rope_theta
 from fastspec.model.schema import hf_layer_keys, layer_attrs
 
 if TYPE_CHECKING:  # annotations only
@@ -172,7 +172,7 @@ def read_dflash_config(folder: Path, target: Transformer, max_block: int) -> dic
         n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=head_dim,
         ffn_dim=_field(cfg, "intermediate_size", str(path)), qk_norm=True,
-        rope_theta=rope_theta(cfg, ("default", "llama3")),
+        rope_theta=rope_theta(cfg, SCALINGS),
         rope_freq_factors=rope_freq_factors(cfg, head_dim),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         mask_token_id=mask, last_tap_normed=True,

@@ -28,6 +28,7 @@ from fastspec.formats.gguf_names import (LEAF, ROPE_FREQS, TOP, gguf_tensor_name
                                          unpermute)
 from fastspec.formats.gguf_quant import (AUTO_FLOAT_KIND, NEAREST_NATIVE, native_kind,
                                          own_weight_dtype, quant_matrix)
+from fastspec.formats.gguf_rope import freq_factors, rope_scaling
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
 
@@ -277,21 +278,16 @@ class GGUFFile:
         leaf = key.split(".", 1)[1]
         if leaf in _CONFIG_KEYS:
             return
-        if leaf.startswith("rope.scaling."):
-            arch = key.split(".", 1)[0]
-            # llama.cpp: an absent type is linear; a linear factor of 0 or 1 scales nothing
-            kind = self.metadata.get(f"{arch}.rope.scaling.type", "linear")
-            factor = self.metadata.get(f"{arch}.rope.scaling.factor", 1)
-            if kind == "none" or (kind == "linear" and factor in (0, 1)):
-                return
-        elif leaf in ("expert_count", "expert_used_count") and value == 0:
+        if leaf.startswith("rope.scal"):
+            return  # hf_config reads them with gguf_rope.rope_scaling, which refuses the rest
+        if leaf in ("expert_count", "expert_used_count") and value == 0:
             return
         elif leaf == "attention.sliding_window" and type(value) is int and value >= context:
             return  # a window as long as the context is no window
         elif leaf == "attention.causal" and value is True:
             return
         raise self._error(f"metadata key {key!r} = {value!r} is not supported (fastspec runs "
-                          "default RoPE, dense causal attention without sliding windows)")
+                          "dense causal attention without sliding windows)")
 
     def hf_config(self) -> dict[str, Any]:
         """Return the Hugging Face ``config.json`` dict of the file's model.
@@ -325,6 +321,10 @@ class GGUFFile:
         if embed is None:
             raise self._error("missing tensor 'token_embd.weight'")
         vocab = int(embed.shape[-1])  # ggml order: (dim, vocab)
+        try:
+            scaling = rope_scaling(self.metadata, arch)
+        except ValueError as exc:
+            raise self._error(str(exc)) from None
         if self.metadata.get(f"{arch}.vocab_size", vocab) != vocab:
             raise self._error(f"metadata key '{arch}.vocab_size' = "
                               f"{self.metadata[f'{arch}.vocab_size']!r} differs from the "
@@ -339,6 +339,7 @@ class GGUFFile:
             # float32 in the file (1e-5 -> 9.9999997e-06): kept as read, as transformers does
             "rms_norm_eps": float(self._key(f"{arch}.attention.layer_norm_rms_epsilon", float)),
             "rope_theta": float(self._key(f"{arch}.rope.freq_base", float, 10000.0)),
+            "rope_scaling": scaling,
             "tie_word_embeddings": "output.weight" not in self._tensors, "hidden_act": "silu",
         }
 
@@ -369,36 +370,15 @@ class GGUFFile:
             weight_dtype = weight_dtype.lower()
         try:
             hf = self.hf_config()
-            config = hf_config(hf, dtype or "float32").replace(
-                weight_dtype=weight_dtype, rope_freq_factors=self._freq_factors(hf["head_dim"]))
+            config = hf_config(hf, dtype or "float32")  # linear scaling's divisors
+            config = config.replace(weight_dtype=weight_dtype, rope_freq_factors=freq_factors(
+                self._tensors.get(ROPE_FREQS), hf["head_dim"], config.rope_freq_factors))
         except ValueError as exc:
             if str(exc).startswith(str(self.path)):
                 raise
             raise self._error(str(exc)) from None
         self._check_tensors(config)
         return config
-
-    def _freq_factors(self, head_dim: int) -> tuple[float, ...] | None:
-        """Llama 3.1+'s ``rope_freqs.weight`` (per-frequency RoPE divisors), else None.
-
-        Raises
-        ------
-        ValueError
-            A tensor that is not F32 of shape (head_dim // 2,) with positive finite values.
-        """
-        t = self._tensors.get(ROPE_FREQS)
-        if t is None:
-            return None
-        shape = tuple(int(n) for n in t.shape.tolist())
-        if t.tensor_type.name != "F32" or shape != (head_dim // 2,):  # as llama.cpp asks
-            raise self._error(f"tensor {ROPE_FREQS!r} is {t.tensor_type.name} of shape "
-                              f"{shape}; RoPE of head size {head_dim} needs F32 of shape "
-                              f"({head_dim // 2},)")
-        values = np.asarray(t.data, dtype=np.float64).ravel()
-        if not (np.isfinite(values).all() and (values > 0).all()):
-            raise self._error(f"tensor {ROPE_FREQS!r} holds a value that is not positive "
-                              "and finite")
-        return tuple(values.tolist())
 
     def own_weight_dtype(self, dtype: str | None = None) -> str | None:
         """The ``weight_dtype`` keeping the file's own storage (``"auto"``; headers only):

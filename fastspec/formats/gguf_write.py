@@ -19,6 +19,7 @@ import numpy as np
 
 from fastspec.formats.gguf import ARCHITECTURES, gguf_package
 from fastspec.formats.gguf_names import ROPE_FREQS, gguf_tensor_name, permute
+from fastspec.formats.gguf_rope import linear_factor
 
 if TYPE_CHECKING:  # annotations only
     from fastspec.model.transformer import Transformer
@@ -40,7 +41,8 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
     ------
     ValueError
         A model that no supported architecture describes (the toy family: LayerNorm,
-        learned positions, tanh/gelu), or RoPE factors in a file that is not ``llama``.
+        learned positions, tanh/gelu), or per-frequency RoPE factors (not all equal: equal
+        ones are linear scaling, written as keys) in a file that is not ``llama``.
     """
     c = model.config
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
@@ -51,7 +53,8 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
                          "fastspec reads")
     arch = source_arch if source_arch in ARCHITECTURES else (
         "qwen2" if c.qkv_bias else "qwen3" if c.qk_norm else "llama")
-    if c.rope_freq_factors is not None and arch != "llama":
+    per_frequency = c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None
+    if per_frequency and arch != "llama":
         raise ValueError(f"per-frequency RoPE factors (rope_freq_factors) are a llama "
                          f"tensor in GGUF; llama.cpp refuses them in a {arch} file")
     return arch
@@ -73,18 +76,24 @@ def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
     if arch == "qwen3" or c.head_dim * c.n_heads != c.dim:
         keys["attention.key_length"] = (c.head_dim, U32)
         keys["attention.value_length"] = (c.head_dim, U32)
+    factor = linear_factor(c.rope_freq_factors)
+    if factor is not None:  # one divisor for every frequency: llama.cpp's linear scaling
+        keys["rope.scaling.type"] = ("linear", gguf.GGUFValueType.STRING)
+        keys["rope.scaling.factor"] = (factor, F32)
     for leaf, (value, vtype) in keys.items():
         w.add_key_value(f"{arch}.{leaf}", value, vtype)
     return {f"{arch}.{leaf}" for leaf in keys}
 
 
 def _copy_metadata(w: Any, source: Path, skip: set[str]) -> None:
-    """Copy every key of GGUF file ``source`` that is not in ``skip`` nor the writer's own."""
+    """Copy every key of GGUF file ``source`` that is not in ``skip`` nor the writer's own (nor
+    a RoPE scaling key: the model's own divisors are written instead)."""
     gguf = gguf_package()
     reader = gguf.GGUFReader(source, mode="r")
     ARRAY = gguf.GGUFValueType.ARRAY
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key in skip or key in _OWN_KEYS:
+        if (key.startswith("GGUF.") or key in skip or key in _OWN_KEYS
+                or key.split(".", 1)[-1].startswith("rope.scal")):
             continue
         vtype = field.types[0]
         sub = field.types[1] if vtype == ARRAY and len(field.types) > 1 else None
@@ -160,7 +169,7 @@ def save_gguf(model: "Transformer", path: str | os.PathLike, *,
             if arch == "llama" and g.split(".")[-2] in ("attn_q", "attn_k"):
                 arr = permute(arr, c.head_dim)
             w.add_tensor(g, arr, raw_dtype=qt)
-        if c.rope_freq_factors is not None:
+        if c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None:
             w.add_tensor(ROPE_FREQS, np.asarray(c.rope_freq_factors, dtype=np.float32))
         w.write_header_to_file()
         w.write_kv_data_to_file()

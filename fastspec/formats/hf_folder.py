@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import numpy as np
 
 from fastspec.formats import json_io
-from fastspec.formats.hf_rope import rope_freq_factors, rope_theta
+from fastspec.formats.hf_rope import SCALINGS, rope_freq_factors, rope_theta
 from fastspec.formats.json_io import read_json_object
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import hf_layer_keys, layer_attrs
@@ -265,7 +265,7 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         max_seq_len=int(cfg.get("max_position_embeddings", 2048)), norm="rmsnorm",
         positional="rope", activation="swiglu",
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        rope_theta=rope_theta(cfg, ("default", "llama3")),
+        rope_theta=rope_theta(cfg, SCALINGS),
         rope_freq_factors=rope_freq_factors(cfg, int(head_dim)),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         dtype=dtype, qk_norm=family == "qwen3", qkv_bias=family == "qwen2")

@@ -1,10 +1,11 @@
-"""RoPE settings of a Hugging Face ``config.json``: the base and Llama 3.1+'s llama3 scaling.
+"""RoPE settings of a Hugging Face ``config.json``: the base, linear and llama3 scaling.
 
 transformers 5 writes them under ``rope_parameters`` (``rope_theta`` included); earlier
 versions wrote ``rope_theta`` and ``rope_scaling`` at the top level. Both are read as
 transformers 5 reads them: a legacy ``rope_scaling`` object replaces ``rope_parameters``, and
 the base is ``rope_theta`` inside the chosen object, else at the top level, else 10000.
-Default RoPE and ``rope_type="llama3"`` (as per-frequency divisors,
+Default RoPE, ``rope_type="linear"`` (positions divided by ``factor``: every frequency
+divided by it, as transformers does) and ``"llama3"`` (per-frequency divisors,
 :func:`~fastspec.model.functional.llama3_freq_factors`) run; any other type is a ValueError
 naming it.
 """
@@ -14,7 +15,10 @@ from typing import Any
 
 from fastspec.model.functional import llama3_freq_factors, positive_number
 
-__all__ = ["rope_theta", "rope_freq_factors"]
+__all__ = ["rope_theta", "rope_freq_factors", "SCALINGS"]
+
+#: The RoPE types that run (:func:`rope_freq_factors` turns each into divisors or None).
+SCALINGS = ("default", "linear", "llama3")
 
 #: The llama3 parameters (``original_max_position_embeddings`` defaults as in transformers).
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
@@ -75,17 +79,21 @@ def rope_freq_factors(cfg: dict, head_dim: int) -> tuple[float, ...] | None:
     Returns
     -------
     tuple of float of length head_dim // 2, or None
-        For ``rope_type`` ``"llama3"``: :func:`~fastspec.model.functional.llama3_freq_factors`.
+        For ``rope_type`` ``"linear"``: ``factor`` for every frequency (None for a factor of
+        1); for ``"llama3"``: :func:`~fastspec.model.functional.llama3_freq_factors`.
 
     Raises
     ------
     ValueError
-        Another RoPE type, or a missing or invalid llama3 parameter (named).
+        Another RoPE type, or a missing or invalid linear or llama3 parameter (named).
     """
-    theta = rope_theta(cfg, ("default", "llama3"))
+    theta = rope_theta(cfg, SCALINGS)
     kind, params = _rope_parameters(cfg)
     if kind == "default":
         return None
+    if kind == "linear":
+        factor = positive_number(params.get("factor"), "linear RoPE scaling's factor")
+        return None if factor == 1 else (factor,) * (head_dim // 2)
     values: dict[str, Any] = {k: params.get(k) for k in _LLAMA3_KEYS}
     # transformers: a top-level original length wins, else the object's, else the context
     original = (cfg.get("original_max_position_embeddings"),
