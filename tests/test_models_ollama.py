@@ -64,6 +64,37 @@ def test_bad_names_are_refused(name):
     assert not ollama.pulled(name)
 
 
+def test_names_match_without_regard_to_case_as_ollama(store):
+    """Ollama keeps a name's case as pulled (hf.co repositories) and looks names up without
+    regard to it; a hidden file is no model."""
+    blob = _pull(store, ("hf.co", "Org", "Llama-3.2-1B-GGUF", "Q4_K_M"))
+    for name in ("hf.co/org/llama-3.2-1b-gguf:q4_k_m", "hf.co/Org/Llama-3.2-1B-GGUF:Q4_K_M",
+                 "HF.CO/ORG/LLAMA-3.2-1B-GGUF:q4_k_m"):
+        assert ollama.find(name) == blob, name
+    (store / "manifests" / "hf.co" / "Org" / "Llama-3.2-1B-GGUF" / ".DS_Store").write_text("")
+    assert ollama.names() == ["hf.co/Org/Llama-3.2-1B-GGUF:Q4_K_M"]
+
+
+def test_a_closed_service_folder_is_no_store(tmp_path, monkeypatch):
+    """The Linux service's home is often closed to other users; Path.is_dir then raises
+    PermissionError on Python 3.11 (simulated: the tests may run as root)."""
+    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    closed = tmp_path / "service"
+    monkeypatch.setattr(ollama, "_SERVICE_DIR", closed)
+    is_dir = type(closed).is_dir
+
+    def refuse(self):
+        if str(self).startswith(str(closed)):
+            raise PermissionError(13, "Permission denied", str(self))
+        return is_dir(self)
+
+    monkeypatch.setattr(type(closed), "is_dir", refuse)
+    assert ollama.models_dir() == tmp_path / ".ollama" / "models"
+    with pytest.raises(FileNotFoundError, match="not a model Ollama pulled"):
+        catalog.resolve("typo.gguf")
+
+
 def test_find_returns_the_model_layers_blob(store):
     blob = _pull(store, (HOST, "library", "tiny", "latest"))
     other = _pull(store, (HOST, "user", "other", "q8"), blob=b"GGUF" + bytes(8))
@@ -116,6 +147,10 @@ def test_broken_stores_are_clear_errors(store):
         (dict(layers=[_layer(ollama.MODEL_MEDIA_TYPE, b"never written")]),
          FileNotFoundError, "blob of Ollama model .* is missing"),
         (dict(blob=b"GGML" + bytes(60)), ValueError, "not a GGUF file"),
+        (dict(manifest="[" * 100000), ValueError, "not JSON"),  # nested past the recursion
+        (dict(layers=[_layer(ollama.MODEL_MEDIA_TYPE, b"GGUF"),
+                      _layer("application/vnd.ollama.image.adapter", b"lora")]),
+         ValueError, "LoRA adapter"),
     ]
     for kw, exc, message in cases:
         _pull(store, tiny, **kw)
@@ -125,15 +160,27 @@ def test_broken_stores_are_clear_errors(store):
             catalog.resolve("tiny")
     _pull(store, tiny)
     assert catalog.resolve("tiny") == blob
+    blob.unlink()
+    blob.mkdir()
+    with pytest.raises(ValueError, match="not a regular file"):
+        ollama.find("tiny")
 
 
 def test_resolve_order(store, tmp_path, monkeypatch):
     blob = _pull(store, (HOST, "library", "tiny", "latest"))
     _pull(store, (HOST, "library", "smollm2", "latest"), blob=b"GGUF" + bytes(5))
-    entry = catalog.CatalogEntry("numpy", "0", "no-such-file.gguf", "numpy holds no model")
-    monkeypatch.setitem(catalog.CATALOG, "smollm2", entry)
+    absent = catalog.CatalogEntry("numpy", "0", "no-such-file.gguf", "numpy holds no model")
+    monkeypatch.setitem(catalog.CATALOG, "smollm2", absent)
+    monkeypatch.setitem(catalog.CATALOG, "ghost", absent)
+    # a catalog name not installed falls through to Ollama's model of that name
+    assert catalog.resolve("smollm2") == ollama.find("smollm2")
     with pytest.raises(FileNotFoundError, match="is not installed"):
-        catalog.resolve("smollm2")  # the catalog's name first
+        catalog.resolve("ghost")  # nor pulled: the catalog's message
+    installed = tmp_path / "installed.gguf"
+    installed.write_bytes(b"GGUF")
+    monkeypatch.setattr(catalog, "find", lambda name: installed)
+    assert catalog.resolve("smollm2") == installed  # both there: the catalog's first
+    assert catalog.resolve("ollama:smollm2") == ollama.find("smollm2")
     assert catalog.resolve("tiny") == catalog.resolve("ollama:tiny") == blob
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tiny").write_bytes(b"a file")
@@ -144,6 +191,25 @@ def test_resolve_order(store, tmp_path, monkeypatch):
         catalog.resolve("ollama:nothing")
     with pytest.raises(ValueError, match="Ollama model name"):
         catalog.resolve("ollama:../x")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_is_not_opened(tmp_path):
+    """Opening a FIFO blocks until a writer comes: is_gguf looks at regular files only."""
+    import os
+    import threading
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(is_gguf(fifo)), daemon=True)
+    worker.start()
+    worker.join(5)
+    blocked = worker.is_alive()
+    if blocked:  # release it (a writer that closes at once), then fail
+        os.close(os.open(fifo, os.O_WRONLY))
+        worker.join(5)
+    assert not blocked and result == [False]
 
 
 def test_gguf_is_known_by_its_bytes(tmp_path):

@@ -173,6 +173,8 @@ def test_gguf_keys(meta, expected):
     ({"rope.scaling.type": "linear", "rope.scaling.factor": "4"}, "positive finite number"),
     ({"rope.scaling.type": "linear", "rope.scaling.factor": -2.0}, "positive finite number"),
     ({"rope.scaling.factor": float("nan")}, "positive finite number"),
+    ({"rope.scaling.factor": True}, r"'llama\.rope\.scaling\.factor'.*positive finite"),
+    ({"rope.scale_linear": "x"}, r"'llama\.rope\.scale_linear'.*positive finite"),
 ])
 def test_bad_gguf_keys_are_named(meta, match):
     with pytest.raises(ValueError, match=match):
@@ -187,6 +189,26 @@ def test_bad_gguf_scaling_names_the_file(tmp_path):
     _linear_gguf(path, **{"llama.rope.scaling.type": ("yarn", V.STRING)})
     with pytest.raises(ValueError, match=rf"{path}.*'yarn' is not supported"):
         Transformer.load(path)
+
+
+@pytest.mark.hf
+def test_linear_folder_saved_and_loaded(tmp_path):
+    """Equal divisors are written back as config.json's linear scaling (a folder and a z-lab
+    drafter folder's config), which transformers and fastspec read as the same model."""
+    model, ref = _reference()
+    model.save_pretrained(tmp_path / "a")
+    ours = Transformer.load(tmp_path / "a")
+    ours.save(tmp_path / "b")
+    again = Transformer.load(tmp_path / "b")
+    assert again.config.rope_freq_factors == (FACTOR,) * 8
+    np.testing.assert_array_equal(again.forward(IDS).logits, ours.forward(IDS).logits)
+    import json
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["rope_scaling"] == {
+        "rope_type": "linear", "factor": FACTOR}
+    per_frequency = ours.config.replace(rope_freq_factors=(1.0,) * 7 + (2.0,))
+    with pytest.raises(ValueError, match="no config.json form"):
+        Transformer(per_frequency, embed=ours.embed, layers=ours.layers, head=ours.head,
+                    final_norm=ours.final_norm).save(tmp_path / "c")
 
 
 @pytest.mark.parametrize("scaling, expected", [

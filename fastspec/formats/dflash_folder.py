@@ -35,7 +35,7 @@ import numpy as np
 from fastspec.formats import json_io
 from fastspec.formats.json_io import read_json_object
 from fastspec.formats.hf_folder import weight_files, read_safetensors, write_safetensors
-from fastspec.formats.hf_rope import SCALINGS, rope_freq_factors, rope_theta
+from fastspec.formats.hf_rope import SCALINGS, linear_factor, rope_freq_factors, rope_theta
 from fastspec.model.schema import hf_layer_keys, layer_attrs
 
 if TYPE_CHECKING:  # annotations only
@@ -232,14 +232,15 @@ def save_dflash_folder(model: Any, folder: str | os.PathLike) -> None:
     ValueError
         A drafter the format cannot express: without ``qk_norm`` (z-lab's layers always have
         it), tapping the target's last layer before the final norm (z-lab taps it after), or
-        with ``rope_freq_factors`` (the folder states the scaling's parameters, which the
-        divisors do not give back).
+        with per-frequency ``rope_freq_factors`` (the folder states the scaling's parameters,
+        which llama3's divisors do not give back; equal divisors are linear scaling).
     """
     c, t = model.config, model.target.config
     if not c.qk_norm:
         raise ValueError("z-lab's format needs qk_norm=True drafters (Qwen3 layers); save this "
                          "one to an .npz instead")
-    if c.rope_freq_factors is not None:
+    factor = linear_factor(c.rope_freq_factors)
+    if c.rope_freq_factors is not None and factor is None:
         raise ValueError("z-lab's config.json states RoPE scaling by its parameters, not the "
                          "per-frequency divisors this drafter holds; save it to an .npz instead")
     if t.n_layers - 1 in c.tap_layers and not c.last_tap_normed:
@@ -251,7 +252,8 @@ def save_dflash_folder(model: Any, folder: str | os.PathLike) -> None:
         "hidden_size": t.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
         "head_dim": c.head_dim, "vocab_size": t.vocab_size, "rms_norm_eps": c.norm_eps,
-        "rope_theta": c.rope_theta, "rope_scaling": None,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None if factor is None else {"rope_type": "linear", "factor": factor},
         "max_position_embeddings": t.max_seq_len, "hidden_act": "silu",
         "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": False,
         "block_size": c.block_size, "num_target_layers": t.n_layers,

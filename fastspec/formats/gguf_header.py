@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,18 +206,32 @@ class _Walker:
 
 
 def is_gguf(path: str | os.PathLike) -> bool:
-    """Return whether ``path`` is a GGUF file: a ``.gguf`` name, or a regular file of any name
-    that starts with the magic ``GGUF`` (as Ollama's blobs, ``sha256-<hex>``).
+    """Return whether ``path`` is to be read as a GGUF file.
 
-    Only the first four bytes are read; an unreadable file is not GGUF here (its reader then
-    says why). A ``.gguf`` name counts whatever the bytes, so that such a file's errors come
-    from the GGUF reader, which names them.
+    Parameters
+    ----------
+    path : path-like
+
+    Returns
+    -------
+    bool
+        True for a ``.gguf`` name that is not a folder (whatever its bytes: the GGUF reader
+        then names what is wrong), and for a regular file of any other name that starts with
+        the magic ``GGUF`` (as Ollama's blobs, ``sha256-<hex>``); False otherwise, a path that
+        cannot be read included. Only a regular file is opened, for its first four bytes (a
+        FIFO or a terminal would block).
     """
     path = Path(path)
-    if path.is_dir():
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return path.suffix.lower() == ".gguf"  # missing: the reader says so, naming it
+    if stat.S_ISDIR(mode):
         return False
     if path.suffix.lower() == ".gguf":
         return True
+    if not stat.S_ISREG(mode):
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(4) == b"GGUF"

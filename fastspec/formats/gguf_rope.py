@@ -6,8 +6,7 @@ and turns every angle ``p * freq_scale * theta_i / rope_freqs[i]`` with ``freq_s
 factor``. fastspec runs the same as per-frequency divisors (``ModelConfig.rope_freq_factors``):
 ``factor * rope_freqs[i]``. :func:`rope_scaling` gives the keys as a Hugging Face
 ``rope_scaling`` object (what :mod:`fastspec.formats.hf_rope` reads); :func:`freq_factors`
-combines it with the ``rope_freqs.weight`` tensor; :func:`linear_factor` tells the writer
-which of the two forms a model's divisors take.
+combines it with the ``rope_freqs.weight`` tensor.
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import numpy as np
 from fastspec.formats.gguf_names import ROPE_FREQS
 from fastspec.model.functional import positive_number
 
-__all__ = ["rope_scaling", "freq_factors", "linear_factor", "SCALING_KEYS"]
+__all__ = ["rope_scaling", "freq_factors", "SCALING_KEYS"]
 
 #: Keys of a linearly scaled file (after ``"{arch}."``): the type, the factor (both names),
 #: and two that change nothing llama.cpp computes for linear scaling (the training context
@@ -61,12 +60,12 @@ def rope_scaling(metadata: dict[str, Any], arch: str) -> dict[str, Any] | None:
     if other:
         raise ValueError(f"metadata key '{arch}.{other[0]}' = {metadata[f'{arch}.{other[0]}']!r}"
                          f" is not supported with {kind} RoPE scaling")
-    factor = metadata.get(f"{arch}.rope.scaling.factor",
-                          metadata.get(f"{arch}.rope.scale_linear", 0.0))
-    if kind == "none" or factor in (0, 1):  # llama.cpp: a factor of 0 is 1
-        return None
-    return {"rope_type": "linear",
-            "factor": positive_number(factor, f"metadata key '{arch}.rope.scaling.factor'")}
+    key = f"{arch}.rope.scaling.factor"
+    key = key if key in metadata else f"{arch}.rope.scale_linear"
+    factor = metadata.get(key, 0.0)
+    if kind == "none" or (type(factor) in (int, float) and factor in (0, 1)):
+        return None  # llama.cpp: a factor of 0 is 1
+    return {"rope_type": "linear", "factor": positive_number(factor, f"metadata key '{key}'")}
 
 
 def freq_factors(tensor: Any, head_dim: int,
@@ -79,9 +78,15 @@ def freq_factors(tensor: Any, head_dim: int,
     tensor : GGUFTensor or None
         The file's ``rope_freqs.weight``.
     head_dim : int
+        The model's head size (the tensor holds head_dim // 2 values).
     scaled : tuple of float of length head_dim // 2, or None
         The linear scaling's divisors (:func:`fastspec.formats.hf_rope.rope_freq_factors` of
         :func:`rope_scaling`).
+
+    Returns
+    -------
+    tuple of float of length head_dim // 2, or None
+        ``ModelConfig.rope_freq_factors``.
 
     Raises
     ------
@@ -103,11 +108,3 @@ def freq_factors(tensor: Any, head_dim: int,
         values = values * np.asarray(scaled)
     return tuple(values.tolist())
 
-
-def linear_factor(factors: tuple[float, ...] | None) -> float | None:
-    """Return the linear scaling factor that ``factors`` (``ModelConfig.rope_freq_factors``)
-    amount to, when every frequency has the same divisor; else None (per-frequency divisors,
-    written as ``rope_freqs.weight``, or no scaling)."""
-    if not factors or any(f != factors[0] for f in factors):
-        return None
-    return float(factors[0])

@@ -19,7 +19,7 @@ import numpy as np
 
 from fastspec.formats.gguf import ARCHITECTURES, gguf_package
 from fastspec.formats.gguf_names import ROPE_FREQS, gguf_tensor_name, permute
-from fastspec.formats.gguf_rope import linear_factor
+from fastspec.formats.hf_rope import linear_factor
 
 if TYPE_CHECKING:  # annotations only
     from fastspec.model.transformer import Transformer

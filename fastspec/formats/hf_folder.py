@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import numpy as np
 
 from fastspec.formats import json_io
-from fastspec.formats.hf_rope import SCALINGS, rope_freq_factors, rope_theta
+from fastspec.formats.hf_rope import SCALINGS, linear_factor, rope_freq_factors, rope_theta
 from fastspec.formats.json_io import read_json_object
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import hf_layer_keys, layer_attrs
@@ -279,7 +279,8 @@ def hf_export_config(c: ModelConfig) -> dict:
                          "save to .npz instead")
     if c.qk_norm and c.qkv_bias:
         raise ValueError("qk_norm together with qkv_bias has no Hugging Face architecture")
-    if c.rope_freq_factors is not None:
+    factor = linear_factor(c.rope_freq_factors)
+    if c.rope_freq_factors is not None and factor is None:
         raise ValueError("per-frequency RoPE factors (rope_freq_factors, Llama 3.1+) have no "
                          "config.json form without their llama3 parameters; save to .npz or "
                          ".gguf instead")
@@ -290,7 +291,8 @@ def hf_export_config(c: ModelConfig) -> dict:
         "hidden_size": c.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
         "head_dim": c.head_dim, "max_position_embeddings": c.max_seq_len,
-        "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_theta, "rope_scaling": None,
+        "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_theta,
+        "rope_scaling": None if factor is None else {"rope_type": "linear", "factor": factor},
         "tie_word_embeddings": c.tie_embeddings, "hidden_act": "silu",
         "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
         "torch_dtype": c.dtype, "use_cache": True,

@@ -15,7 +15,7 @@ from typing import Any
 
 from fastspec.model.functional import llama3_freq_factors, positive_number
 
-__all__ = ["rope_theta", "rope_freq_factors", "SCALINGS"]
+__all__ = ["rope_theta", "rope_freq_factors", "linear_factor", "SCALINGS"]
 
 #: The RoPE types that run (:func:`rope_freq_factors` turns each into divisors or None).
 SCALINGS = ("default", "linear", "llama3")
@@ -104,3 +104,23 @@ def rope_freq_factors(cfg: dict, head_dim: int) -> tuple[float, ...] | None:
     if missing:
         raise ValueError(f"llama3 RoPE scaling needs {missing}")
     return llama3_freq_factors(head_dim, theta, **values)
+
+
+def linear_factor(factors: tuple[float, ...] | None) -> float | None:
+    """Return the linear scaling factor that RoPE divisors amount to.
+
+    Parameters
+    ----------
+    factors : tuple of float, or None
+        ``ModelConfig.rope_freq_factors``.
+
+    Returns
+    -------
+    float or None
+        The divisor when every frequency has the same one (written as ``{"rope_type":
+        "linear", "factor": f}``, or GGUF's linear keys); None for per-frequency divisors
+        (llama3: GGUF's ``rope_freqs.weight``) or none.
+    """
+    if not factors or any(f != factors[0] for f in factors):
+        return None
+    return float(factors[0])

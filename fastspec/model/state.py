@@ -244,8 +244,9 @@ class StateDict:
     def load(cls, path: str | Path, dtype: str | None = None,
              weight_dtype: str | None = None, mmap: bool = False) -> Model:
         """Load an ``.npz`` written by :meth:`save`, a Hugging Face checkpoint folder or a
-        ``.gguf`` file (llama/qwen2/qwen3, any type the ``gguf`` package dequantizes; see
-        docs/FORMATS.md).
+        GGUF file (a ``.gguf`` name, or GGUF bytes under any name such as Ollama's blobs;
+        llama/qwen2/qwen3, any type the ``gguf`` package dequantizes; see docs/FORMATS.md).
+        Model names (a catalog's, Ollama's) are :func:`fastspec.load_pretrained`'s.
 
         Parameters
         ----------

@@ -99,7 +99,9 @@ def resolve(model: str | os.PathLike) -> Path:
     In this order: an existing file or folder as it is; the installed file of the catalog
     name ``model`` (:func:`find`); the GGUF file of the Ollama model ``ollama:NAME``, or of
     ``NAME`` alone where Ollama pulled it (:func:`fastspec.models.ollama.find`, e.g.
-    ``"llama3.2:1b"``).
+    ``"llama3.2:1b"``). A catalog name whose distribution is not installed falls through to
+    Ollama's model of that name; where both are there the catalog's wins (Ollama's
+    ``smollm2`` is another model than the catalog's): ``ollama:NAME`` picks Ollama's.
 
     Raises
     ------
@@ -116,7 +118,11 @@ def resolve(model: str | os.PathLike) -> Path:
         return path
     text = str(model)
     if text.lower() in CATALOG:
-        return find(text)
+        try:
+            return find(text)
+        except FileNotFoundError:
+            if not ollama.pulled(text):
+                raise
     if text.startswith(ollama.PREFIX) or ollama.pulled(text):
         return ollama.find(text)
     raise FileNotFoundError(f"{model}: no such file or folder, not a known model name "

@@ -27,6 +27,7 @@ __all__ = ["PREFIX", "MODEL_MEDIA_TYPE", "models_dir", "parse_name", "find", "na
 PREFIX = "ollama:"
 #: The media type of the manifest layer that holds the GGUF file.
 MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"
+_ADAPTER_MEDIA_TYPE = "application/vnd.ollama.image.adapter"
 _HOST, _NAMESPACE, _TAG = "registry.ollama.ai", "library", "latest"
 #: Where the Linux install script puts the service's models (its user's home).
 _SERVICE_DIR = Path("/usr/share/ollama/.ollama/models")
@@ -47,9 +48,22 @@ def models_dir() -> Path:
     if env:
         return Path(env).expanduser()
     home = Path("~/.ollama/models").expanduser()
-    if not home.is_dir() and _SERVICE_DIR.is_dir():
+    if not _is_dir(home) and _is_dir(_SERVICE_DIR):
         return _SERVICE_DIR
     return home
+
+
+def _is_dir(path: Path) -> bool:
+    """``path.is_dir()``, False where it cannot be looked at (the service's home is often
+    closed to other users: Python 3.11 raises PermissionError there)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def _root(root: str | os.PathLike | None) -> Path:
+    return Path(root).expanduser() if root is not None else models_dir()
 
 
 def parse_name(name: str) -> tuple[str, str, str, str]:
@@ -99,14 +113,31 @@ def parse_name(name: str) -> tuple[str, str, str, str]:
     return host, namespace, model, tag
 
 
+def _manifests(root: Path) -> list[tuple[tuple[str, ...], Path]]:
+    """Return ``(host, namespace, model, tag), path`` of every manifest file under ``root``,
+    sorted by path; hidden files skipped, an unreadable folder has none."""
+    base = root / "manifests"
+    try:
+        paths = sorted(p for p in base.glob("*/*/*/*") if p.is_file())
+    except OSError:
+        return []
+    out = [(p.relative_to(base).parts, p) for p in paths]
+    return [(parts, p) for parts, p in out if not any(x.startswith(".") for x in parts)]
+
+
 def _manifest(root: Path, parts: tuple[str, str, str, str]) -> Path | None:
-    """Return the manifest file of ``parts`` under ``root`` (as written, else in lower case:
-    Ollama matches names without regard to case), or None."""
-    for candidate in (parts, tuple(p.lower() for p in parts)):
-        path = root / "manifests" / Path(*candidate)
+    """Return the manifest file of ``parts`` under ``root``, or None: the name as written,
+    else the first (by path) whose parts equal it without regard to case, as Ollama looks
+    names up (``hf.co`` repositories keep the case they were pulled with)."""
+    path = root / "manifests" / Path(*parts)
+    try:
         if path.is_file():
             return path
-    return None
+    except OSError:
+        return None
+    folded = tuple(p.casefold() for p in parts)
+    return next((p for found, p in _manifests(root)
+                 if tuple(x.casefold() for x in found) == folded), None)
 
 
 def pulled(name: str, root: str | os.PathLike | None = None) -> bool:
@@ -116,8 +147,7 @@ def pulled(name: str, root: str | os.PathLike | None = None) -> bool:
         parts = parse_name(name)
     except ValueError:
         return False
-    return _manifest(Path(root).expanduser() if root is not None else models_dir(),
-                     parts) is not None
+    return _manifest(_root(root), parts) is not None
 
 
 def find(name: str, root: str | os.PathLike | None = None) -> Path:
@@ -145,10 +175,13 @@ def find(name: str, root: str | os.PathLike | None = None) -> Path:
         pulled), or its blob is missing.
     ValueError
         A bad name, or a manifest that is not Ollama's JSON, has no (or more than one) model
-        layer, names a digest that is not sha256, or points to a blob that is not GGUF.
+        layer, applies a LoRA adapter, names a digest that is not sha256, or points to a blob
+        that is not a regular GGUF file.
+    OSError
+        The manifest or the blob cannot be read (permissions).
     """
     parts = parse_name(name)
-    root = Path(root).expanduser() if root is not None else models_dir()
+    root = _root(root)
     manifest = _manifest(root, parts)
     if manifest is None:
         raise FileNotFoundError(
@@ -160,11 +193,17 @@ def find(name: str, root: str | os.PathLike | None = None) -> Path:
                          "Ollama manifest")
     try:
         data = json.loads(manifest.read_bytes())
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{manifest}: not an Ollama manifest (not JSON: {e})") from None
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{manifest}: not an Ollama manifest (not JSON: "
+                         f"{type(e).__name__})") from None
     layers = data.get("layers") if isinstance(data, dict) else None
     if not isinstance(layers, list):
         raise ValueError(f"{manifest}: not an Ollama manifest (no list of layers)")
+    kinds = [x.get("mediaType") for x in layers if isinstance(x, dict)]
+    if _ADAPTER_MEDIA_TYPE in kinds:
+        raise ValueError(f"{manifest}: Ollama model {name!r} applies a LoRA adapter "
+                         f"({_ADAPTER_MEDIA_TYPE}) to its GGUF file; adapters are not "
+                         "supported, and the file alone is another model")
     models = [x for x in layers if isinstance(x, dict) and x.get("mediaType") == MODEL_MEDIA_TYPE]
     if len(models) != 1:
         raise ValueError(f"{manifest}: {len(models)} layers of type {MODEL_MEDIA_TYPE} (one "
@@ -176,9 +215,11 @@ def find(name: str, root: str | os.PathLike | None = None) -> Path:
         raise ValueError(f"{manifest}: the model layer's digest {digest!r} is not "
                          "'sha256:' and 64 lower-case hex digits")
     blob = root / "blobs" / f"sha256-{match.group(1)}"
-    if not blob.is_file():
+    if not blob.exists():
         raise FileNotFoundError(f"{blob}: the blob of Ollama model {name!r} is missing (its "
                                 f"manifest is {manifest}); pull the model again")
+    if not blob.is_file():
+        raise ValueError(f"{blob}: the blob of Ollama model {name!r} is not a regular file")
     with open(blob, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
@@ -191,14 +232,9 @@ def names(root: str | os.PathLike | None = None) -> list[str]:
     """Return the names of the models pulled into ``root`` (default :func:`models_dir`),
     sorted, short as Ollama lists them: ``model:tag`` for the default host and namespace,
     ``namespace/model:tag`` for another namespace, ``host/namespace/model:tag`` otherwise.
-    An absent folder has none."""
-    root = Path(root).expanduser() if root is not None else models_dir()
-    base = root / "manifests"
+    An absent or unreadable folder has none."""
     out = []
-    for path in base.glob("*/*/*/*") if base.is_dir() else ():
-        if not path.is_file():
-            continue
-        host, namespace, model, tag = path.relative_to(base).parts
+    for (host, namespace, model, tag), _ in _manifests(_root(root)):
         prefix = ("" if host == _HOST and namespace == _NAMESPACE
                   else f"{namespace}/" if host == _HOST else f"{host}/{namespace}/")
         out.append(f"{prefix}{model}:{tag}")
@@ -209,9 +245,9 @@ def listing(root: str | os.PathLike | None = None, limit: int = 12) -> str:
     """Return what a message says of the models pulled into ``root`` (default
     :func:`models_dir`): ``"pulled into <root>: a:latest, b:1b"``, at most ``limit`` names
     and how many more, or ``"none pulled into <root>"``."""
-    root = Path(root).expanduser() if root is not None else models_dir()
-    pulled = names(root)
-    if not pulled:
+    root = _root(root)
+    found = names(root)
+    if not found:
         return f"none pulled into {root}"
-    more = f" and {len(pulled) - limit} more" if len(pulled) > limit else ""
-    return f"pulled into {root}: {', '.join(pulled[:limit])}{more}"
+    more = f" and {len(found) - limit} more" if len(found) > limit else ""
+    return f"pulled into {root}: {', '.join(found[:limit])}{more}"

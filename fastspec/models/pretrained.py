@@ -141,7 +141,8 @@ def load_pretrained(path: str | os.PathLike, dtype: str | None = None,
         Neither a file or folder nor a name :func:`fastspec.models.resolve` finds, or a folder
         without ``tokenizer.json`` (the message says to pass token ids instead).
     ValueError
-        Malformed files (a broken Ollama manifest among them), or a tokenizer with more ids than the model's vocabulary.
+        Malformed files (a broken Ollama manifest among them), or a tokenizer with more ids
+        than the model's vocabulary.
     """
     from fastspec.formats.gguf_header import is_gguf
     from fastspec.models.catalog import resolve
