@@ -65,12 +65,12 @@ def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
     gguf = gguf_package()
     c = model.config
     U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
-    keys = {"context_length": (c.max_seq_len, U32), "embedding_length": (c.dim, U32),
-            "block_count": (c.n_layers, U32), "feed_forward_length": (c.ffn_dim, U32),
-            "attention.head_count": (c.n_heads, U32),
-            "attention.head_count_kv": (c.n_kv_heads, U32),
-            "attention.layer_norm_rms_epsilon": (c.norm_eps, F32),
-            "rope.freq_base": (c.rope_theta, F32), "vocab_size": (c.vocab_size, U32)}
+    keys: dict[str, tuple[Any, Any]] = {
+        "context_length": (c.max_seq_len, U32), "embedding_length": (c.dim, U32),
+        "block_count": (c.n_layers, U32), "feed_forward_length": (c.ffn_dim, U32),
+        "attention.head_count": (c.n_heads, U32), "attention.head_count_kv": (c.n_kv_heads, U32),
+        "attention.layer_norm_rms_epsilon": (c.norm_eps, F32),
+        "rope.freq_base": (c.rope_theta, F32), "vocab_size": (c.vocab_size, U32)}
     if arch == "llama":
         keys["rope.dimension_count"] = (c.head_dim, U32)
     if arch == "qwen3" or c.head_dim * c.n_heads != c.dim:
