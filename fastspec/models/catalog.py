@@ -123,6 +123,7 @@ def resolve(model: str | os.PathLike) -> Path:
         except FileNotFoundError:
             if not ollama.pulled(text):
                 raise
+        return ollama.find(text)
     if text.startswith(ollama.PREFIX) or ollama.pulled(text):
         return ollama.find(text)
     raise FileNotFoundError(f"{model}: no such file or folder, not a known model name "

@@ -188,9 +188,9 @@ def find(name: str, root: str | os.PathLike | None = None) -> Path:
             f"Ollama model {name!r} ({'/'.join(parts[:3])}:{parts[3]}) not found "
             f"({listing(root)}); pull it with `ollama pull {str(name).removeprefix(PREFIX)}`, "
             "or set OLLAMA_MODELS to the folder Ollama keeps its models in")
-    if manifest.stat().st_size > _MAX_MANIFEST:
-        raise ValueError(f"{manifest}: {manifest.stat().st_size} bytes is too large for an "
-                         "Ollama manifest")
+    size = manifest.stat().st_size
+    if size > _MAX_MANIFEST:
+        raise ValueError(f"{manifest}: {size} bytes is too large for an Ollama manifest")
     try:
         data = json.loads(manifest.read_bytes())
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
