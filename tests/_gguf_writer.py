@@ -82,6 +82,17 @@ def vocabulary(size: int = 300) -> tuple[list[str], list[str]]:
     return SPECIAL + alphabet + [a + b for a, b in pairs], [f"{a} {b}" for a, b in pairs]
 
 
+def spm_vocabulary(size: int = 300) -> tuple[list[str], list[int], list[float]]:
+    """SentencePiece ``(tokens, types, scores)`` (llama.cpp's ``llama`` model, as a Phi-3 file
+    has it): ``<unk> <s> </s>``, the 256 byte tokens, then pieces of two and three letters."""
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    pieces = ["\u2581" + a for a in letters] + [a + b for a in letters for b in letters]
+    pieces = pieces[:max(0, size - 259)]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    return tokens, [2, 3, 3] + [6] * 256 + [1] * len(pieces), [0.0] * 259 + [
+        -float(i) for i in range(len(pieces))]
+
+
 def add_hparams(w, dim: int, n_layers: int, ffn: int, n_heads: int, n_kv: int,
                 vocab: int) -> None:
     """The architecture keys every test file carries (context 512, eps 1e-6, rope base 1e4)."""
@@ -111,21 +122,31 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
     """
     rng = np.random.default_rng(seed)
     head_dim = head_dim or dim // n_heads
-    tied = arch != "llama" if tied is None else tied
-    tokens, merges = vocabulary(vocab)
+    tied = arch not in ("llama", "phi3") if tied is None else tied
+    if arch == "phi3":  # llama.cpp reads a phi3 file's vocabulary as SentencePiece only
+        tokens, types_, scores = spm_vocabulary(vocab)
+    else:
+        tokens, merges = vocabulary(vocab)
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name(f"test-{arch}")
+    # llama.cpp looks a "<|end|>" token up in a file whose name says phi3: not in these tokens
+    w.add_name("test-model" if arch == "phi3" else f"test-{arch}")
     add_hparams(w, dim, n_layers, ffn, n_heads, n_kv, len(tokens))
-    if arch == "llama":
+    if arch in ("llama", "phi3"):
         w.add_rope_dimension_count(head_dim)
     if arch == "qwen3":
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
-    w.add_token_merges(merges)
+    if arch == "phi3":
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_types(types_)
+        w.add_token_scores(scores)
+    else:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types([3 if t in SPECIAL else 1 for t in tokens])
+        w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template(CHATML)
@@ -160,16 +181,29 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
     def vector(n: int, base: float) -> np.ndarray:
         return (base + 0.1 * rng.normal(size=n)).astype(np.float32)
 
+    def fused(name: str, hf: str, parts: dict[str, np.ndarray]) -> None:
+        """Phi-3's fused tensors: one GGUF tensor, its held rows split under the HF names."""
+        add(name, hf, np.concatenate(list(parts.values())))
+        if hf in weights:
+            rows = np.cumsum([a.shape[0] for a in parts.values()])[:-1]
+            weights.update(zip(parts, np.split(weights.pop(hf), rows)))
+
     add("token_embd.weight", "model.embed_tokens.weight", matrix(len(tokens), dim))
     perm = arch == "llama"
     for i in range(n_layers):
         g, p = f"blk.{i}.", f"model.layers.{i}."
         add(g + "attn_norm.weight", p + "input_layernorm.weight", vector(dim, 1.0))
-        add(g + "attn_q.weight", p + "self_attn.q_proj.weight", matrix(n_heads * head_dim, dim),
-            n_heads if perm else None)
-        add(g + "attn_k.weight", p + "self_attn.k_proj.weight", matrix(n_kv * head_dim, dim),
-            n_kv if perm else None)
-        add(g + "attn_v.weight", p + "self_attn.v_proj.weight", matrix(n_kv * head_dim, dim))
+        if arch == "phi3":
+            fused(g + "attn_qkv.weight", p + "self_attn.qkv_proj.weight",
+                  {p + "self_attn.q_proj.weight": matrix(n_heads * head_dim, dim),
+                   p + "self_attn.k_proj.weight": matrix(n_kv * head_dim, dim),
+                   p + "self_attn.v_proj.weight": matrix(n_kv * head_dim, dim)})
+        else:
+            add(g + "attn_q.weight", p + "self_attn.q_proj.weight",
+                matrix(n_heads * head_dim, dim), n_heads if perm else None)
+            add(g + "attn_k.weight", p + "self_attn.k_proj.weight",
+                matrix(n_kv * head_dim, dim), n_kv if perm else None)
+            add(g + "attn_v.weight", p + "self_attn.v_proj.weight", matrix(n_kv * head_dim, dim))
         if arch == "qwen2":
             for x, n in (("q", n_heads), ("k", n_kv), ("v", n_kv)):
                 add(f"{g}attn_{x}.bias", f"{p}self_attn.{x}_proj.bias", vector(n * head_dim, 0.0))
@@ -178,8 +212,13 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
             add(g + "attn_k_norm.weight", p + "self_attn.k_norm.weight", vector(head_dim, 1.0))
         add(g + "attn_output.weight", p + "self_attn.o_proj.weight", matrix(dim, n_heads * head_dim))
         add(g + "ffn_norm.weight", p + "post_attention_layernorm.weight", vector(dim, 1.0))
-        add(g + "ffn_gate.weight", p + "mlp.gate_proj.weight", matrix(ffn, dim))
-        add(g + "ffn_up.weight", p + "mlp.up_proj.weight", matrix(ffn, dim))
+        if arch == "phi3":
+            fused(g + "ffn_up.weight", p + "mlp.gate_up_proj.weight",
+                  {p + "mlp.gate_proj.weight": matrix(ffn, dim),
+                   p + "mlp.up_proj.weight": matrix(ffn, dim)})
+        else:
+            add(g + "ffn_gate.weight", p + "mlp.gate_proj.weight", matrix(ffn, dim))
+            add(g + "ffn_up.weight", p + "mlp.up_proj.weight", matrix(ffn, dim))
         add(g + "ffn_down.weight", p + "mlp.down_proj.weight", matrix(dim, ffn))
     add("output_norm.weight", "model.norm.weight", vector(dim, 1.0))
     if not tied:

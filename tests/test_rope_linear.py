@@ -169,7 +169,8 @@ def test_gguf_keys(meta, expected):
 @pytest.mark.parametrize("meta, match", [
     ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}, r"'yarn' is not supported"),
     ({"rope.scaling.type": "linear", "rope.scaling.factor": 4.0,
-      "rope.scaling.attn_factor": 1.0}, r"'llama\.rope\.scaling\.attn_factor'"),
+      "rope.scaling.yarn_log_multiplier": 0.1},
+     r"'llama\.rope\.scaling\.yarn_log_multiplier'"),
     ({"rope.scaling.type": "linear", "rope.scaling.factor": "4"}, "positive finite number"),
     ({"rope.scaling.type": "linear", "rope.scaling.factor": -2.0}, "positive finite number"),
     ({"rope.scaling.factor": float("nan")}, "positive finite number"),

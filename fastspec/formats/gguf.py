@@ -5,8 +5,8 @@
 package of the optional ``[gguf]`` extra, imported here only, gives the type tables and the
 dequantization) and serves everything a load needs from that one parse: the metadata as
 plain Python values (:func:`read_metadata`, which the GGUF tokenizer builds from), the
-:class:`~fastspec.ModelConfig` of a ``llama`` (Mistral-style included), ``qwen2`` or ``qwen3``
-file, and its tensors as :class:`GGUFTensor` s under their Hugging Face names, which
+:class:`~fastspec.ModelConfig` of a ``llama`` (Mistral-style included), ``qwen2``, ``qwen3`` or
+``phi3`` file, and its tensors as :class:`GGUFTensor` s under their Hugging Face names, which
 :meth:`fastspec.Transformer.from_tensors` dequantizes block of rows by block of rows into
 their storage dtype. :func:`load_gguf` is what ``Transformer.load("x.gguf")`` runs.
 
@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 import numpy as np
 
 from fastspec.formats.file_map import FileMap
+from fastspec.formats.gguf_fused import split_fused
 from fastspec.formats.gguf_header import TensorInfo, read_header
 from fastspec.formats.gguf_names import (LEAF, ROPE_FREQS, TOP, gguf_tensor_name, hf_shapes,
                                          unpermute)
 from fastspec.formats.gguf_quant import (AUTO_FLOAT_KIND, NEAREST_NATIVE, native_kind,
                                          own_weight_dtype, quant_matrix)
-from fastspec.formats.gguf_rope import freq_factors, rope_scaling
+from fastspec.formats.gguf_rope import (LONGROPE, attention_factor, freq_factors,
+                                        rope_context, rope_scaling)
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
 
@@ -40,7 +42,9 @@ __all__ = ["GGUFFile", "GGUFTensor", "read_metadata", "load_gguf", "ARCHITECTURE
 
 #: GGUF ``general.architecture`` -> the Hugging Face class it maps onto.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+#: Tensors beside a model's that an architecture may have (RoPE divisors, as llama.cpp).
+_ROPE_TENSORS = {"llama": (ROPE_FREQS,), "phi3": LONGROPE}
 #: ``weight_dtype`` names of the native quantized storage (GGUF's own Q8_0, Q4_0, Q4_1).
 NATIVE_QUANT_TYPES = ("q8_0", "q4_0", "q4_1")
 
@@ -251,6 +255,7 @@ class GGUFFile:
         self._tensors = {t.name: _file_tensor(self.path, t, types[t.type], data, start, order)
                          for t in header.tensors}
         self.architecture = self.metadata.get("general.architecture")
+        self._parts = self._tensors  # split_fused's, once config() has the head counts
 
     def __repr__(self) -> str:
         return (f"GGUFFile({str(self.path)!r}, architecture={self.architecture!r}, "
@@ -282,8 +287,9 @@ class GGUFFile:
             return  # hf_config reads them with gguf_rope.rope_scaling, which refuses the rest
         if leaf in ("expert_count", "expert_used_count") and value == 0:
             return
-        elif leaf == "attention.sliding_window" and type(value) is int and value >= context:
-            return  # a window as long as the context is no window
+        elif leaf == "attention.sliding_window" and type(value) is int and (
+                value >= context or key.startswith("phi3.")):
+            return  # a window as long as the context is none; llama.cpp runs Phi-3's without
         elif leaf == "attention.causal" and value is True:
             return
         raise self._error(f"metadata key {key!r} = {value!r} is not supported (fastspec runs "
@@ -370,9 +376,15 @@ class GGUFFile:
             weight_dtype = weight_dtype.lower()
         try:
             hf = self.hf_config()
+            arch = hf["model_type"]
+            self._parts = split_fused(self._tensors, hf) if arch == "phi3" else self._tensors
             config = hf_config(hf, dtype or "float32")  # linear scaling's divisors
-            config = config.replace(weight_dtype=weight_dtype, rope_freq_factors=freq_factors(
-                self._tensors.get(ROPE_FREQS), hf["head_dim"], config.rope_freq_factors))
+            rope = self._tensors.get(ROPE_FREQS, self._tensors.get(LONGROPE[0]))
+            config = config.replace(
+                weight_dtype=weight_dtype,
+                rope_freq_factors=freq_factors(rope, hf["head_dim"], config.rope_freq_factors),
+                rope_attention_factor=attention_factor(self.metadata, arch),
+                max_seq_len=rope_context(self.metadata, arch, self._tensors, config.max_seq_len))
         except ValueError as exc:
             if str(exc).startswith(str(self.path)):
                 raise
@@ -387,23 +399,23 @@ class GGUFFile:
 
     def _check_tensors(self, c: ModelConfig) -> None:
         wanted = {gguf_tensor_name(hf): shape for hf, shape in hf_shapes(c).items()}
-        missing = [g for g in wanted if g not in self._tensors]
+        missing = [g for g in wanted if g not in self._parts]
         if missing:
             more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
             raise self._error(f"missing tensors {missing[:5]}{more} (a {self.architecture} "
                               f"model of {c.n_layers} layers needs them)")
-        allowed = {ROPE_FREQS} if self.architecture == "llama" else set()  # as llama.cpp
-        unexpected = [g for g in self._tensors if g not in wanted and g not in allowed]
+        allowed = _ROPE_TENSORS.get(str(self.architecture), ())  # as llama.cpp
+        unexpected = [g for g in self._parts if g not in wanted and g not in allowed]
         if unexpected:
             raise self._error(f"unexpected tensor {unexpected[0]!r}: not part of a "
                               f"{self.architecture} model fastspec runs")
         quant_sizes = _gguf().GGML_QUANT_SIZES
         for name, shape in wanted.items():
-            t = GGUFTensor(self, self._tensors[name])
+            t = GGUFTensor(self, self._parts[name])
             if t.shape != shape:
                 raise self._error(f"tensor {name!r} has shape {t.shape}, the config needs "
                                   f"{shape}")
-            block = quant_sizes.get(self._tensors[name].tensor_type, (1, 0))[0]
+            block = quant_sizes.get(self._parts[name].tensor_type, (1, 0))[0]
             if shape[-1] % block:
                 raise self._error(f"tensor {name!r} of type {t.type_name} has rows of "
                                   f"{shape[-1]}, not a multiple of its block of {block}")
@@ -424,8 +436,8 @@ class GGUFFile:
         asked: :meth:`fastspec.Transformer.from_tensors` reads each block by block.
         """
         permuted = ("attn_q", "attn_k") if self.architecture == "llama" else ()
-        for name, t in self._tensors.items():
-            if name == ROPE_FREQS:  # in config.rope_freq_factors
+        for name, t in self._parts.items():
+            if name in _ROPE_TENSORS.get(str(self.architecture), ()):  # in config.rope_freq_factors
                 continue
             hf = TOP.get(name)
             head_rows = None

@@ -1,4 +1,5 @@
-"""RoPE settings of a GGUF file: linear scaling from its keys, Llama 3.1+'s ``rope_freqs``.
+"""RoPE settings of a GGUF file: linear scaling from its keys, Llama 3.1+'s ``rope_freqs``,
+Phi-3's LongRoPE factors and the attention factor.
 
 llama.cpp reads ``{arch}.rope.scaling.type`` (absent: ``"linear"``) and the factor from
 ``{arch}.rope.scaling.factor``, else the older ``{arch}.rope.scale_linear`` (absent or 0: 1),
@@ -7,6 +8,15 @@ factor``. fastspec runs the same as per-frequency divisors (``ModelConfig.rope_f
 ``factor * rope_freqs[i]``. :func:`rope_scaling` gives the keys as a Hugging Face
 ``rope_scaling`` object (what :mod:`fastspec.formats.hf_rope` reads); :func:`freq_factors`
 combines it with the ``rope_freqs.weight`` tensor.
+
+LongRoPE (``phi3`` files of a long context: Phi-3-mini-128k, Phi-3.5-mini) stores two sets of
+divisors, ``rope_factors_short.weight`` and ``rope_factors_long.weight``, and llama.cpp picks
+the long ones for a context longer than ``{arch}.rope.scaling.original_context_length`` (else
+the training context), the short ones otherwise. fastspec runs the short ones (what llama.cpp
+and Ollama run at their default contexts, and transformers up to that length) and serves
+that many positions (:func:`rope_context`). ``{arch}.rope.scaling.attn_factor`` multiplies
+RoPE's cos and sin (llama.cpp applies it whatever the scaling; absent: 1):
+``ModelConfig.rope_attention_factor``.
 """
 from __future__ import annotations
 
@@ -14,16 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from fastspec.formats.gguf_names import ROPE_FREQS
 from fastspec.model.functional import positive_number
 
-__all__ = ["rope_scaling", "freq_factors", "SCALING_KEYS"]
+__all__ = ["rope_scaling", "freq_factors", "attention_factor", "rope_context",
+           "SCALING_KEYS", "LONGROPE"]
 
 #: Keys of a linearly scaled file (after ``"{arch}."``): the type, the factor (both names),
-#: and two that change nothing llama.cpp computes for linear scaling (the training context
-#: and whether the model was fine-tuned at the scaled length).
+#: two that change nothing llama.cpp computes for linear scaling (the training context
+#: and whether the model was fine-tuned at the scaled length), and the attention factor.
 SCALING_KEYS = frozenset({"rope.scaling.type", "rope.scaling.factor", "rope.scale_linear",
-                          "rope.scaling.original_context_length", "rope.scaling.finetuned"})
+                          "rope.scaling.original_context_length", "rope.scaling.finetuned",
+                          "rope.scaling.attn_factor"})
+#: LongRoPE's divisors in a ``phi3`` file: the short ones (run), the long ones (not run).
+LONGROPE = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 
 def rope_scaling(metadata: dict[str, Any], arch: str) -> dict[str, Any] | None:
@@ -45,9 +58,8 @@ def rope_scaling(metadata: dict[str, Any], arch: str) -> dict[str, Any] | None:
     Raises
     ------
     ValueError
-        A type other than ``"none"`` and ``"linear"`` (yarn, longrope: not implemented), a key
-        of another scaling (``attn_factor``, ``yarn_*``), or a factor that is not a number
-        (each named).
+        A type other than ``"none"`` and ``"linear"`` (yarn: not implemented), a key of another
+        scaling (``yarn_*``), or a factor that is not a number (each named).
     """
     keys = {k.split(".", 1)[1] for k in metadata if k.startswith(f"{arch}.rope.scal")}
     if not keys:
@@ -75,8 +87,8 @@ def freq_factors(tensor: Any, head_dim: int,
 
     Parameters
     ----------
-    tensor : GGUFTensor or None
-        The file's ``rope_freqs.weight``.
+    tensor : file tensor or None
+        The file's ``rope_freqs.weight`` (or a ``phi3`` file's ``rope_factors_short.weight``).
     head_dim : int
         The model's head size (the tensor holds head_dim // 2 values).
     scaled : tuple of float of length head_dim // 2, or None
@@ -97,14 +109,48 @@ def freq_factors(tensor: Any, head_dim: int,
         return scaled
     shape = tuple(int(n) for n in tensor.shape.tolist())
     if tensor.tensor_type.name != "F32" or shape != (head_dim // 2,):  # as llama.cpp asks
-        raise ValueError(f"tensor {ROPE_FREQS!r} is {tensor.tensor_type.name} of shape "
+        raise ValueError(f"tensor {tensor.name!r} is {tensor.tensor_type.name} of shape "
                          f"{shape}; RoPE of head size {head_dim} needs F32 of shape "
                          f"({head_dim // 2},)")
     values = np.asarray(tensor.data, dtype=np.float64).ravel()
     if not (np.isfinite(values).all() and (values > 0).all()):
-        raise ValueError(f"tensor {ROPE_FREQS!r} holds a value that is not positive and "
+        raise ValueError(f"tensor {tensor.name!r} holds a value that is not positive and "
                          "finite")
     if scaled is not None:
         values = values * np.asarray(scaled)
     return tuple(values.tolist())
 
+
+
+def attention_factor(metadata: dict[str, Any], arch: str) -> float | None:
+    """Return ``{arch}.rope.scaling.attn_factor`` (``ModelConfig.rope_attention_factor``), or
+    None where the file has none.
+
+    Raises
+    ------
+    ValueError
+        A value that is not a positive finite number (named).
+    """
+    key = f"{arch}.rope.scaling.attn_factor"
+    if key not in metadata:
+        return None
+    return positive_number(metadata[key], f"metadata key {key!r}")
+
+
+def rope_context(metadata: dict[str, Any], arch: str, names: Any, context: int) -> int:
+    """Return the most positions the file's RoPE serves: ``context`` (the training context),
+    or, for a file with :data:`LONGROPE` factors among the tensor ``names``, the context of the
+    short ones (``{arch}.rope.scaling.original_context_length``, at most ``context``).
+
+    Raises
+    ------
+    ValueError
+        An original context that is not a positive int (named).
+    """
+    key = f"{arch}.rope.scaling.original_context_length"
+    if not any(n in names for n in LONGROPE) or key not in metadata:
+        return context
+    original = metadata[key]
+    if type(original) is not int or original <= 0:
+        raise ValueError(f"metadata key {key!r} must be a positive int, got {original!r}")
+    return min(original, context)

@@ -2,7 +2,8 @@
 
 :func:`save_gguf` is what ``model.save("x.gguf")`` and ``fastspec quantize`` run. It writes the
 architecture metadata of the model's family (``llama`` without QK-norm and biases, ``qwen2``
-with q/k/v biases, ``qwen3`` with QK-norm; or the source file's architecture), copies every
+with q/k/v biases, ``qwen3`` with QK-norm; or the source file's architecture, except that a
+``phi3`` file's model is written as the ``llama`` it computes), copies every
 other key of a source GGUF file (the tokenizer's ``tokenizer.*`` keys, ``general.*``), and the
 tensors under their GGUF names: quantized matrices as their blocks (Q8_0, Q4_0, Q4_1), float
 ones as F32 (F16 for float16 storage, BF16 for bfloat16), norms and biases as F32. The rows of
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastspec.formats.gguf import ARCHITECTURES, gguf_package
+from fastspec.formats.gguf import gguf_package
 from fastspec.formats.gguf_names import ROPE_FREQS, gguf_tensor_name, permute
 from fastspec.formats.hf_rope import linear_factor
 
@@ -26,6 +27,8 @@ if TYPE_CHECKING:  # annotations only
 
 __all__ = ["save_gguf", "architecture_of"]
 
+#: The architectures written (a source file's own where it is one of them).
+WRITTEN = ("llama", "qwen2", "qwen3")
 #: Keys the writer sets itself; never copied from a source file.
 _OWN_KEYS = ("general.architecture", "general.file_type", "general.quantization_version",
              "general.alignment")
@@ -34,8 +37,9 @@ _OWN_KEYS = ("general.architecture", "general.file_type", "general.quantization_
 def architecture_of(model: "Transformer", source_arch: str | None = None) -> str:
     """Return the GGUF architecture ``model`` is written as.
 
-    ``source_arch`` (the file it came from) wins when it is one fastspec reads; otherwise
-    ``qwen2`` for q/k/v biases, ``qwen3`` for QK-norm, else ``llama``.
+    ``source_arch`` (the file it came from) wins when it is one of :data:`WRITTEN`; otherwise
+    ``qwen2`` for q/k/v biases, ``qwen3`` for QK-norm, else ``llama`` (a ``phi3`` file's
+    model: its fused tensors split, its LongRoPE short factors as ``rope_freqs.weight``).
 
     Raises
     ------
@@ -48,10 +52,10 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
         raise ValueError("only Llama-family models (RMSNorm, RoPE, SwiGLU) can be written as "
                          f"GGUF; this one is {c.norm}/{c.positional}/{c.activation}")
-    if c.qkv_bias and c.qk_norm and source_arch not in ARCHITECTURES:
+    if c.qkv_bias and c.qk_norm and source_arch not in WRITTEN:
         raise ValueError("a model with both q/k/v biases and QK-norm has no GGUF architecture "
                          "fastspec reads")
-    arch = source_arch if source_arch in ARCHITECTURES else (
+    arch = source_arch if source_arch in WRITTEN else (
         "qwen2" if c.qkv_bias else "qwen3" if c.qk_norm else "llama")
     per_frequency = c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None
     if per_frequency and arch != "llama":
@@ -80,20 +84,26 @@ def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
     if factor is not None:  # one divisor for every frequency: llama.cpp's linear scaling
         keys["rope.scaling.type"] = ("linear", gguf.GGUFValueType.STRING)
         keys["rope.scaling.factor"] = (factor, F32)
+    if c.rope_attention_factor is not None:  # llama.cpp multiplies cos and sin by it
+        keys["rope.scaling.attn_factor"] = (c.rope_attention_factor, F32)
     for leaf, (value, vtype) in keys.items():
         w.add_key_value(f"{arch}.{leaf}", value, vtype)
     return {f"{arch}.{leaf}" for leaf in keys}
 
 
-def _copy_metadata(w: Any, source: Path, skip: set[str]) -> None:
+def _copy_metadata(w: Any, source: Path, skip: set[str], arch: str) -> None:
     """Copy every key of GGUF file ``source`` that is not in ``skip`` nor the writer's own (nor
-    a RoPE scaling key: the model's own divisors are written instead)."""
+    a RoPE scaling key: the model's own divisors are written instead; nor a key of another
+    architecture than ``arch``, the one written)."""
     gguf = gguf_package()
     reader = gguf.GGUFReader(source, mode="r")
     ARRAY = gguf.GGUFValueType.ARRAY
+    field = reader.fields.get("general.architecture")
+    src_arch = str(field.contents()) if field is not None else arch
     for key, field in reader.fields.items():
         if (key.startswith("GGUF.") or key in skip or key in _OWN_KEYS
-                or key.split(".", 1)[-1].startswith("rope.scal")):
+                or key.split(".", 1)[-1].startswith("rope.scal")
+                or (src_arch != arch and key.startswith(src_arch + "."))):
             continue
         vtype = field.types[0]
         sub = field.types[1] if vtype == ARRAY and len(field.types) > 1 else None
@@ -160,7 +170,7 @@ def save_gguf(model: "Transformer", path: str | os.PathLike, *,
         w.add_file_type(_file_type(model))
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         if source is not None:
-            _copy_metadata(w, Path(source), written)
+            _copy_metadata(w, Path(source), written, arch)
         elif name:
             w.add_name(name)
         for hf, a in model.state_dict().items():

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import numpy as np
 
 from fastspec.formats import json_io
-from fastspec.formats.hf_rope import SCALINGS, linear_factor, rope_freq_factors, rope_theta
+from fastspec.formats.hf_fused import fused_name, part_entry
+from fastspec.formats.hf_rope import (SCALINGS, linear_factor, rope_attention_factor,
+                                      rope_context, rope_freq_factors, rope_theta)
 from fastspec.formats.json_io import read_json_object
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import hf_layer_keys, layer_attrs
@@ -46,7 +48,7 @@ _DTYPES = {
 }
 _FLOAT_CODES = {"F64", "F32", "F16", "BF16"}
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                  "Qwen3ForCausalLM": "qwen3"}
+                  "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3"}
 
 
 # --- safetensors -------------------------------------------------------------------------
@@ -258,15 +260,24 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         raise ValueError(f"{arch}: use_sliding_window=True is not supported")
     dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or dim // heads
+    rotary = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor",
+                                                    cfg.get("partial_rotary_factor", 1.0))
+    if rotary != 1:
+        raise ValueError(f"{arch}: partial_rotary_factor={rotary!r} is not supported")
+    context = rope_context(cfg, int(cfg.get("max_position_embeddings", 2048)))
+    window = cfg.get("sliding_window") if family == "phi3" else None
+    if window is not None:  # transformers' Phi-3 window: no change below that many positions
+        context = min(context, int(window))
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]), dim=dim, n_layers=int(cfg["num_hidden_layers"]),
         n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(head_dim), ffn_dim=int(cfg["intermediate_size"]),
-        max_seq_len=int(cfg.get("max_position_embeddings", 2048)), norm="rmsnorm",
+        max_seq_len=context, norm="rmsnorm",
         positional="rope", activation="swiglu",
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         rope_theta=rope_theta(cfg, SCALINGS),
         rope_freq_factors=rope_freq_factors(cfg, int(head_dim)),
+        rope_attention_factor=rope_attention_factor(cfg),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         dtype=dtype, qk_norm=family == "qwen3", qkv_bias=family == "qwen2")
 
@@ -283,6 +294,10 @@ def hf_export_config(c: ModelConfig) -> dict:
     if c.rope_freq_factors is not None and factor is None:
         raise ValueError("per-frequency RoPE factors (rope_freq_factors, Llama 3.1+) have no "
                          "config.json form without their llama3 parameters; save to .npz or "
+                         ".gguf instead")
+    if c.rope_attention_factor is not None:
+        raise ValueError("a RoPE attention factor (rope_attention_factor, LongRoPE) has no "
+                         "config.json form without its LongRoPE parameters; save to .npz or "
                          ".gguf instead")
     arch, mtype = (("Qwen3ForCausalLM", "qwen3") if c.qk_norm else
                    ("Qwen2ForCausalLM", "qwen2") if c.qkv_bias else ("LlamaForCausalLM", "llama"))
@@ -373,7 +388,7 @@ def read_hf_config(folder: str | os.PathLike, dtype: str | None = None,
         weight_dtype = own_weight_dtype(cfg, dtype)
     config = hf_config(cfg, dtype or "float32").replace(weight_dtype=weight_dtype)
     files = weight_files(folder)
-    missing = [n for n in hf_tensor_names(config) if n not in files]
+    missing = [n for n in hf_tensor_names(config) if n not in files and fused_name(n) not in files]
     if missing:
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         raise ValueError(f"{folder}: missing tensors {missing[:10]}{more}")
@@ -399,11 +414,17 @@ def iter_hf(folder: str | os.PathLike,
     files = weight_files(folder)
     by_file: dict[Path, list[str]] = {}
     for name in hf_tensor_names(config):
-        if name not in files:
+        source = name if name in files else fused_name(name)  # Phi-3's fused projections
+        if source not in files:
             raise ValueError(f"{folder}: missing tensor {name!r}")
-        by_file.setdefault(files[name], []).append(name)
+        by_file.setdefault(files[source], []).append(name)
     for path, names in by_file.items():
         entries, data_start, _ = _read_header(path)
+        for n in names:  # a part of a fused tensor: its rows of the same bytes
+            f = entries.get(fused_name(n) or "") if n not in entries else None
+            if f is not None:
+                size = np.dtype(_DTYPES[f[0]]).itemsize
+                entries[n] = part_entry(n, f, size, config, str(path))
         absent = [n for n in names if n not in entries]
         if absent:
             raise ValueError(f"{path}: missing tensors {absent[:10]} (listed in the index)")

@@ -1,4 +1,5 @@
-"""RoPE settings of a Hugging Face ``config.json``: the base, linear and llama3 scaling.
+"""RoPE settings of a Hugging Face ``config.json``: the base, linear, llama3 and LongRoPE
+scaling.
 
 transformers 5 writes them under ``rope_parameters`` (``rope_theta`` included); earlier
 versions wrote ``rope_theta`` and ``rope_scaling`` at the top level. Both are read as
@@ -6,19 +7,25 @@ transformers 5 reads them: a legacy ``rope_scaling`` object replaces ``rope_para
 the base is ``rope_theta`` inside the chosen object, else at the top level, else 10000.
 Default RoPE, ``rope_type="linear"`` (positions divided by ``factor``: every frequency
 divided by it, as transformers does) and ``"llama3"`` (per-frequency divisors,
-:func:`~fastspec.model.functional.llama3_freq_factors`) run; any other type is a ValueError
-naming it.
+:func:`~fastspec.model.functional.llama3_freq_factors`) and ``"longrope"`` (Phi-3's; ``"su"``,
+its older name) run; any other type is a ValueError naming it. LongRoPE divides by its
+``short_factor`` up to ``original_max_position_embeddings`` positions and by its
+``long_factor`` beyond (transformers switches by the sequence's length): fastspec runs the
+short factors and serves that many positions (:func:`rope_context`), with transformers'
+``attention_factor`` (:func:`rope_attention_factor`).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastspec.model.functional import llama3_freq_factors, positive_number
 
-__all__ = ["rope_theta", "rope_freq_factors", "linear_factor", "SCALINGS"]
+__all__ = ["rope_theta", "rope_freq_factors", "rope_attention_factor", "rope_context",
+           "linear_factor", "SCALINGS"]
 
 #: The RoPE types that run (:func:`rope_freq_factors` turns each into divisors or None).
-SCALINGS = ("default", "linear", "llama3")
+SCALINGS = ("default", "linear", "llama3", "longrope", "su")
 
 #: The llama3 parameters (``original_max_position_embeddings`` defaults as in transformers).
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
@@ -34,7 +41,7 @@ def _rope_parameters(cfg: dict) -> tuple[str, dict]:
     kind = params.get("rope_type", params.get("type", "default"))
     if not isinstance(kind, str) or not kind:
         raise ValueError(f"rope_type must be a non-empty string, got {kind!r}")
-    return kind, params
+    return ("longrope" if kind == "su" else kind), params
 
 
 def rope_theta(cfg: dict, scalings: tuple[str, ...] = ("default",)) -> float:
@@ -80,7 +87,8 @@ def rope_freq_factors(cfg: dict, head_dim: int) -> tuple[float, ...] | None:
     -------
     tuple of float of length head_dim // 2, or None
         For ``rope_type`` ``"linear"``: ``factor`` for every frequency (None for a factor of
-        1); for ``"llama3"``: :func:`~fastspec.model.functional.llama3_freq_factors`.
+        1); for ``"llama3"``: :func:`~fastspec.model.functional.llama3_freq_factors`; for
+        ``"longrope"``: its ``short_factor``.
 
     Raises
     ------
@@ -94,6 +102,14 @@ def rope_freq_factors(cfg: dict, head_dim: int) -> tuple[float, ...] | None:
     if kind == "linear":
         factor = positive_number(params.get("factor"), "linear RoPE scaling's factor")
         return None if factor == 1 else (factor,) * (head_dim // 2)
+    if kind == "longrope":
+        _longrope_original(cfg, params)  # checked here: the factors serve that many positions
+        short = params.get("short_factor")
+        if not isinstance(short, list) or len(short) != head_dim // 2:
+            raise ValueError(f"LongRoPE's short_factor must be a list of head_dim / 2 = "
+                             f"{head_dim // 2} numbers, got {short!r}")
+        return tuple(positive_number(f, f"LongRoPE's short_factor[{i}]")
+                     for i, f in enumerate(short))
     values: dict[str, Any] = {k: params.get(k) for k in _LLAMA3_KEYS}
     # transformers: a top-level original length wins, else the object's, else the context
     original = (cfg.get("original_max_position_embeddings"),
@@ -124,3 +140,47 @@ def linear_factor(factors: tuple[float, ...] | None) -> float | None:
     if not factors or any(f != factors[0] for f in factors):
         return None
     return float(factors[0])
+
+
+def _longrope_original(cfg: dict, params: dict) -> int:
+    """LongRoPE's ``original_max_position_embeddings``: the object's, else the top level's."""
+    original = params.get("original_max_position_embeddings",
+                          cfg.get("original_max_position_embeddings"))
+    if type(original) is not int or original <= 0:
+        raise ValueError("LongRoPE scaling needs original_max_position_embeddings, a positive "
+                         f"int, got {original!r}")
+    return original
+
+
+def rope_attention_factor(cfg: dict) -> float | None:
+    """Return the factor RoPE's cos and sin are multiplied by, or None for none.
+
+    For ``"longrope"``: its ``attention_factor``, else transformers' default from ``factor``
+    (else ``max_position_embeddings / original_max_position_embeddings``): 1 up to 1, else
+    ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))``. Other types: None.
+
+    Raises
+    ------
+    ValueError
+        A factor or length that is not a positive number (named).
+    """
+    kind, params = _rope_parameters(cfg)
+    if kind != "longrope":
+        return None
+    if params.get("attention_factor") is not None:
+        return positive_number(params["attention_factor"], "LongRoPE's attention_factor")
+    original = _longrope_original(cfg, params)
+    factor = params.get("factor")
+    if factor is None:
+        factor = positive_number(cfg.get("max_position_embeddings"),
+                                 "max_position_embeddings") / original
+    factor = positive_number(factor, "LongRoPE's factor")
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def rope_context(cfg: dict, context: int) -> int:
+    """Return the most positions the RoPE settings serve in a model of ``context`` positions:
+    LongRoPE's ``original_max_position_embeddings`` (its short factors'; at most ``context``),
+    else ``context``."""
+    kind, params = _rope_parameters(cfg)
+    return min(_longrope_original(cfg, params), context) if kind == "longrope" else context

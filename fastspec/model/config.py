@@ -75,8 +75,13 @@ class ModelConfig:
 
     ``rope_freq_factors`` (rotary positions only; length ``head_dim // 2``, each positive)
     divides RoPE frequency ``i`` by its value: Llama 3.1+'s ``"llama3"`` scaling
-    (:func:`fastspec.model.functional.llama3_freq_factors`), GGUF's ``rope_freqs.weight``.
-    None (default) is plain RoPE.
+    (:func:`fastspec.model.functional.llama3_freq_factors`), GGUF's ``rope_freqs.weight``,
+    LongRoPE's short factors (Phi-3). None (default) is plain RoPE.
+
+    ``rope_attention_factor`` (rotary positions only; positive) multiplies the RoPE tables'
+    cos and sin, so every query and key by it (their scores by its square): LongRoPE's
+    ``attention_factor``, GGUF's ``rope.scaling.attn_factor``. None (default, and what 1
+    becomes) leaves them as they are.
     """
 
     vocab_size: int
@@ -98,6 +103,7 @@ class ModelConfig:
     qkv_bias: bool = False
     weight_dtype: str | None = None
     rope_freq_factors: tuple[float, ...] | None = None
+    rope_attention_factor: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -148,6 +154,11 @@ class ModelConfig:
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
         if self.rope_freq_factors is not None:
             self._check_freq_factors()
+        if self.rope_attention_factor is not None:
+            if self.positional != "rope":
+                raise ValueError("rope_attention_factor needs positional='rope'")
+            factor = positive_number(self.rope_attention_factor, "rope_attention_factor")
+            object.__setattr__(self, "rope_attention_factor", None if factor == 1 else factor)
 
     def _check_freq_factors(self) -> None:
         if self.positional != "rope":
@@ -184,8 +195,9 @@ class ModelConfig:
     @classmethod
     def tiny_llama(cls, dtype: str = "float32", **overrides) -> "ModelConfig":
         """Return the benchmark model's config: vocab 260, dim 256, 4 layers, 8 heads, ffn 704."""
-        fields = dict(vocab_size=260, dim=256, n_layers=4, n_heads=8, n_kv_heads=8,
-                      ffn_dim=704, max_seq_len=4096 + 64, dtype=dtype)
+        fields: dict[str, Any] = dict(vocab_size=260, dim=256, n_layers=4, n_heads=8,
+                                      n_kv_heads=8, ffn_dim=704, max_seq_len=4096 + 64,
+                                      dtype=dtype)
         fields.update(overrides)
         return cls(**fields)
 
@@ -203,10 +215,10 @@ class ModelConfig:
         return 2 if self.matrix_dtype == BF16 else np.dtype(self.matrix_dtype).itemsize
 
     def to_dict(self) -> dict:
-        """Return the config as a JSON-serialisable dict (``weight_dtype`` and
-        ``rope_freq_factors`` only when set)."""
+        """Return the config as a JSON-serialisable dict (``weight_dtype``,
+        ``rope_freq_factors`` and ``rope_attention_factor`` only when set)."""
         d = dataclasses.asdict(self)
-        for key in ("weight_dtype", "rope_freq_factors"):
+        for key in ("weight_dtype", "rope_freq_factors", "rope_attention_factor"):
             if d[key] is None:  # files of default models stay readable by older versions
                 del d[key]
         return d

@@ -36,12 +36,15 @@ _ROPE_THREADED_MIN = 1 << 18
 
 
 def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
-                freq_factors=None) -> tuple[np.ndarray, np.ndarray]:
+                freq_factors=None, attention_factor: float | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """Return ``cos, sin`` of shape (max_positions, head_dim // 2) for rotate-half RoPE.
 
     Frequency ``i`` turns ``theta ** (-2 i / head_dim) / freq_factors[i]`` radians a position
     (``freq_factors`` of shape (head_dim // 2,); None: all ones), as llama.cpp's RoPE reads
-    ``rope_freqs.weight``. Angles are computed in float64, then rounded to ``dtype``.
+    ``rope_freqs.weight``. Angles are computed in float64, then rounded to ``dtype``; with an
+    ``attention_factor`` (LongRoPE's, GGUF's ``rope.scaling.attn_factor``) the float64 cos
+    and sin are multiplied by it before the rounding.
 
     The tables are filled :data:`_ROPE_ROWS` positions at a time (element by element the same
     operations, so the same values), the chunks of a large table (a GGUF file's context of
@@ -55,8 +58,12 @@ def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
     def fill(p0: int) -> None:
         p1 = min(p0 + _ROPE_ROWS, max_positions)
         angles = np.arange(p0, p1, dtype=np.float64)[:, None] * inv_freq[None, :]
-        cos[p0:p1] = np.cos(angles)
-        sin[p0:p1] = np.sin(angles)
+        if attention_factor is None:
+            cos[p0:p1] = np.cos(angles)
+            sin[p0:p1] = np.sin(angles)
+        else:
+            cos[p0:p1] = np.cos(angles) * attention_factor
+            sin[p0:p1] = np.sin(angles) * attention_factor
 
     starts = range(0, max_positions, _ROPE_ROWS)
     threads = 1

@@ -104,7 +104,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         if config.positional == "rope":
             self.rope_cos, self.rope_sin = rope_tables(config.max_seq_len, config.head_dim,
                                                        config.rope_theta, dt,
-                                                       config.rope_freq_factors)
+                                                       config.rope_freq_factors,
+                                                       config.rope_attention_factor)
         else:
             self.rope_cos = self.rope_sin = None
         self._runners = threading.local()

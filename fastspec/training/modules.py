@@ -31,15 +31,18 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
-def rope_cos_sin(positions, head_dim: int, theta: float, freq_factors=None):
+def rope_cos_sin(positions, head_dim: int, theta: float, freq_factors=None,
+                 attention_factor=None):
     """cos, sin of shape positions.shape + (head_dim,) (HF rotate-half layout); frequency ``i``
-    divided by ``freq_factors[i]`` when given (``rope_freq_factors``, Llama 3.1+)."""
+    divided by ``freq_factors[i]`` when given (``rope_freq_factors``, Llama 3.1+), both
+    multiplied by ``attention_factor`` when given (``rope_attention_factor``, LongRoPE)."""
     inv_freq = theta ** (-torch.arange(0, head_dim // 2, dtype=torch.float64) * 2.0 / head_dim)
     if freq_factors is not None:
         inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float64)
     ang = positions.to(torch.float64)[..., None] * inv_freq
     ang = torch.cat([ang, ang], dim=-1)
-    return torch.cos(ang).float(), torch.sin(ang).float()
+    m = 1.0 if attention_factor is None else float(attention_factor)
+    return (torch.cos(ang) * m).float(), (torch.sin(ang) * m).float()
 
 
 def apply_rope(x, cos, sin):
@@ -142,7 +145,8 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(ids)
         pos = torch.arange(start, start + T, device=ids.device)
         cos, sin = rope_cos_sin(pos, self.cfg["head_dim"], self.cfg["rope_theta"],
-                                self.cfg.get("rope_freq_factors"))
+                                self.cfg.get("rope_freq_factors"),
+                                self.cfg.get("rope_attention_factor"))
         hidden = {}
         for li, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)

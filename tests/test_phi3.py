@@ -1,0 +1,314 @@
+"""Phi-3 GGUF files (llama.cpp's ``phi3``: Phi-3-mini, Phi-3.5-mini, as Ollama pulls them):
+fused ``attn_qkv`` and ``ffn_up`` tensors split as views, LongRoPE's short factors with its
+attention factor (``ModelConfig.rope_attention_factor``), the context they serve.
+
+Oracles: transformers' ``Phi3ForCausalLM`` (``rope_type="longrope"``) holding the weights the
+file holds, and llama.cpp itself where llama-cpp-python is installed; each parity check is
+paired with the model without the factors, and without the attention factor, failing it.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from fastspec.formats.hf_rope import rope_attention_factor, rope_context, rope_freq_factors
+from fastspec.model import ModelConfig, Transformer
+from fastspec.model.functional import rope_tables
+
+gguf = pytest.importorskip("gguf")
+from _gguf_writer import write_model  # noqa: E402  (needs gguf)
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf import GGUFValueType as V  # noqa: E402
+
+HD = 16
+SHORT = np.linspace(1.0, 3.0, HD // 2).astype(np.float32)
+LONG = np.linspace(1.0, 20.0, HD // 2).astype(np.float32)
+#: Mixed types: every fused tensor is cut through the blocks of one of them.
+TYPES = (Q.Q8_0, Q.Q4_K, Q.F16, Q.Q6_K, Q.Q4_0, Q.Q4_1, Q.F32)
+
+
+def _attention(context: int, original: int) -> float:
+    """transformers' default LongRoPE attention factor."""
+    return math.sqrt(1 + math.log(context / original) / math.log(original))
+
+
+def phi3_file(path, original=64, context=256, types=(Q.F32,), dim=64, factors=True,
+              attn=True, **kw):
+    """A random ``phi3`` GGUF file with LongRoPE; its weights under HF's separate names."""
+    meta = {"phi3.context_length": (context, V.UINT32),
+            "phi3.rope.scaling.original_context_length": (original, V.UINT32),
+            "phi3.attention.sliding_window": (original - 17, V.UINT32)}
+    if attn:
+        meta["phi3.rope.scaling.attn_factor"] = (_attention(context, original), V.FLOAT32)
+    extra = {"rope_factors_short.weight": SHORT, "rope_factors_long.weight": LONG}
+    return write_model(path, arch="phi3", dim=dim, n_layers=2, n_heads=dim // HD, n_kv=2,
+                       ffn=256, vocab=300, types=types, metadata=dict(meta, **kw.pop("meta", {})),
+                       extra=extra if factors else None, **kw)
+
+
+def _without(model: Transformer, **changes) -> Transformer:
+    return Transformer(model.config.replace(**changes), embed=model.embed, layers=model.layers,
+                       head=model.head, final_norm=model.final_norm)
+
+
+def _transformers_logits(state: dict, c: ModelConfig, ids, context: int, original: int):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.Phi3Config(
+        vocab_size=c.vocab_size, hidden_size=c.dim, intermediate_size=c.ffn_dim,
+        num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
+        num_key_value_heads=c.n_kv_heads, max_position_embeddings=context,
+        original_max_position_embeddings=original, rms_norm_eps=c.norm_eps,
+        rope_theta=c.rope_theta, tie_word_embeddings=False, sliding_window=None,
+        rope_scaling={"rope_type": "longrope", "short_factor": SHORT.tolist(),
+                      "long_factor": LONG.tolist()},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = transformers.Phi3ForCausalLM(cfg).eval()
+    sd = {k: torch.tensor(v) for k, v in state.items()}
+    for i in range(c.n_layers):
+        p = f"model.layers.{i}."
+        sd[p + "self_attn.qkv_proj.weight"] = torch.cat(
+            [sd.pop(f"{p}self_attn.{x}_proj.weight") for x in "qkv"])
+        sd[p + "mlp.gate_up_proj.weight"] = torch.cat(
+            [sd.pop(p + "mlp.gate_proj.weight"), sd.pop(p + "mlp.up_proj.weight")])
+    model.load_state_dict(sd, strict=True)
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(ids)[None])).logits[0].double().numpy()
+
+
+@pytest.mark.hf
+def test_gguf_matches_transformers(tmp_path, backend):
+    """Mixed quant types (the fused tensors cut through their blocks), LongRoPE's short
+    factors and attention factor: transformers' Phi-3 with the file's weights."""
+    path = tmp_path / "phi3.gguf"
+    state = phi3_file(path, types=TYPES, dim=256)
+    ours = Transformer.load(path)
+    c = ours.config
+    assert c.rope_freq_factors == tuple(SHORT.tolist()) and c.max_seq_len == 64
+    assert c.rope_attention_factor == pytest.approx(_attention(256, 64), rel=1e-7)
+    ids = np.random.default_rng(1).integers(0, c.vocab_size, 60)
+    ref = _transformers_logits(state, c, ids, 256, 64)
+    np.testing.assert_allclose(ours.forward(ids).logits, ref, atol=1e-4, rtol=0)
+    for changes in ({"rope_freq_factors": None}, {"rope_attention_factor": None}):
+        assert np.abs(_without(ours, **changes).forward(ids).logits - ref).max() > 1e-2
+
+
+def test_gguf_matches_llama_cpp(tmp_path):
+    """llama.cpp runs the short factors at a context of at most the original one (its context
+    is rounded up to 256) and multiplies cos and sin by the attention factor."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = tmp_path / "phi3.gguf"
+    phi3_file(path, original=256, context=1024)
+    ours = Transformer.load(path)
+    assert ours.config.max_seq_len == 256
+    ids = np.random.default_rng(2).integers(0, ours.config.vocab_size, 200)
+    m = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=1,
+                        type_k=0, type_v=0, verbose=False)  # a float32 cache (default f16)
+    m.eval(ids.tolist())
+    ref = np.asarray(m.scores[:len(ids)], dtype=np.float64)
+    np.testing.assert_allclose(ours.forward(ids).logits, ref, atol=2e-4, rtol=0)
+    for changes in ({"rope_freq_factors": None}, {"rope_attention_factor": None}):
+        assert np.abs(_without(ours, **changes).forward(ids).logits - ref).max() > 1e-2
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
+def test_fused_blocks_are_kept(tmp_path, kind):
+    """A quantized file's fused tensors load natively: each part holds its rows' blocks."""
+    path = tmp_path / "phi3.gguf"
+    phi3_file(path, types=(getattr(Q, kind.upper()),), dim=256)
+    model = Transformer.load(path, weight_dtype="auto")
+    assert model.config.weight_dtype == kind
+    raw = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(path).tensors}
+    lw = model.layers[1]
+    q, kv = 256, 2 * HD
+    qkv, up = raw["blk.1.attn_qkv.weight"], raw["blk.1.ffn_up.weight"]
+    for got, want in ((lw.wq, qkv[:q]), (lw.wk, qkv[q:q + kv]), (lw.wv, qkv[q + kv:]),
+                      (lw.w_gate, up[:256]), (lw.w_up, up[256:])):
+        np.testing.assert_array_equal(got.to_blocks(), want)
+
+
+def test_saved_as_llama(tmp_path):
+    """``fastspec quantize``/``save``: a Phi-3 model is written as the llama it computes
+    (q/k permuted, the short factors as rope_freqs, the attention factor as a key), and reads
+    back to the same logits, in fastspec and in llama.cpp."""
+    from fastspec.formats.gguf import GGUFFile
+    from fastspec.formats.gguf_write import save_gguf
+
+    src, out = tmp_path / "phi3.gguf", tmp_path / "llama.gguf"
+    phi3_file(src, original=256, context=1024)
+    model = Transformer.load(src)
+    save_gguf(model, out, source=src)
+    f = GGUFFile(out)
+    assert f.architecture == "llama" and "rope_freqs.weight" in f._tensors
+    assert not [k for k in f.metadata if k.startswith("phi3.")]
+    assert f.metadata["llama.rope.scaling.attn_factor"] == pytest.approx(_attention(1024, 256))
+    back = Transformer.load(out)
+    assert back.config == model.config
+    ids = np.random.default_rng(3).integers(0, model.config.vocab_size, 100)
+    np.testing.assert_array_equal(back.forward(ids).logits, model.forward(ids).logits)
+    llama_cpp = pytest.importorskip("llama_cpp")
+    m = llama_cpp.Llama(model_path=str(out), n_ctx=256, logits_all=True, n_threads=1,
+                        type_k=0, type_v=0, verbose=False)
+    m.eval(ids.tolist())
+    np.testing.assert_allclose(model.forward(ids).logits,
+                               np.asarray(m.scores[:len(ids)], dtype=np.float64), atol=2e-4,
+                               rtol=0)
+
+
+def test_without_longrope(tmp_path):
+    """Phi-3-mini-4k: no factors, no attention factor, a sliding window that llama.cpp does
+    not run (nor fastspec): the file's context."""
+    path = tmp_path / "phi3.gguf"
+    phi3_file(path, factors=False, attn=False, original=64, context=256)
+    c = Transformer.load(path).config
+    assert (c.rope_freq_factors, c.rope_attention_factor, c.max_seq_len) == (None, None, 256)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(reshape={"blk.0.attn_qkv.weight": (64, 128)}), r"'blk\.0\.attn_qkv\.weight'.*rows"),
+    (dict(reshape={"blk.1.ffn_up.weight": (128, 256)}), r"'blk\.1\.ffn_up\.weight'.*rows"),
+    (dict(meta={"phi3.rope.scaling.attn_factor": (0.0, V.FLOAT32)}), "attn_factor"),
+    (dict(meta={"phi3.rope.scaling.attn_factor": ("x", V.STRING)}), "attn_factor"),
+    (dict(meta={"phi3.rope.scaling.original_context_length": (0, V.INT32)}),
+     "original_context_length"),
+])
+def test_bad_files_are_named(tmp_path, change, match):
+    path = tmp_path / "phi3.gguf"
+    phi3_file(path, **change)
+    with pytest.raises(ValueError, match=match):
+        Transformer.load(path)
+
+
+def test_fused_beside_its_part_is_refused(tmp_path):
+    path = tmp_path / "phi3.gguf"
+    rng = np.random.default_rng(0)
+    write_model(path, arch="phi3", dim=64, n_layers=1, n_heads=4, n_kv=2, ffn=256, vocab=300,
+                types=(Q.F32,), extra={"blk.0.attn_q.weight":
+                                       rng.normal(size=(64, 64)).astype(np.float32)})
+    with pytest.raises(ValueError, match=r"fused.*'blk\.0\.attn_q\.weight'"):
+        Transformer.load(path)
+
+
+def test_sliding_window_still_refused_elsewhere(tmp_path):
+    path = tmp_path / "llama.gguf"
+    write_model(path, arch="llama", dim=64, n_layers=1, n_heads=4, n_kv=2, ffn=96, vocab=300,
+                types=(Q.F32,), metadata={"llama.attention.sliding_window": (100, V.UINT32)})
+    with pytest.raises(ValueError, match="sliding_window"):
+        Transformer.load(path)
+
+
+# --- the config field and the config.json rule ------------------------------------------
+
+def test_config_field(tmp_path):
+    base = dict(vocab_size=64, dim=64, n_layers=1, n_heads=4)
+    c = ModelConfig(**base, rope_attention_factor=1.25)
+    assert c.rope_attention_factor == 1.25 and hash(c)
+    assert ModelConfig.from_dict(c.to_dict()) == c
+    assert ModelConfig(**base, rope_attention_factor=1).rope_attention_factor is None
+    assert "rope_attention_factor" not in ModelConfig(**base).to_dict()
+    for bad in (0, -1.0, float("nan"), float("inf"), "2", True):
+        with pytest.raises(ValueError, match="rope_attention_factor"):
+            ModelConfig(**base, rope_attention_factor=bad)
+    with pytest.raises(ValueError, match="positional='rope'"):
+        ModelConfig(**dict(base, positional="learned"), rope_attention_factor=2.0)
+    model = Transformer.random(c, seed=0)
+    model.save(tmp_path / "m.npz")
+    assert Transformer.load(tmp_path / "m.npz").config == c
+    with pytest.raises(ValueError, match="rope_attention_factor"):
+        model.save(tmp_path / "folder")  # no config.json form
+
+
+def test_tables_scaled():
+    cos, sin = rope_tables(50, 16, 1e4, np.float64)
+    c2, s2 = rope_tables(50, 16, 1e4, np.float64, attention_factor=1.5)
+    np.testing.assert_allclose(c2, 1.5 * cos, rtol=1e-15)
+    np.testing.assert_allclose(s2, 1.5 * sin, rtol=1e-15)
+
+
+def test_longrope_config_json():
+    """As transformers reads it (its ``_compute_longrope_parameters``), ``"su"`` included."""
+    cfg = {"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+           "hidden_size": 64, "num_attention_heads": 4,
+           "rope_scaling": {"type": "su", "short_factor": SHORT.tolist(),
+                            "long_factor": LONG.tolist()}}
+    assert rope_freq_factors(cfg, HD) == tuple(SHORT.tolist())
+    assert rope_attention_factor(cfg) == pytest.approx(_attention(131072, 4096))
+    assert rope_context(cfg, 131072) == 4096
+    cfg["rope_scaling"]["attention_factor"] = 1.5
+    assert rope_attention_factor(cfg) == 1.5
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    del cfg["rope_scaling"]["attention_factor"]
+    ref = transformers.Phi3Config(**{k: v for k, v in cfg.items() if k != "rope_scaling"},
+                                  rope_scaling=dict(cfg["rope_scaling"], type="longrope"))
+    _, attention = ROPE_INIT_FUNCTIONS["longrope"](ref, None)
+    assert rope_attention_factor(cfg) == pytest.approx(attention, rel=1e-12)
+    for bad, match in ((dict(short_factor=[1.0] * 3), "short_factor"),
+                       (dict(short_factor=[1.0] * 7 + [0.0]), r"short_factor\[7\]")):
+        with pytest.raises(ValueError, match=match):
+            rope_freq_factors(dict(cfg, rope_scaling=dict(cfg["rope_scaling"], **bad)), HD)
+    del cfg["original_max_position_embeddings"]
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
+        rope_freq_factors(cfg, HD)
+
+
+# --- Hugging Face folders -----------------------------------------------------------------
+
+@pytest.mark.hf
+@pytest.mark.parametrize("longrope", [True, False])
+def test_folder_matches_transformers(tmp_path, backend, longrope):
+    """A ``Phi3ForCausalLM`` folder (fused ``qkv_proj``/``gate_up_proj``): with LongRoPE it
+    serves the original context; without it (Phi-3-mini-4k) its sliding window's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    scaling = {"rope_type": "longrope", "short_factor": SHORT.tolist(),
+               "long_factor": LONG.tolist()} if longrope else None
+    cfg = transformers.Phi3Config(
+        vocab_size=96, hidden_size=64, intermediate_size=80, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        original_max_position_embeddings=64, rope_scaling=scaling, tie_word_embeddings=False,
+        sliding_window=None if longrope else 100, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)
+    model = transformers.Phi3ForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # the default init is tiny; make every weight matter
+            p.add_(0.05 * torch.randn_like(p))
+    model.save_pretrained(tmp_path)
+    ours = Transformer.load(tmp_path)
+    assert ours.config.max_seq_len == (64 if longrope else 100)
+    ids = np.random.default_rng(4).integers(0, 96, ours.config.max_seq_len - 4)
+    with torch.no_grad():
+        ref = model(torch.tensor(ids[None])).logits[0].double().numpy()
+    np.testing.assert_allclose(ours.forward(ids).logits, ref, atol=1e-4, rtol=0)
+    if longrope:
+        for changes in ({"rope_freq_factors": None}, {"rope_attention_factor": None}):
+            assert np.abs(_without(ours, **changes).forward(ids).logits - ref).max() > 1e-2
+
+
+def test_folder_fused_rows_are_checked(tmp_path):
+    import json
+
+    from fastspec.formats.hf_folder import write_safetensors
+    c = ModelConfig(vocab_size=32, dim=64, n_layers=1, n_heads=4, n_kv_heads=2, ffn_dim=80,
+                    tie_embeddings=False)
+    sd = {k: np.asarray(v, np.float32) for k, v in Transformer.random(c, 0).state_dict().items()}
+    p = "model.layers.0."
+    sd[p + "self_attn.qkv_proj.weight"] = np.concatenate(
+        [sd.pop(f"{p}self_attn.{x}_proj.weight") for x in "qkv"])[:-16]  # one head short
+    sd[p + "mlp.gate_up_proj.weight"] = np.concatenate(
+        [sd.pop(p + "mlp.gate_proj.weight"), sd.pop(p + "mlp.up_proj.weight")])
+    write_safetensors(tmp_path / "model.safetensors", sd)
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Phi3ForCausalLM"], "vocab_size": 32, "hidden_size": 64,
+        "intermediate_size": 80, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "tie_word_embeddings": False}))
+    with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn\.qkv_proj\.weight'.*112"):
+        Transformer.load(tmp_path)
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        from fastspec.formats.hf_folder import hf_config
+        hf_config({"architectures": ["Phi3ForCausalLM"], "vocab_size": 32, "hidden_size": 64,
+                   "intermediate_size": 80, "num_hidden_layers": 1, "num_attention_heads": 4,
+                   "partial_rotary_factor": 0.75})
