@@ -292,8 +292,9 @@ def test_transformers_reads_a_written_llama_file(tmp_path):
                                           n_kv_heads=2, ffn_dim=128, max_seq_len=64), seed=3)
     q = base.quantize("q8_0")
     q.save(tmp_path / "q.gguf")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="q.gguf",
-                                                           dtype=torch.float32)
+    # the whole path: transformers looks a bare name up in the working folder first
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, gguf_file=str(tmp_path / "q.gguf"), dtype=torch.float32)
     ids = [1, 5, 9, 33, 60]
     want = hf(torch.tensor([ids])).logits[0].detach().numpy()
     got = q.with_weight_dtype(None).forward(ids).logits  # the same values, float products

@@ -194,22 +194,34 @@ def test_resolve_order(store, tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no FIFOs here")
-def test_a_fifo_is_not_opened(tmp_path):
-    """Opening a FIFO blocks until a writer comes: is_gguf looks at regular files only."""
+@pytest.mark.parametrize("name", ["fifo", "x.gguf"])
+def test_a_fifo_is_not_opened(tmp_path, name):
+    """Opening a FIFO blocks until a writer comes: is_gguf looks at regular files only, and
+    the GGUF reader refuses one named ``.gguf``."""
     import os
     import threading
 
-    fifo = tmp_path / "fifo"
+    from fastspec.model import Transformer
+
+    fifo = tmp_path / name
     os.mkfifo(fifo)
     result: list = []
-    worker = threading.Thread(target=lambda: result.append(is_gguf(fifo)), daemon=True)
+
+    def run() -> None:
+        try:
+            result.append(Transformer.load(fifo) if name.endswith(".gguf") else is_gguf(fifo))
+        except ValueError as exc:
+            result.append(str(exc))
+
+    worker = threading.Thread(target=run, daemon=True)
     worker.start()
     worker.join(5)
     blocked = worker.is_alive()
     if blocked:  # release it (a writer that closes at once), then fail
         os.close(os.open(fifo, os.O_WRONLY))
         worker.join(5)
-    assert not blocked and result == [False]
+    assert not blocked
+    assert result == [False] if name == "fifo" else "not a regular file" in result[0]
 
 
 def test_gguf_is_known_by_its_bytes(tmp_path):

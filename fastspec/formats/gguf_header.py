@@ -240,6 +240,8 @@ def is_gguf(path: str | os.PathLike) -> bool:
 
 
 def _open(path: Path) -> tuple[mmap.mmap | bytes, int]:
+    if path.exists() and not path.is_file():  # opening a FIFO would block until a writer
+        raise ValueError(f"{path}: not a regular file (a GGUF file is read from one)")
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
