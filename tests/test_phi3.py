@@ -38,14 +38,17 @@ def phi3_file(path, original=64, context=256, types=(Q.F32,), dim=64, factors=Tr
               attn=True, **kw):
     """A random ``phi3`` GGUF file with LongRoPE; its weights under HF's separate names."""
     meta = {"phi3.context_length": (context, V.UINT32),
-            "phi3.rope.scaling.original_context_length": (original, V.UINT32),
-            "phi3.attention.sliding_window": (original - 17, V.UINT32)}
+            "phi3.attention.sliding_window": (47, V.UINT32)}
+    if original is not None:
+        meta["phi3.rope.scaling.original_context_length"] = (original, V.UINT32)
     if attn:
-        meta["phi3.rope.scaling.attn_factor"] = (_attention(context, original), V.FLOAT32)
+        meta["phi3.rope.scaling.attn_factor"] = (_attention(context, original or 256),
+                                                 V.FLOAT32)
     extra = {"rope_factors_short.weight": SHORT, "rope_factors_long.weight": LONG}
+    extra = (extra if factors else {}) | kw.pop("extra", {})
     return write_model(path, arch="phi3", dim=dim, n_layers=2, n_heads=dim // HD, n_kv=2,
                        ffn=256, vocab=300, types=types, metadata=dict(meta, **kw.pop("meta", {})),
-                       extra=extra if factors else None, **kw)
+                       extra=extra, **kw)
 
 
 def _without(model: Transformer, **changes) -> Transformer:
@@ -95,22 +98,60 @@ def test_gguf_matches_transformers(tmp_path, backend):
         assert np.abs(_without(ours, **changes).forward(ids).logits - ref).max() > 1e-2
 
 
-def test_gguf_matches_llama_cpp(tmp_path):
-    """llama.cpp runs the short factors at a context of at most the original one (its context
-    is rounded up to 256) and multiplies cos and sin by the attention factor."""
+def _llama_cpp_logits(path, ids) -> np.ndarray:
     llama_cpp = pytest.importorskip("llama_cpp")
-    path = tmp_path / "phi3.gguf"
-    phi3_file(path, original=256, context=1024)
-    ours = Transformer.load(path)
-    assert ours.config.max_seq_len == 256
-    ids = np.random.default_rng(2).integers(0, ours.config.vocab_size, 200)
     m = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=1,
                         type_k=0, type_v=0, verbose=False)  # a float32 cache (default f16)
     m.eval(ids.tolist())
-    ref = np.asarray(m.scores[:len(ids)], dtype=np.float64)
+    return np.asarray(m.scores[:len(ids)], dtype=np.float64)
+
+
+#: phi3 files as llama.cpp runs them at a context of 256: (file, max_seq_len, the settings
+#: that must matter). Only long factors: llama.cpp has no short ones to run (plain RoPE);
+#: no original length: the short ones at every context.
+LLAMA_CPP_CASES = {
+    "both factors": (dict(original=256, context=1024), 256,
+                     ("rope_freq_factors", "rope_attention_factor")),
+    "long factors only": (dict(original=256, context=1024,
+                               skip=("rope_factors_short.weight",)), 256,
+                          ("rope_attention_factor",)),
+    "no original length": (dict(original=None, context=1024), 1024,
+                           ("rope_freq_factors", "rope_attention_factor")),
+}
+
+
+@pytest.mark.parametrize("case", list(LLAMA_CPP_CASES))
+def test_gguf_matches_llama_cpp(tmp_path, case):
+    """llama.cpp runs the short factors at a context of at most the original one (its context
+    is rounded up to 256) and multiplies cos and sin by the attention factor."""
+    pytest.importorskip("llama_cpp")
+    kw, context, matter = LLAMA_CPP_CASES[case]
+    path = tmp_path / "phi3.gguf"
+    phi3_file(path, **kw)
+    ours = Transformer.load(path)
+    assert ours.config.max_seq_len == context
+    assert (ours.config.rope_freq_factors is None) == ("rope_freq_factors" not in matter)
+    ids = np.random.default_rng(2).integers(0, ours.config.vocab_size, 200)
+    ref = _llama_cpp_logits(path, ids)
     np.testing.assert_allclose(ours.forward(ids).logits, ref, atol=2e-4, rtol=0)
-    for changes in ({"rope_freq_factors": None}, {"rope_attention_factor": None}):
-        assert np.abs(_without(ours, **changes).forward(ids).logits - ref).max() > 1e-2
+    for name in matter:
+        assert np.abs(_without(ours, **{name: None}).forward(ids).logits - ref).max() > 1e-2
+
+
+def test_attn_factor_in_any_file(tmp_path):
+    """llama.cpp multiplies cos and sin by ``rope.scaling.attn_factor`` whatever the
+    architecture (a qwen2 file here)."""
+    pytest.importorskip("llama_cpp")
+    path = tmp_path / "qwen2.gguf"
+    write_model(path, arch="qwen2", dim=64, n_layers=2, n_heads=4, n_kv=2, ffn=96,
+                types=(Q.F32,), metadata={"qwen2.rope.scaling.attn_factor": (1.4, V.FLOAT32)})
+    ours = Transformer.load(path)
+    assert ours.config.rope_attention_factor == pytest.approx(1.4)
+    ids = np.random.default_rng(5).integers(0, ours.config.vocab_size, 100)
+    ref = _llama_cpp_logits(path, ids)
+    np.testing.assert_allclose(ours.forward(ids).logits, ref, atol=2e-4, rtol=0)
+    plain = _without(ours, rope_attention_factor=None).forward(ids).logits
+    assert np.abs(plain - ref).max() > 1e-2
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
@@ -173,12 +214,28 @@ def test_without_longrope(tmp_path):
     (dict(meta={"phi3.rope.scaling.attn_factor": ("x", V.STRING)}), "attn_factor"),
     (dict(meta={"phi3.rope.scaling.original_context_length": (0, V.INT32)}),
      "original_context_length"),
+    (dict(meta={"phi3.rope.scaling.original_context_length": ("64", V.STRING)}, factors=False),
+     "original_context_length"),
+    (dict(extra={"rope_factors_long.weight": np.ones(3, np.float32)}, factors=False),
+     r"'rope_factors_long\.weight'.*shape"),
 ])
 def test_bad_files_are_named(tmp_path, change, match):
     path = tmp_path / "phi3.gguf"
     phi3_file(path, **change)
     with pytest.raises(ValueError, match=match):
         Transformer.load(path)
+
+
+def test_tensors_without_config(tmp_path):
+    """``GGUFFile.tensors`` splits the fused tensors itself (``config`` not asked first)."""
+    from fastspec.formats.gguf import GGUFFile
+
+    path = tmp_path / "phi3.gguf"
+    phi3_file(path)
+    config = GGUFFile(path).config()
+    names = {hf for hf, _ in GGUFFile(path).tensors(config)}
+    assert "model.layers.1.self_attn.v_proj.weight" in names
+    assert "model.layers.1.mlp.gate_proj.weight" in names
 
 
 def test_fused_beside_its_part_is_refused(tmp_path):
@@ -307,8 +364,40 @@ def test_folder_fused_rows_are_checked(tmp_path):
         "num_key_value_heads": 2, "tie_word_embeddings": False}))
     with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn\.qkv_proj\.weight'.*112"):
         Transformer.load(tmp_path)
+    sd[p + "self_attn.qkv_proj.weight"] = np.zeros((128, 64), np.float32)
+    sd[p + "self_attn.q_proj.weight"] = np.zeros((64, 64), np.float32)  # and a part beside it
+    write_safetensors(tmp_path / "model.safetensors", sd)
+    with pytest.raises(ValueError, match=r"fused.*'model\.layers\.0\.self_attn\.q_proj"):
+        Transformer.load(tmp_path)
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         from fastspec.formats.hf_folder import hf_config
         hf_config({"architectures": ["Phi3ForCausalLM"], "vocab_size": 32, "hidden_size": 64,
                    "intermediate_size": 80, "num_hidden_layers": 1, "num_attention_heads": 4,
                    "partial_rotary_factor": 0.75})
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+    ({"partial_rotary_factor": "x"}, "partial_rotary_factor must be a positive finite"),
+    ({"rope_parameters": [1]}, "rope_parameters"),
+    ({"sliding_window": "abc"}, "sliding_window"),
+    ({"sliding_window": 0}, "sliding_window"),
+    ({"sliding_window": 100.5}, "sliding_window"),
+])
+def test_bad_phi3_config_json(change, match):
+    from fastspec.formats.hf_folder import hf_config
+    cfg = {"architectures": ["Phi3ForCausalLM"], "vocab_size": 32, "hidden_size": 64,
+           "intermediate_size": 80, "num_hidden_layers": 1, "num_attention_heads": 4}
+    assert hf_config(dict(cfg, partial_rotary_factor=None)).max_seq_len == 2048  # null: 1
+    with pytest.raises(ValueError, match=match):
+        hf_config(dict(cfg, **change))
+
+
+def test_longrope_original_length_order():
+    """The top level's original length wins over the RoPE object's, as in transformers."""
+    cfg = {"max_position_embeddings": 1024, "original_max_position_embeddings": 64,
+           "rope_scaling": {"rope_type": "longrope", "short_factor": SHORT.tolist(),
+                            "long_factor": LONG.tolist(),
+                            "original_max_position_embeddings": 128}}
+    assert rope_context(cfg, 1024) == 64
+    assert rope_attention_factor(cfg) == pytest.approx(_attention(1024, 64))

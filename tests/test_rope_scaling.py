@@ -343,7 +343,9 @@ def test_dflash_folder_reads_llama3_scaling(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(raw, rope_scaling=SCALING)))
     got = fs.DFlashModel.load(tmp_path, target).config.rope_freq_factors
     assert got == llama3_freq_factors(16, raw["rope_theta"], **PARAMS)
-    (tmp_path / "config.json").write_text(json.dumps(dict(raw, rope_scaling={
-        "rope_type": "yarn", "factor": 4.0})))
-    with pytest.raises(ValueError, match="yarn"):
-        fs.DFlashModel.load(tmp_path, target)
+    for refused in ({"rope_type": "yarn", "factor": 4.0},  # LongRoPE too: no attention factor
+                    {"rope_type": "longrope", "short_factor": [1.0] * 8,
+                     "long_factor": [2.0] * 8, "original_max_position_embeddings": 64}):
+        (tmp_path / "config.json").write_text(json.dumps(dict(raw, rope_scaling=refused)))
+        with pytest.raises(ValueError, match=refused["rope_type"]):
+            fs.DFlashModel.load(tmp_path, target)

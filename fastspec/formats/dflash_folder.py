@@ -35,7 +35,8 @@ import numpy as np
 from fastspec.formats import json_io
 from fastspec.formats.json_io import read_json_object
 from fastspec.formats.hf_folder import weight_files, read_safetensors, write_safetensors
-from fastspec.formats.hf_rope import SCALINGS, linear_factor, rope_freq_factors, rope_theta
+from fastspec.formats.hf_rope import (DRAFTER_SCALINGS, linear_factor, rope_freq_factors,
+                                      rope_theta)
 from fastspec.model.schema import hf_layer_keys, layer_attrs
 
 if TYPE_CHECKING:  # annotations only
@@ -172,7 +173,7 @@ def read_dflash_config(folder: Path, target: Transformer, max_block: int) -> dic
         n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=head_dim,
         ffn_dim=_field(cfg, "intermediate_size", str(path)), qk_norm=True,
-        rope_theta=rope_theta(cfg, SCALINGS),
+        rope_theta=rope_theta(cfg, DRAFTER_SCALINGS),  # checked before the factors are read
         rope_freq_factors=rope_freq_factors(cfg, head_dim),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         mask_token_id=mask, last_tap_normed=True,

@@ -377,8 +377,9 @@ class GGUFFile:
         try:
             hf = self.hf_config()
             arch = hf["model_type"]
-            self._parts = split_fused(self._tensors, hf) if arch == "phi3" else self._tensors
+            self._model_tensors(hf)
             config = hf_config(hf, dtype or "float32")  # linear scaling's divisors
+            freq_factors(self._tensors.get(LONGROPE[1]), hf["head_dim"], None)  # checked only
             rope = self._tensors.get(ROPE_FREQS, self._tensors.get(LONGROPE[0]))
             config = config.replace(
                 weight_dtype=weight_dtype,
@@ -391,6 +392,12 @@ class GGUFFile:
             raise self._error(str(exc)) from None
         self._check_tensors(config)
         return config
+
+    def _model_tensors(self, hf: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The file's tensors with a phi3 file's fused ones split (:func:`split_fused`)."""
+        if self.architecture == "phi3" and self._parts is self._tensors:
+            self._parts = split_fused(self._tensors, hf or self.hf_config())
+        return self._parts
 
     def own_weight_dtype(self, dtype: str | None = None) -> str | None:
         """The ``weight_dtype`` keeping the file's own storage (``"auto"``; headers only):
@@ -436,8 +443,8 @@ class GGUFFile:
         asked: :meth:`fastspec.Transformer.from_tensors` reads each block by block.
         """
         permuted = ("attn_q", "attn_k") if self.architecture == "llama" else ()
-        for name, t in self._parts.items():
-            if name in _ROPE_TENSORS.get(str(self.architecture), ()):  # in config.rope_freq_factors
+        for name, t in self._model_tensors().items():
+            if name in _ROPE_TENSORS.get(str(self.architecture), ()):  # the config's factors
                 continue
             hf = TOP.get(name)
             head_rows = None

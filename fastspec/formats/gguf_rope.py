@@ -121,10 +121,21 @@ def freq_factors(tensor: Any, head_dim: int,
     return tuple(values.tolist())
 
 
-
 def attention_factor(metadata: dict[str, Any], arch: str) -> float | None:
-    """Return ``{arch}.rope.scaling.attn_factor`` (``ModelConfig.rope_attention_factor``), or
-    None where the file has none.
+    """Return the file's RoPE attention factor.
+
+    Parameters
+    ----------
+    metadata : dict
+        The file's keys and values.
+    arch : str
+        ``general.architecture``.
+
+    Returns
+    -------
+    float or None
+        ``{arch}.rope.scaling.attn_factor`` (``ModelConfig.rope_attention_factor``), or None
+        where the file has none.
 
     Raises
     ------
@@ -138,19 +149,35 @@ def attention_factor(metadata: dict[str, Any], arch: str) -> float | None:
 
 
 def rope_context(metadata: dict[str, Any], arch: str, names: Any, context: int) -> int:
-    """Return the most positions the file's RoPE serves: ``context`` (the training context),
-    or, for a file with :data:`LONGROPE` factors among the tensor ``names``, the context of the
-    short ones (``{arch}.rope.scaling.original_context_length``, at most ``context``).
+    """Return the most positions the file's RoPE serves.
+
+    Parameters
+    ----------
+    metadata : dict
+        The file's keys and values.
+    arch : str
+        ``general.architecture``.
+    names : container of str
+        The file's tensor names.
+    context : int
+        The training context (``{arch}.context_length``).
+
+    Returns
+    -------
+    int
+        ``context``, or, for a file with :data:`LONGROPE` factors among ``names``, the context
+        of the short ones (``{arch}.rope.scaling.original_context_length``, at most
+        ``context``; without the key llama.cpp runs them for every context).
 
     Raises
     ------
     ValueError
-        An original context that is not a positive int (named).
+        An original context that is not a positive int (named), factors or not.
     """
     key = f"{arch}.rope.scaling.original_context_length"
-    if not any(n in names for n in LONGROPE) or key not in metadata:
+    if key not in metadata:
         return context
     original = metadata[key]
     if type(original) is not int or original <= 0:
         raise ValueError(f"metadata key {key!r} must be a positive int, got {original!r}")
-    return min(original, context)
+    return min(original, context) if any(n in names for n in LONGROPE) else context

@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import numpy as np
 
 from fastspec.formats import json_io
-from fastspec.formats.hf_fused import fused_name, part_entry
-from fastspec.formats.hf_rope import (SCALINGS, linear_factor, rope_attention_factor,
-                                      rope_context, rope_freq_factors, rope_theta)
+from fastspec.formats.hf_fused import fused_name, part_entry, source_of
+from fastspec.formats.hf_rope import (SCALINGS, linear_factor, partial_rotary_factor,
+                                      rope_attention_factor, rope_context, rope_freq_factors,
+                                      rope_theta)
 from fastspec.formats.json_io import read_json_object
 from fastspec.model.config import ModelConfig
 from fastspec.model.schema import hf_layer_keys, layer_attrs
@@ -260,14 +261,15 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         raise ValueError(f"{arch}: use_sliding_window=True is not supported")
     dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or dim // heads
-    rotary = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor",
-                                                    cfg.get("partial_rotary_factor", 1.0))
-    if rotary != 1:
-        raise ValueError(f"{arch}: partial_rotary_factor={rotary!r} is not supported")
+    if partial_rotary_factor(cfg) != 1:
+        raise ValueError(f"{arch}: partial_rotary_factor={partial_rotary_factor(cfg)!r} is not "
+                         "supported")
     context = rope_context(cfg, int(cfg.get("max_position_embeddings", 2048)))
     window = cfg.get("sliding_window") if family == "phi3" else None
     if window is not None:  # transformers' Phi-3 window: no change below that many positions
-        context = min(context, int(window))
+        if type(window) is not int or window <= 0:
+            raise ValueError(f"{arch}: sliding_window must be a positive int, got {window!r}")
+        context = min(context, window)
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]), dim=dim, n_layers=int(cfg["num_hidden_layers"]),
         n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -388,7 +390,7 @@ def read_hf_config(folder: str | os.PathLike, dtype: str | None = None,
         weight_dtype = own_weight_dtype(cfg, dtype)
     config = hf_config(cfg, dtype or "float32").replace(weight_dtype=weight_dtype)
     files = weight_files(folder)
-    missing = [n for n in hf_tensor_names(config) if n not in files and fused_name(n) not in files]
+    missing = [n for n in hf_tensor_names(config) if source_of(n, files, str(folder)) not in files]
     if missing:
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         raise ValueError(f"{folder}: missing tensors {missing[:10]}{more}")
@@ -414,7 +416,7 @@ def iter_hf(folder: str | os.PathLike,
     files = weight_files(folder)
     by_file: dict[Path, list[str]] = {}
     for name in hf_tensor_names(config):
-        source = name if name in files else fused_name(name)  # Phi-3's fused projections
+        source = source_of(name, files, str(folder))  # Phi-3's fused projections
         if source not in files:
             raise ValueError(f"{folder}: missing tensor {name!r}")
         by_file.setdefault(files[source], []).append(name)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only
     from fastspec.model.config import ModelConfig
 
-__all__ = ["fused_name", "part_entry"]
+__all__ = ["fused_name", "source_of", "part_entry"]
 
 #: A separate tensor's leaf -> (the fused tensor's leaf, the part's index in it).
 _PARTS = {"self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0),
@@ -39,6 +39,24 @@ def fused_name(name: str) -> str | None:
     if split is None or split[1] not in _PARTS:
         return None
     return split[0] + _PARTS[split[1]][0]
+
+
+def source_of(name: str, files: dict, where: str) -> str:
+    """The tensor of a checkpoint (names ``files``) that holds tensor ``name``: itself, else
+    its fused tensor (:func:`fused_name`), else ``name`` (missing).
+
+    Raises
+    ------
+    ValueError
+        Both present (a fused tensor beside one of its parts), named with ``where``.
+    """
+    fused = fused_name(name)
+    if fused is None or fused not in files:
+        return name
+    if name in files:
+        raise ValueError(f"{where}: tensor {fused!r} is fused, yet the checkpoint also has "
+                         f"{name!r}")
+    return fused
 
 
 def part_entry(name: str, fused: tuple, itemsize: int, c: ModelConfig, where: str) -> tuple:

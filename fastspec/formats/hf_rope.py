@@ -22,10 +22,12 @@ from typing import Any
 from fastspec.model.functional import llama3_freq_factors, positive_number
 
 __all__ = ["rope_theta", "rope_freq_factors", "rope_attention_factor", "rope_context",
-           "linear_factor", "SCALINGS"]
+           "partial_rotary_factor", "linear_factor", "SCALINGS", "DRAFTER_SCALINGS"]
 
 #: The RoPE types that run (:func:`rope_freq_factors` turns each into divisors or None).
 SCALINGS = ("default", "linear", "llama3", "longrope", "su")
+#: Those a DFlash drafter folder may have (its config has no attention factor nor a context).
+DRAFTER_SCALINGS = ("default", "linear", "llama3")
 
 #: The llama3 parameters (``original_max_position_embeddings`` defaults as in transformers).
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
@@ -143,9 +145,11 @@ def linear_factor(factors: tuple[float, ...] | None) -> float | None:
 
 
 def _longrope_original(cfg: dict, params: dict) -> int:
-    """LongRoPE's ``original_max_position_embeddings``: the object's, else the top level's."""
-    original = params.get("original_max_position_embeddings",
-                          cfg.get("original_max_position_embeddings"))
+    """LongRoPE's ``original_max_position_embeddings``: the top level's, else the object's (the
+    order of transformers' ``standardize_rope_params``)."""
+    original = cfg.get("original_max_position_embeddings")
+    if original is None:
+        original = params.get("original_max_position_embeddings")
     if type(original) is not int or original <= 0:
         raise ValueError("LongRoPE scaling needs original_max_position_embeddings, a positive "
                          f"int, got {original!r}")
@@ -155,9 +159,18 @@ def _longrope_original(cfg: dict, params: dict) -> int:
 def rope_attention_factor(cfg: dict) -> float | None:
     """Return the factor RoPE's cos and sin are multiplied by, or None for none.
 
-    For ``"longrope"``: its ``attention_factor``, else transformers' default from ``factor``
-    (else ``max_position_embeddings / original_max_position_embeddings``): 1 up to 1, else
-    ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))``. Other types: None.
+    Parameters
+    ----------
+    cfg : dict
+        The parsed ``config.json``.
+
+    Returns
+    -------
+    float or None
+        For ``"longrope"``: its ``attention_factor``, else transformers' default from
+        ``factor`` (else ``max_position_embeddings / original_max_position_embeddings``): 1 up
+        to 1, else ``sqrt(1 + ln(factor) / ln(original_max_position_embeddings))``. Other
+        types: None.
 
     Raises
     ------
@@ -179,8 +192,39 @@ def rope_attention_factor(cfg: dict) -> float | None:
 
 
 def rope_context(cfg: dict, context: int) -> int:
-    """Return the most positions the RoPE settings serve in a model of ``context`` positions:
-    LongRoPE's ``original_max_position_embeddings`` (its short factors'; at most ``context``),
-    else ``context``."""
+    """Return the most positions the RoPE settings serve.
+
+    Parameters
+    ----------
+    cfg : dict
+        The parsed ``config.json``.
+    context : int
+        The model's own (``max_position_embeddings``).
+
+    Returns
+    -------
+    int
+        LongRoPE's ``original_max_position_embeddings`` (its short factors'; at most
+        ``context``), else ``context``.
+
+    Raises
+    ------
+    ValueError
+        A LongRoPE scaling without a positive int original length.
+    """
     kind, params = _rope_parameters(cfg)
     return min(_longrope_original(cfg, params), context) if kind == "longrope" else context
+
+
+def partial_rotary_factor(cfg: dict) -> float:
+    """Return the share of each head RoPE turns: ``partial_rotary_factor`` of the RoPE object
+    in use, else of the top level; absent or null: 1 (as transformers).
+
+    Raises
+    ------
+    ValueError
+        A value that is not a positive finite number.
+    """
+    _, params = _rope_parameters(cfg)
+    value = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    return 1.0 if value is None else positive_number(value, "partial_rotary_factor")
