@@ -224,8 +224,7 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
     if not tied:
         add("output.weight", "lm_head.weight", matrix(len(tokens), dim))
     for name, value in (extra or {}).items():
-        if name not in skip:
-            w.add_tensor(name, value)
+        w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

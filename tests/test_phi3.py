@@ -35,17 +35,21 @@ def _attention(context: int, original: int) -> float:
 
 
 def phi3_file(path, original=64, context=256, types=(Q.F32,), dim=64, factors=True,
-              attn=True, **kw):
-    """A random ``phi3`` GGUF file with LongRoPE; its weights under HF's separate names."""
+              attn=True, rotary=HD, **kw):
+    """A random ``phi3`` GGUF file with LongRoPE (over ``rotary`` dims of each head); its
+    weights under HF's separate names."""
     meta = {"phi3.context_length": (context, V.UINT32),
-            "phi3.attention.sliding_window": (47, V.UINT32)}
+            "phi3.attention.sliding_window": (47, V.UINT32),
+            "phi3.rope.dimension_count": (rotary, V.UINT32)}
     if original is not None:
         meta["phi3.rope.scaling.original_context_length"] = (original, V.UINT32)
     if attn:
         meta["phi3.rope.scaling.attn_factor"] = (_attention(context, original or 256),
                                                  V.FLOAT32)
-    extra = {"rope_factors_short.weight": SHORT, "rope_factors_long.weight": LONG}
-    extra = (extra if factors else {}) | kw.pop("extra", {})
+    extra = {"rope_factors_short.weight": SHORT[:rotary // 2],
+             "rope_factors_long.weight": LONG[:rotary // 2]}
+    extra = {k: v for k, v in ((extra if factors else {}) | kw.pop("extra", {})).items()
+             if k not in kw.get("skip", ())}
     return write_model(path, arch="phi3", dim=dim, n_layers=2, n_heads=dim // HD, n_kv=2,
                        ffn=256, vocab=300, types=types, metadata=dict(meta, **kw.pop("meta", {})),
                        extra=extra, **kw)
@@ -56,7 +60,8 @@ def _without(model: Transformer, **changes) -> Transformer:
                        head=model.head, final_norm=model.final_norm)
 
 
-def _transformers_logits(state: dict, c: ModelConfig, ids, context: int, original: int):
+def _transformers_logits(state: dict, c: ModelConfig, ids, context: int, original: int,
+                         rotary: int = HD):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     cfg = transformers.Phi3Config(
@@ -65,9 +70,9 @@ def _transformers_logits(state: dict, c: ModelConfig, ids, context: int, origina
         num_key_value_heads=c.n_kv_heads, max_position_embeddings=context,
         original_max_position_embeddings=original, rms_norm_eps=c.norm_eps,
         rope_theta=c.rope_theta, tie_word_embeddings=False, sliding_window=None,
-        rope_scaling={"rope_type": "longrope", "short_factor": SHORT.tolist(),
-                      "long_factor": LONG.tolist()},
-        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        rope_scaling={"rope_type": "longrope", "short_factor": SHORT[:rotary // 2].tolist(),
+                      "long_factor": LONG[:rotary // 2].tolist()},
+        partial_rotary_factor=rotary / HD, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     model = transformers.Phi3ForCausalLM(cfg).eval()
     sd = {k: torch.tensor(v) for k, v in state.items()}
     for i in range(c.n_layers):
@@ -82,17 +87,20 @@ def _transformers_logits(state: dict, c: ModelConfig, ids, context: int, origina
 
 
 @pytest.mark.hf
-def test_gguf_matches_transformers(tmp_path, backend):
+@pytest.mark.parametrize("rotary", [HD, 12])
+def test_gguf_matches_transformers(tmp_path, backend, rotary):
     """Mixed quant types (the fused tensors cut through their blocks), LongRoPE's short
-    factors and attention factor: transformers' Phi-3 with the file's weights."""
+    factors and attention factor, partial rotary (12 of 16, as Phi-4-mini's 96 of 128):
+    transformers' Phi-3 with the file's weights."""
     path = tmp_path / "phi3.gguf"
-    state = phi3_file(path, types=TYPES, dim=256)
+    state = phi3_file(path, types=TYPES, dim=256, rotary=rotary)
     ours = Transformer.load(path)
     c = ours.config
-    assert c.rope_freq_factors == tuple(SHORT.tolist()) and c.max_seq_len == 64
+    assert c.rope_freq_factors == tuple(SHORT[:rotary // 2].tolist()) and c.max_seq_len == 64
     assert c.rope_attention_factor == pytest.approx(_attention(256, 64), rel=1e-7)
+    assert c.rope_dims == (None if rotary == HD else rotary)
     ids = np.random.default_rng(1).integers(0, c.vocab_size, 60)
-    ref = _transformers_logits(state, c, ids, 256, 64)
+    ref = _transformers_logits(state, c, ids, 256, 64, rotary)
     np.testing.assert_allclose(ours.forward(ids).logits, ref, atol=1e-4, rtol=0)
     for changes in ({"rope_freq_factors": None}, {"rope_attention_factor": None}):
         assert np.abs(_without(ours, **changes).forward(ids).logits - ref).max() > 1e-2
@@ -112,6 +120,8 @@ def _llama_cpp_logits(path, ids) -> np.ndarray:
 LLAMA_CPP_CASES = {
     "both factors": (dict(original=256, context=1024), 256,
                      ("rope_freq_factors", "rope_attention_factor")),
+    "partial rotary": (dict(original=256, context=1024, rotary=12), 256,
+                       ("rope_freq_factors", "rope_attention_factor")),
     "long factors only": (dict(original=256, context=1024,
                                skip=("rope_factors_short.weight",)), 256,
                           ("rope_attention_factor",)),
@@ -369,15 +379,10 @@ def test_folder_fused_rows_are_checked(tmp_path):
     write_safetensors(tmp_path / "model.safetensors", sd)
     with pytest.raises(ValueError, match=r"fused.*'model\.layers\.0\.self_attn\.q_proj"):
         Transformer.load(tmp_path)
-    with pytest.raises(ValueError, match="partial_rotary_factor"):
-        from fastspec.formats.hf_folder import hf_config
-        hf_config({"architectures": ["Phi3ForCausalLM"], "vocab_size": 32, "hidden_size": 64,
-                   "intermediate_size": 80, "num_hidden_layers": 1, "num_attention_heads": 4,
-                   "partial_rotary_factor": 0.75})
 
 
 @pytest.mark.parametrize("change, match", [
-    ({"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+    ({"partial_rotary_factor": 0.7}, "partial_rotary_factor"),  # 11.2 of 16: not even
     ({"partial_rotary_factor": "x"}, "partial_rotary_factor must be a positive finite"),
     ({"rope_parameters": [1]}, "rope_parameters"),
     ({"sliding_window": "abc"}, "sliding_window"),
@@ -401,3 +406,64 @@ def test_longrope_original_length_order():
                             "original_max_position_embeddings": 128}}
     assert rope_context(cfg, 1024) == 64
     assert rope_attention_factor(cfg) == pytest.approx(_attention(1024, 64))
+
+
+
+# --- partial rotary (Phi-4-mini) ---------------------------------------------------------
+
+def test_rotary_order_pairs():
+    """After the reordering, the whole head's rotate-half pairs are partial rotary's pairs
+    and pairs of pass-through rows."""
+    from fastspec.formats.gguf_names import rotary_order
+    order = rotary_order(96, 128)
+    assert sorted(order) == list(range(128))
+    for j in range(64):
+        a, b = order[j], order[j + 64]
+        assert (b == a + 48 and a < 48) if j < 48 else (a >= 96 and b >= 96)
+
+
+def test_rope_dims_config_and_tables(tmp_path):
+    base = dict(vocab_size=64, dim=64, n_layers=1, n_heads=4)  # head_dim 16
+    c = ModelConfig(**base, rope_dims=12, rope_freq_factors=[2.0] * 6, rope_attention_factor=2)
+    assert ModelConfig.from_dict(c.to_dict()) == c
+    assert ModelConfig(**base, rope_dims=16).rope_dims is None
+    assert "rope_dims" not in ModelConfig(**base).to_dict()
+    for bad in (0, 7, 18, 2.5, "12"):
+        with pytest.raises((ValueError, TypeError), match="rope_dims"):
+            ModelConfig(**base, rope_dims=bad)
+    with pytest.raises(ValueError, match="6"):
+        ModelConfig(**base, rope_dims=12, rope_freq_factors=[2.0] * 8)
+    cos, sin = rope_tables(40, 16, 1e4, np.float32, [2.0] * 6, 2.0, rope_dims=12)
+    assert (cos[:, 6:] == 1).all() and (sin[:, 6:] == 0).all()  # exactly, not scaled
+    full_cos, _ = rope_tables(40, 12, 1e4, np.float32, [2.0] * 6, 2.0)
+    np.testing.assert_array_equal(cos[:, :6], full_cos)
+    model = Transformer.random(c, seed=0)
+    with pytest.raises(ValueError, match="rope_dims"):
+        model.save(tmp_path / "m.gguf")
+    with pytest.raises(ValueError, match="rope_dims"):
+        model.save(tmp_path / "folder")
+    model.save(tmp_path / "m.npz")
+    assert Transformer.load(tmp_path / "m.npz").config == c
+
+
+def test_partial_rotary_blocks_and_folders(tmp_path):
+    """Native blocks are reordered by whole rows; a folder with partial rotary is refused."""
+    from fastspec.formats.gguf_names import rotary_order
+    path = tmp_path / "phi3.gguf"
+    phi3_file(path, types=(Q.Q8_0,), dim=256, rotary=12)
+    model = Transformer.load(path, weight_dtype="auto")
+    raw = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(path).tensors}
+    qkv, order = raw["blk.0.attn_qkv.weight"], rotary_order(12, HD)
+    want_q = qkv[:256].reshape(16, HD, -1)[:, order].reshape(256, -1)
+    np.testing.assert_array_equal(model.layers[0].wq.to_blocks(), want_q)
+    want_v = qkv[256 + 2 * HD:]  # v is not reordered
+    np.testing.assert_array_equal(model.layers[0].wv.to_blocks(), want_v)
+    import json
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Phi3ForCausalLM"], "vocab_size": 32, "hidden_size": 64,
+        "intermediate_size": 80, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "partial_rotary_factor": 0.75}))
+    with pytest.raises(ValueError, match="partial rotary"):
+        Transformer.load(folder)

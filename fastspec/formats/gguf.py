@@ -15,22 +15,21 @@ Decoding a real vocabulary's strings takes tens of milliseconds: still, keep one
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
 from fastspec.formats.file_map import FileMap
 from fastspec.formats.gguf_fused import split_fused
-from fastspec.formats.gguf_header import TensorInfo, read_header
+from fastspec.formats.gguf_header import read_header
 from fastspec.formats.gguf_names import (LEAF, ROPE_FREQS, TOP, gguf_tensor_name, hf_shapes,
-                                         unpermute)
-from fastspec.formats.gguf_quant import (AUTO_FLOAT_KIND, NEAREST_NATIVE, native_kind,
-                                         own_weight_dtype, quant_matrix)
+                                         rotary_order)
+from fastspec.formats.gguf_quant import AUTO_FLOAT_KIND, NEAREST_NATIVE, own_weight_dtype
 from fastspec.formats.gguf_rope import (LONGROPE, attention_factor, freq_factors,
                                         rope_context, rope_scaling)
+from fastspec.formats.gguf_tensor import GGUFTensor, file_tensor, gguf_package
 from fastspec.formats.hf_folder import hf_config
 from fastspec.model.config import ModelConfig
 
@@ -55,164 +54,6 @@ _CONFIG_KEYS = frozenset({
     "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
     "attention.key_length", "attention.value_length", "rope.dimension_count", "rope.freq_base",
     "vocab_size"})
-#: Elements :meth:`GGUFTensor.read` converts at a time (1 MB of float32).
-_CHUNK = 1 << 18
-#: Tensor types read as views of the map, never released (:meth:`GGUFTensor.mapped` lends them).
-_MAPPABLE = ("F32", "F16", "BF16")
-
-
-def _gguf():
-    """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
-    try:
-        import gguf
-    except ImportError as exc:
-        raise ImportError('reading GGUF files needs the gguf package: pip install '
-                          '"fastspec[gguf]"') from exc
-    return gguf
-
-
-def gguf_package():
-    """Return the ``gguf`` package, or raise an ImportError that says how to install it."""
-    return _gguf()
-
-
-class _FileTensor(NamedTuple):
-    """A tensor's header entry and its bytes: what :class:`GGUFTensor` reads (the fields of
-    ``gguf.ReaderTensor`` it uses, with the same ``data`` shapes and dtypes)."""
-
-    name: str
-    tensor_type: Any  # gguf.GGMLQuantizationType
-    shape: np.ndarray  # ggml order
-    n_elements: int
-    data: np.ndarray
-
-
-#: ggml types read as NumPy values; every other type is bytes of blocks, (..., row bytes).
-_VALUE_TYPES = {"F16": "f2", "F32": "f4", "F64": "f8", "I8": "i1", "I16": "i2", "I32": "i4",
-                "I64": "i8"}
-
-
-def _file_tensor(path: Path, info: TensorInfo, ttype: Any, data: np.ndarray, start: int,
-                 order: str) -> _FileTensor:
-    """The :class:`_FileTensor` of header entry ``info`` over the file's bytes ``data``
-    (whose extent :func:`~fastspec.formats.gguf_header.read_header` checked)."""
-    n = math.prod(info.dims)
-    block, block_bytes = _gguf().GGML_QUANT_SIZES[ttype]
-    shape = tuple(reversed(info.dims))
-    at, nbytes = start + info.offset, n // block * block_bytes
-    raw = data[at:at + nbytes]
-    if raw.size != nbytes:  # the header's check saw a longer file: it changed since
-        raise ValueError(f"{path}: tensor {info.name!r} needs {nbytes} bytes at offset {at}, "
-                         f"the file now has {data.size} bytes (changed while being read?)")
-    if ttype.name in _VALUE_TYPES:
-        values = raw.view(np.dtype(order + _VALUE_TYPES[ttype.name])).reshape(shape)
-    else:
-        values = raw.reshape(*shape[:-1], shape[-1] // block * block_bytes if shape else 0)
-    return _FileTensor(info.name, ttype, np.array(info.dims, dtype=np.uint64), n, values)
-
-
-class GGUFTensor:
-    """One tensor of a GGUF file under its Hugging Face layout: a :class:`TensorFile`.
-
-    ``shape`` is NumPy's order (``(out, in)`` for a matrix). :meth:`read` returns rows
-    ``[start, stop)`` as a new array: F16 as float16, BF16 as uint16 bit patterns, F32 and
-    every quantized type dequantized to float32 (``gguf.quants.dequantize``; a quant block
-    never crosses a row, so any row range dequantizes alone). For ``attn_q``/``attn_k`` of a
-    ``llama`` file it undoes llama.cpp's row permutation, reading whole heads. Dequantized
-    values that are not finite (a NaN or infinite scale or min) are a ValueError naming the
-    file and the tensor.
-
-    The tensor reads through its file's memory map (the :class:`GGUFFile` stays open while
-    a tensor references it), whose pages of a quantized type it hands back once converted.
-    """
-
-    def __init__(self, file: GGUFFile, tensor: Any, head_rows: int | None = None,
-                 float_kind: str | None = None) -> None:
-        self.file, self.name = file, tensor.name
-        self._t, self.head_rows, self.float_kind = tensor, head_rows, float_kind
-        self.type_name = tensor.tensor_type.name
-        self.shape = tuple(int(n) for n in reversed(tensor.shape.tolist()))
-        self.ndim = len(self.shape)
-        self.dtype = np.dtype({"F16": np.float16, "BF16": np.uint16}.get(self.type_name,
-                                                                         np.float32))
-
-    def _convert(self, raw: np.ndarray) -> np.ndarray:
-        """Return file rows ``raw`` in :attr:`dtype`: a view of the map (:data:`_MAPPABLE`),
-        else dequantized and raw's pages of the map released (:class:`FileMap`)."""
-        if self.type_name in _MAPPABLE:
-            return raw.view(np.uint16) if self.type_name == "BF16" else raw
-        out = _gguf().quants.dequantize(raw, self._t.tensor_type)
-        self.file._map.release(raw)
-        if not np.isfinite(out).all():  # a NaN or infinite scale (or min) in the blocks
-            raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
-                             "dequantizes to NaN or infinite values: its blocks hold a NaN "
-                             "or infinite scale or min")
-        return out
-
-    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Return rows ``[start, stop)`` (first axis) in :attr:`dtype`, a new array.
-
-        Converted :data:`_CHUNK` elements at a time into the result, so that dequantizing
-        even a whole tensor holds nothing beside the result but one chunk's temporaries.
-        """
-        rows = self.shape[0]
-        stop = rows if stop is None else min(stop, rows)
-        start = min(max(start, 0), stop)
-        h = self.head_rows or 1  # the permutation acts inside a head: read whole heads
-        a, b = start // h * h, -(-stop // h) * h
-        if self.ndim == 1:  # quant blocks of a vector are not rows: convert it whole
-            out = np.array(self._convert(self._t.data)[a:b])
-        else:
-            out = np.empty((b - a,) + self.shape[1:], self.dtype)
-            step = max(1, _CHUNK // max(1, math.prod(self.shape[1:])))
-            for r in range(a, b, step):
-                out[r - a:r - a + step] = self._convert(self._t.data[r:min(r + step, b)])
-        if self.head_rows:
-            out = unpermute(out, h)
-        return out[start - a:stop - a]
-
-    def native_kind(self, requested: str) -> str:
-        """The quantized kind this tensor is stored in for a model of ``requested`` kind
-        (:func:`fastspec.formats.gguf_quant.native_kind`; :attr:`float_kind` for a float one)."""
-        return native_kind(self.type_name, requested, self.float_kind)
-
-    def blocks(self, copy: bool = True) -> np.ndarray:
-        """Return the raw quantized blocks as uint8 ``(out, bytes a row)`` (rows unpermuted
-        for a llama file's ``attn_q``/``attn_k``), a new array; with ``copy=False`` a
-        read-only view of the file's map where the rows are not permuted."""
-        if self.type_name not in NEAREST_NATIVE or self.ndim != 2:
-            raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
-                             "holds no quantized blocks")
-        raw = np.array(self._t.data, dtype=np.uint8) if copy else self._t.data.view()
-        raw.flags.writeable = bool(copy)
-        if raw.ndim != 2 or raw.shape[0] != self.shape[0]:
-            raise ValueError(f"{self.file.path}: tensor {self.name!r} has {raw.shape} bytes "
-                             f"of blocks, not {self.shape[0]} rows")
-        return unpermute(raw, self.head_rows) if self.head_rows else raw
-
-    def quant(self, requested: str, out: np.ndarray | None = None):
-        """Return :func:`~fastspec.formats.gguf_quant.quant_matrix` for a model of kind
-        ``requested`` (packed into ``out``); then release its pages unless :data:`_MAPPABLE`."""
-        q = quant_matrix(self, requested, out)
-        if self.type_name not in _MAPPABLE:
-            self.file._map.release(self._t.data)
-        return q
-
-    def mapped(self) -> np.ndarray:
-        """Return the tensor as a copy-on-write view of the file when it is :data:`_MAPPABLE`
-        and not permuted (nothing read until touched; the file must not change while it lives),
-        else read (:meth:`read`)."""
-        if self.head_rows or self.type_name not in _MAPPABLE:
-            return self.read()
-        return self._convert(self._t.data).view(np.ndarray)
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        return self.read() if dtype is None else self.read().astype(dtype, copy=False)
-
-    def __repr__(self) -> str:
-        return f"GGUFTensor({self.name!r}, {self.type_name}, shape={self.shape})"
-
-
 class GGUFFile:
     """A GGUF file, parsed once and memory-mapped (copy-on-write).
 
@@ -239,7 +80,7 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        gguf = _gguf()
+        gguf = gguf_package()
         types = {int(t): t for t in gguf.GGMLQuantizationType}
         # one checked walk of the header reads every value (gguf.GGUFReader's parse builds a
         # NumPy view of every vocabulary string: seconds for a real vocabulary)
@@ -252,7 +93,7 @@ class GGUFFile:
             raise ValueError(f"{self.path}: cannot map the file: {exc}") from None
         data = self._map.data
         start, order = header.layout.data_offset, header.layout.byte_order
-        self._tensors = {t.name: _file_tensor(self.path, t, types[t.type], data, start, order)
+        self._tensors = {t.name: file_tensor(self.path, t, types[t.type], data, start, order)
                          for t in header.tensors}
         self.architecture = self.metadata.get("general.architecture")
         self._parts = self._tensors  # split_fused's, once config() has the head counts
@@ -318,9 +159,11 @@ class GGUFFile:
         kv_heads = self._key(f"{arch}.attention.head_count_kv", int, heads)
         # llama.cpp: the head size is key_length, else dim / heads; RoPE turns all of it
         head_dim = self._key(f"{arch}.attention.key_length", int, dim // heads)
+        rotated = self.metadata.get(f"{arch}.rope.dimension_count", head_dim)
         for key in ("attention.value_length", "rope.dimension_count"):
             value = self.metadata.get(f"{arch}.{key}", head_dim)
-            if value != head_dim:  # partial rotary or unequal K/V widths
+            partial = key[0] == "r" and arch == "phi3" and type(value) is int and 0 < value
+            if value != head_dim and not partial:  # partial rotary (NeoX's only), K/V widths
                 raise self._error(f"metadata key '{arch}.{key}' = {value!r} differs from the "
                                   f"head size {head_dim} (not supported)")
         embed = self._tensors.get("token_embd.weight")
@@ -340,7 +183,7 @@ class GGUFFile:
             "hidden_size": dim, "intermediate_size": self._key(f"{arch}.feed_forward_length", int),
             "num_hidden_layers": self._key(f"{arch}.block_count", int),
             "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-            "head_dim": head_dim,
+            "head_dim": head_dim, "partial_rotary_factor": rotated / head_dim,
             "max_position_embeddings": context,
             # float32 in the file (1e-5 -> 9.9999997e-06): kept as read, as transformers does
             "rms_norm_eps": float(self._key(f"{arch}.attention.layer_norm_rms_epsilon", float)),
@@ -379,11 +222,12 @@ class GGUFFile:
             arch = hf["model_type"]
             self._model_tensors(hf)
             config = hf_config(hf, dtype or "float32")  # linear scaling's divisors
-            freq_factors(self._tensors.get(LONGROPE[1]), hf["head_dim"], None)  # checked only
+            rotated = config.rope_dims or hf["head_dim"]
+            freq_factors(self._tensors.get(LONGROPE[1]), rotated, None)  # checked only
             rope = self._tensors.get(ROPE_FREQS, self._tensors.get(LONGROPE[0]))
             config = config.replace(
                 weight_dtype=weight_dtype,
-                rope_freq_factors=freq_factors(rope, hf["head_dim"], config.rope_freq_factors),
+                rope_freq_factors=freq_factors(rope, rotated, config.rope_freq_factors),
                 rope_attention_factor=attention_factor(self.metadata, arch),
                 max_seq_len=rope_context(self.metadata, arch, self._tensors, config.max_seq_len))
         except ValueError as exc:
@@ -416,7 +260,7 @@ class GGUFFile:
         if unexpected:
             raise self._error(f"unexpected tensor {unexpected[0]!r}: not part of a "
                               f"{self.architecture} model fastspec runs")
-        quant_sizes = _gguf().GGML_QUANT_SIZES
+        quant_sizes = gguf_package().GGML_QUANT_SIZES
         for name, shape in wanted.items():
             t = GGUFTensor(self, self._parts[name])
             if t.shape != shape:
@@ -442,7 +286,9 @@ class GGUFFile:
         ``config`` comes from :meth:`config` (which checked the tensors). Nothing is read until
         asked: :meth:`fastspec.Transformer.from_tensors` reads each block by block.
         """
-        permuted = ("attn_q", "attn_k") if self.architecture == "llama" else ()
+        permuted = ("attn_q", "attn_k") if self.architecture == "llama" or config.rope_dims else ()
+        order = (None if not config.rope_dims
+                 else rotary_order(config.rope_dims, int(config.head_dim or 0)))
         for name, t in self._model_tensors().items():
             if name in _ROPE_TENSORS.get(str(self.architecture), ()):  # the config's factors
                 continue
@@ -453,7 +299,7 @@ class GGUFFile:
                 hf = f"model.layers.{layer}.{LEAF[leaf]}"
                 if leaf.split(".")[0] in permuted:
                     head_rows = config.head_dim  # ggml's normal RoPE: permuted rows
-            yield hf, GGUFTensor(self, t, head_rows, float_kind)
+            yield hf, GGUFTensor(self, t, head_rows, float_kind, order)
 
 
 def read_metadata(source: str | os.PathLike | GGUFFile) -> dict[str, Any]:

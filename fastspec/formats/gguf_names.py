@@ -14,7 +14,7 @@ from fastspec.model.schema import MATRICES, hf_layer_keys
 from fastspec.model.state import layer_schema
 
 __all__ = ["TOP", "LEAF", "ROPE_FREQS", "gguf_tensor_name", "hf_shapes", "permute",
-           "unpermute"]
+           "unpermute", "rotary_order"]
 
 #: GGUF tensor names -> Hugging Face names (whole-model tensors, then per-layer leaves).
 TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -78,3 +78,15 @@ def permute(rows: np.ndarray, head_rows: int) -> np.ndarray:
     n = rows.shape[0] // head_rows
     return (rows.reshape(n, 2, head_rows // 2, *rows.shape[1:]).swapaxes(1, 2)
             .reshape(rows.shape))
+
+
+def rotary_order(rope_dims: int, head_dim: int) -> np.ndarray:
+    """Return the order of a head's q/k rows (int64, (head_dim,): new row ``j`` is row
+    ``order[j]``) that makes partial rotary's pairs ``(i, i + rope_dims / 2)``, ``i <
+    rope_dims / 2`` (NeoX style over the first ``rope_dims`` rows), the rotate-half pairs
+    ``(j, j + head_dim / 2)`` of the whole head, and the rows past ``rope_dims`` pairs of their
+    own: ``[0, r) + [2r, 2r + p) + [r, 2r) + [2r + p, head_dim)`` with ``r = rope_dims / 2``,
+    ``p = (head_dim - rope_dims) / 2`` (``ModelConfig.rope_dims``)."""
+    r, p = rope_dims // 2, (head_dim - rope_dims) // 2
+    return np.concatenate([np.arange(0, r), np.arange(2 * r, 2 * r + p), np.arange(r, 2 * r),
+                           np.arange(2 * r + p, head_dim)])

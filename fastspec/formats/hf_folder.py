@@ -18,7 +18,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
@@ -41,7 +41,7 @@ __all__ = ["read_hf", "read_hf_config", "own_weight_dtype", "iter_hf", "FileTens
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
 MAX_HEADER_BYTES = 100 * 2**20
 
-_DTYPES = {
+_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
     "BF16": np.dtype("<u2"),  # raw bits; converted to float32 by a 16-bit shift
     "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
@@ -261,24 +261,23 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         raise ValueError(f"{arch}: use_sliding_window=True is not supported")
     dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or dim // heads
-    if partial_rotary_factor(cfg) != 1:
+    rotated = int(int(head_dim) * partial_rotary_factor(cfg))  # as transformers rounds it
+    if rotated != int(head_dim) and (family != "phi3" or rotated % 2 or not 0 < rotated):
         raise ValueError(f"{arch}: partial_rotary_factor={partial_rotary_factor(cfg)!r} is not "
                          "supported")
     context = rope_context(cfg, int(cfg.get("max_position_embeddings", 2048)))
-    window = cfg.get("sliding_window") if family == "phi3" else None
-    if window is not None:  # transformers' Phi-3 window: no change below that many positions
-        if type(window) is not int or window <= 0:
-            raise ValueError(f"{arch}: sliding_window must be a positive int, got {window!r}")
-        context = min(context, window)
+    window = cfg.get("sliding_window") if family == "phi3" else None  # Phi-3's: transformers'
+    if window is not None and (type(window) is not int or window <= 0):  # changes nothing below
+        raise ValueError(f"{arch}: sliding_window must be a positive int, got {window!r}")
+    context = min(context, window or context)  # that many positions
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]), dim=dim, n_layers=int(cfg["num_hidden_layers"]),
         n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(head_dim), ffn_dim=int(cfg["intermediate_size"]),
-        max_seq_len=context, norm="rmsnorm",
-        positional="rope", activation="swiglu",
+        max_seq_len=context, norm="rmsnorm", positional="rope", activation="swiglu",
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         rope_theta=rope_theta(cfg, SCALINGS),
-        rope_freq_factors=rope_freq_factors(cfg, int(head_dim)),
+        rope_freq_factors=rope_freq_factors(cfg, rotated), rope_dims=rotated,
         rope_attention_factor=rope_attention_factor(cfg),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         dtype=dtype, qk_norm=family == "qwen3", qkv_bias=family == "qwen2")
@@ -297,10 +296,10 @@ def hf_export_config(c: ModelConfig) -> dict:
         raise ValueError("per-frequency RoPE factors (rope_freq_factors, Llama 3.1+) have no "
                          "config.json form without their llama3 parameters; save to .npz or "
                          ".gguf instead")
-    if c.rope_attention_factor is not None:
-        raise ValueError("a RoPE attention factor (rope_attention_factor, LongRoPE) has no "
-                         "config.json form without its LongRoPE parameters; save to .npz or "
-                         ".gguf instead")
+    if c.rope_attention_factor is not None or c.rope_dims:
+        raise ValueError("a RoPE attention factor or partial rotary (rope_attention_factor, "
+                         "rope_dims: Phi-3/Phi-4's LongRoPE) is not written to a config.json; "
+                         "save to .npz (or .gguf, without rope_dims) instead")
     arch, mtype = (("Qwen3ForCausalLM", "qwen3") if c.qk_norm else
                    ("Qwen2ForCausalLM", "qwen2") if c.qkv_bias else ("LlamaForCausalLM", "llama"))
     out = {
@@ -389,6 +388,9 @@ def read_hf_config(folder: str | os.PathLike, dtype: str | None = None,
     if weight_dtype == "auto":
         weight_dtype = own_weight_dtype(cfg, dtype)
     config = hf_config(cfg, dtype or "float32").replace(weight_dtype=weight_dtype)
+    if config.rope_dims:  # the rows of q and k would need reordering (GGUF files do it)
+        raise ValueError(f"{folder}: partial rotary (partial_rotary_factor) is not read from "
+                         "folders")
     files = weight_files(folder)
     missing = [n for n in hf_tensor_names(config) if source_of(n, files, str(folder)) not in files]
     if missing:
@@ -423,9 +425,9 @@ def iter_hf(folder: str | os.PathLike,
     for path, names in by_file.items():
         entries, data_start, _ = _read_header(path)
         for n in names:  # a part of a fused tensor: its rows of the same bytes
-            f = entries.get(fused_name(n) or "") if n not in entries else None
+            f: Any = entries.get(fused_name(n) or "") if n not in entries else None
             if f is not None:
-                size = np.dtype(_DTYPES[f[0]]).itemsize
+                size = _DTYPES[f[0]].itemsize
                 entries[n] = part_entry(n, f, size, config, str(path))
         absent = [n for n in names if n not in entries]
         if absent:

@@ -78,6 +78,14 @@ class ModelConfig:
     (:func:`fastspec.model.functional.llama3_freq_factors`), GGUF's ``rope_freqs.weight``,
     LongRoPE's short factors (Phi-3). None (default) is plain RoPE.
 
+    ``rope_dims`` (rotary positions only; even, at most ``head_dim``) rotates only the first
+    ``rope_dims`` of each head's ``head_dim`` values, in pairs ``(i, i + rope_dims / 2)``
+    (partial rotary, NeoX style: Phi-4-mini's 96 of 128); the others pass unchanged, and
+    ``rope_freq_factors`` then has ``rope_dims // 2`` values. Loaders reorder each head's q/k
+    rows so that these pairs are the rotate-half pairs of the whole head (q.k is unchanged by
+    the same reordering of both), and the tables give the other pairs cos 1, sin 0. None
+    (default, and what ``head_dim`` becomes) rotates the whole head.
+
     ``rope_attention_factor`` (rotary positions only; positive) multiplies the RoPE tables'
     cos and sin, so every query and key by it (their scores by its square): LongRoPE's
     ``attention_factor``, GGUF's ``rope.scaling.attn_factor``. None (default, and what 1
@@ -104,6 +112,7 @@ class ModelConfig:
     weight_dtype: str | None = None
     rope_freq_factors: tuple[float, ...] | None = None
     rope_attention_factor: float | None = None
+    rope_dims: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -152,6 +161,14 @@ class ModelConfig:
             raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
         if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
             raise ValueError(f"norm_eps must be positive, got {self.norm_eps}")
+        if self.rope_dims is not None:
+            if self.positional != "rope":
+                raise ValueError("rope_dims needs positional='rope'")
+            check_index(self.rope_dims, "rope_dims", 2, self.head_dim)
+            if self.rope_dims % 2:
+                raise ValueError(f"rope_dims must be even, got {self.rope_dims}")
+            if self.rope_dims == self.head_dim:
+                object.__setattr__(self, "rope_dims", None)
         if self.rope_freq_factors is not None:
             self._check_freq_factors()
         if self.rope_attention_factor is not None:
@@ -163,8 +180,9 @@ class ModelConfig:
     def _check_freq_factors(self) -> None:
         if self.positional != "rope":
             raise ValueError("rope_freq_factors needs positional='rope'")
-        factors = freq_factors(self.rope_freq_factors, int(self.head_dim or 0) // 2,
-                               f"head_dim {self.head_dim}")
+        rotated = self.rope_dims or int(self.head_dim or 0)
+        factors = freq_factors(self.rope_freq_factors, rotated // 2,
+                               f"RoPE of {rotated} dims")
         object.__setattr__(self, "rope_freq_factors", factors)
 
     def _check_quantized(self) -> None:
@@ -216,9 +234,9 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         """Return the config as a JSON-serialisable dict (``weight_dtype``,
-        ``rope_freq_factors`` and ``rope_attention_factor`` only when set)."""
+        ``rope_freq_factors``, ``rope_attention_factor`` and ``rope_dims`` only when set)."""
         d = dataclasses.asdict(self)
-        for key in ("weight_dtype", "rope_freq_factors", "rope_attention_factor"):
+        for key in ("weight_dtype", "rope_freq_factors", "rope_attention_factor", "rope_dims"):
             if d[key] is None:  # files of default models stay readable by older versions
                 del d[key]
         return d

@@ -36,34 +36,38 @@ _ROPE_THREADED_MIN = 1 << 18
 
 
 def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
-                freq_factors=None, attention_factor: float | None = None
-                ) -> tuple[np.ndarray, np.ndarray]:
+                freq_factors=None, attention_factor: float | None = None,
+                rope_dims: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Return ``cos, sin`` of shape (max_positions, head_dim // 2) for rotate-half RoPE.
 
     Frequency ``i`` turns ``theta ** (-2 i / head_dim) / freq_factors[i]`` radians a position
     (``freq_factors`` of shape (head_dim // 2,); None: all ones), as llama.cpp's RoPE reads
     ``rope_freqs.weight``. Angles are computed in float64, then rounded to ``dtype``; with an
     ``attention_factor`` (LongRoPE's, GGUF's ``rope.scaling.attn_factor``) the float64 cos
-    and sin are multiplied by it before the rounding.
+    and sin are multiplied by it before the rounding. With ``rope_dims`` (partial rotary:
+    ``ModelConfig.rope_dims``) the first ``rope_dims // 2`` columns are those of RoPE over
+    ``rope_dims`` dims (``freq_factors`` of that length) and the others cos 1, sin 0 exactly.
 
     The tables are filled :data:`_ROPE_ROWS` positions at a time (element by element the same
     operations, so the same values), the chunks of a large table (a GGUF file's context of
     131072 positions) shared by :func:`fastspec.kernels.get_threads` Python threads: NumPy's
     ``cos`` and ``sin`` release the GIL.
     """
-    inv_freq = rope_inv_freq(head_dim, theta, freq_factors)
-    cos = np.empty((max_positions, inv_freq.size), dtype)
-    sin = np.empty_like(cos)
+    inv_freq = rope_inv_freq(rope_dims or head_dim, theta, freq_factors)
+    r = inv_freq.size  # the rotated columns; the others keep cos 1, sin 0
+    full = r == head_dim // 2
+    cos = (np.empty if full else np.ones)((max_positions, head_dim // 2), dtype)
+    sin = np.empty_like(cos) if full else np.zeros_like(cos)
 
     def fill(p0: int) -> None:
         p1 = min(p0 + _ROPE_ROWS, max_positions)
         angles = np.arange(p0, p1, dtype=np.float64)[:, None] * inv_freq[None, :]
         if attention_factor is None:
-            cos[p0:p1] = np.cos(angles)
-            sin[p0:p1] = np.sin(angles)
+            cos[p0:p1, :r] = np.cos(angles)
+            sin[p0:p1, :r] = np.sin(angles)
         else:
-            cos[p0:p1] = np.cos(angles) * attention_factor
-            sin[p0:p1] = np.sin(angles) * attention_factor
+            cos[p0:p1, :r] = np.cos(angles) * attention_factor
+            sin[p0:p1, :r] = np.sin(angles) * attention_factor
 
     starts = range(0, max_positions, _ROPE_ROWS)
     threads = 1

@@ -105,7 +105,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
             self.rope_cos, self.rope_sin = rope_tables(config.max_seq_len, config.head_dim,
                                                        config.rope_theta, dt,
                                                        config.rope_freq_factors,
-                                                       config.rope_attention_factor)
+                                                       config.rope_attention_factor,
+                                                       config.rope_dims)
         else:
             self.rope_cos = self.rope_sin = None
         self._runners = threading.local()

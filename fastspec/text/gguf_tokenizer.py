@@ -58,6 +58,13 @@ _DEEPSEEK_CODER = ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}")
 _TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
            r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
            r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-4o's o200k (Phi-4-mini, Llama 4): tekken's case split, each letter run with an optional
+# contraction, and digit runs of 1-3. llama.cpp sets neither ignore_merges nor add_bos for it
+# (only clean_spaces = false, a decoding flag), so "llama4" is not in _LLAMA3_FAMILY
+_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTION
+          + r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTION
+          + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _SEED_CODER = (_LLAMA3_HEAD + r"|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)"
                r"|\s+")
 
@@ -73,6 +80,7 @@ PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
     "deepseek-llm": _DEEPSEEK_LLM,
     "deepseek-coder": _DEEPSEEK_CODER,
     "tekken": (_TEKKEN,),
+    **{name: (_GPT4O,) for name in ("gpt-4o", "llama4")},
     "seed-coder": (_SEED_CODER,),
     "viking": (" ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+", r"\p{N}"),
 }

@@ -32,17 +32,23 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(positions, head_dim: int, theta: float, freq_factors=None,
-                 attention_factor=None):
+                 attention_factor=None, rope_dims=None):
     """cos, sin of shape positions.shape + (head_dim,) (HF rotate-half layout); frequency ``i``
     divided by ``freq_factors[i]`` when given (``rope_freq_factors``, Llama 3.1+), both
-    multiplied by ``attention_factor`` when given (``rope_attention_factor``, LongRoPE)."""
-    inv_freq = theta ** (-torch.arange(0, head_dim // 2, dtype=torch.float64) * 2.0 / head_dim)
+    multiplied by ``attention_factor`` when given (``rope_attention_factor``, LongRoPE); with
+    ``rope_dims`` (partial rotary) the pairs past ``rope_dims // 2`` get cos 1, sin 0, as
+    :func:`fastspec.model.functional.rope_tables` gives them."""
+    r = rope_dims or head_dim
+    inv_freq = theta ** (-torch.arange(0, r // 2, dtype=torch.float64) * 2.0 / r)
     if freq_factors is not None:
         inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float64)
     ang = positions.to(torch.float64)[..., None] * inv_freq
-    ang = torch.cat([ang, ang], dim=-1)
     m = 1.0 if attention_factor is None else float(attention_factor)
-    return (torch.cos(ang) * m).float(), (torch.sin(ang) * m).float()
+    cos, sin = torch.cos(ang) * m, torch.sin(ang) * m
+    rest = ang.shape[:-1] + (head_dim // 2 - r // 2,)
+    cos = torch.cat([cos, torch.ones(rest, dtype=cos.dtype)], dim=-1)
+    sin = torch.cat([sin, torch.zeros(rest, dtype=sin.dtype)], dim=-1)
+    return torch.cat([cos, cos], dim=-1).float(), torch.cat([sin, sin], dim=-1).float()
 
 
 def apply_rope(x, cos, sin):
@@ -146,7 +152,8 @@ class Transformer(nn.Module):
         pos = torch.arange(start, start + T, device=ids.device)
         cos, sin = rope_cos_sin(pos, self.cfg["head_dim"], self.cfg["rope_theta"],
                                 self.cfg.get("rope_freq_factors"),
-                                self.cfg.get("rope_attention_factor"))
+                                self.cfg.get("rope_attention_factor"),
+                                self.cfg.get("rope_dims"))
         hidden = {}
         for li, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)

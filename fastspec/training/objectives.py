@@ -102,7 +102,7 @@ def branch_greedy_labels(target, seqs, anchors, logits, cache, block_size: int, 
             pos = anchors + (k - 1)  # positions of `cur`
             cos, sin = rope_cos_sin(pos, cfg["head_dim"], cfg["rope_theta"],
                                     cfg.get("rope_freq_factors"),
-                                    cfg.get("rope_attention_factor"))
+                                    cfg.get("rope_attention_factor"), cfg.get("rope_dims"))
             cos, sin = cos[:, None], sin[:, None]  # (Bt, 1, m, D)
             x = target.model.embed_tokens(cur)  # (Bt, m, dim)
             mask = torch.cat([win_mask] + [eye] * (k - 1), dim=2)[:, None]
