@@ -136,7 +136,7 @@ def test_a_float_load_releases_what_it_dequantized(tmp_path, monkeypatch):
     path = tmp_path / "m.gguf"
     write_model(path, "llama", dim=256, ffn=512, types=(Q.Q4_K, Q.Q8_0, Q.F16))
     spans = record_releases(monkeypatch)
-    monkeypatch.setattr(fs.formats.gguf, "_CHUNK", 3 * 256)  # several chunks a matrix
+    monkeypatch.setattr(fs.formats.gguf_tensor, "_CHUNK", 3 * 256)  # several chunks a matrix
     fs.Transformer.load(path, weight_dtype="float32")
     file = fs.formats.gguf.GGUFFile(path)
     kinds = set()

@@ -408,7 +408,6 @@ def test_longrope_original_length_order():
     assert rope_attention_factor(cfg) == pytest.approx(_attention(1024, 64))
 
 
-
 # --- partial rotary (Phi-4-mini) ---------------------------------------------------------
 
 def test_rotary_order_pairs():
@@ -435,8 +434,9 @@ def test_rope_dims_config_and_tables(tmp_path):
         ModelConfig(**base, rope_dims=12, rope_freq_factors=[2.0] * 8)
     cos, sin = rope_tables(40, 16, 1e4, np.float32, [2.0] * 6, 2.0, rope_dims=12)
     assert (cos[:, 6:] == 1).all() and (sin[:, 6:] == 0).all()  # exactly, not scaled
-    full_cos, _ = rope_tables(40, 12, 1e4, np.float32, [2.0] * 6, 2.0)
+    full_cos, full_sin = rope_tables(40, 12, 1e4, np.float32, [2.0] * 6, 2.0)
     np.testing.assert_array_equal(cos[:, :6], full_cos)
+    np.testing.assert_array_equal(sin[:, :6], full_sin)
     model = Transformer.random(c, seed=0)
     with pytest.raises(ValueError, match="rope_dims"):
         model.save(tmp_path / "m.gguf")
@@ -467,3 +467,33 @@ def test_partial_rotary_blocks_and_folders(tmp_path):
         "partial_rotary_factor": 0.75}))
     with pytest.raises(ValueError, match="partial rotary"):
         Transformer.load(folder)
+
+
+@pytest.mark.parametrize("arch, rotary, match", [
+    ("phi3", 30, None),  # 30 of 44: the count itself, not a factor rounded back
+    ("phi3", 11, r"'phi3\.rope\.dimension_count' = 11"),
+    ("phi3", 46, r"'phi3\.rope\.dimension_count' = 46"),
+    ("qwen2", 30, r"'qwen2\.rope\.dimension_count' = 30"),
+    ("qwen3", 30, r"'qwen3\.rope\.dimension_count' = 30"),
+])
+def test_rotary_counts(tmp_path, arch, rotary, match):
+    """Partial rotary is a phi3 file's (NeoX, as llama.cpp), of an even count."""
+    path = tmp_path / "m.gguf"
+    write_model(path, arch=arch, dim=64, n_layers=1, n_heads=4, n_kv=2, head_dim=44, ffn=96,
+                vocab=300, types=(Q.F32,), tied=True,
+                metadata={f"{arch}.rope.dimension_count": (rotary, V.UINT32),
+                          f"{arch}.attention.key_length": (44, V.UINT32),
+                          f"{arch}.attention.value_length": (44, V.UINT32)})
+    if match is None:
+        assert Transformer.load(path).config.rope_dims == rotary
+    else:
+        with pytest.raises(ValueError, match=match):
+            Transformer.load(path)
+
+
+def test_factors_of_the_rotated_dims(tmp_path):
+    """LongRoPE factors of a partial rotary file hold rope_dims / 2 values."""
+    path = tmp_path / "phi3.gguf"
+    phi3_file(path, rotary=12, extra={"rope_factors_short.weight": SHORT})  # 8, not 6
+    with pytest.raises(ValueError, match=r"'rope_factors_short\.weight'.*\(6,\)"):
+        Transformer.load(path)

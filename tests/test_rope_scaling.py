@@ -349,3 +349,6 @@ def test_dflash_folder_reads_llama3_scaling(tmp_path):
         (tmp_path / "config.json").write_text(json.dumps(dict(raw, rope_scaling=refused)))
         with pytest.raises(ValueError, match=refused["rope_type"]):
             fs.DFlashModel.load(tmp_path, target)
+    (tmp_path / "config.json").write_text(json.dumps(dict(raw, partial_rotary_factor=0.5)))
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        fs.DFlashModel.load(tmp_path, target)

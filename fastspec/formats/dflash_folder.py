@@ -35,8 +35,8 @@ import numpy as np
 from fastspec.formats import json_io
 from fastspec.formats.json_io import read_json_object
 from fastspec.formats.hf_folder import weight_files, read_safetensors, write_safetensors
-from fastspec.formats.hf_rope import (DRAFTER_SCALINGS, linear_factor, rope_freq_factors,
-                                      rope_theta)
+from fastspec.formats.hf_rope import (DRAFTER_SCALINGS, linear_factor, partial_rotary_factor,
+                                      rope_freq_factors, rope_theta)
 from fastspec.model.schema import hf_layer_keys, layer_attrs
 
 if TYPE_CHECKING:  # annotations only
@@ -159,6 +159,9 @@ def read_dflash_config(folder: Path, target: Transformer, max_block: int) -> dic
         raise ValueError(f"{path}: hidden_act = {cfg['hidden_act']!r} (only silu)")
     if cfg.get("attention_bias"):
         raise ValueError(f"{path}: attention_bias = true is not supported")
+    if partial_rotary_factor(cfg) != 1:
+        raise ValueError(f"{path}: partial_rotary_factor = {partial_rotary_factor(cfg)!r} is not "
+                         "supported (draft layers turn the whole head)")
     types = cfg.get("layer_types") or []
     if cfg.get("is_causal") or "sliding_attention" in types:
         raise ValueError(f"{path}: causal or sliding-window draft layers (is_causal, "

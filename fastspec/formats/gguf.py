@@ -157,15 +157,18 @@ class GGUFFile:
         dim = self._key(f"{arch}.embedding_length", int)
         heads = self._key(f"{arch}.attention.head_count", int)
         kv_heads = self._key(f"{arch}.attention.head_count_kv", int, heads)
-        # llama.cpp: the head size is key_length, else dim / heads; RoPE turns all of it
+        # llama.cpp: the head size is key_length, else dim / heads; RoPE turns
+        # rope.dimension_count of it (all of it but in a phi3 file: NeoX's partial rotary)
         head_dim = self._key(f"{arch}.attention.key_length", int, dim // heads)
         rotated = self.metadata.get(f"{arch}.rope.dimension_count", head_dim)
         for key in ("attention.value_length", "rope.dimension_count"):
             value = self.metadata.get(f"{arch}.{key}", head_dim)
-            partial = key[0] == "r" and arch == "phi3" and type(value) is int and 0 < value
-            if value != head_dim and not partial:  # partial rotary (NeoX's only), K/V widths
+            partial = (key[0] == "r" and arch == "phi3" and type(value) is int
+                       and 0 < value <= head_dim and value % 2 == 0)
+            if value != head_dim and not partial:
                 raise self._error(f"metadata key '{arch}.{key}' = {value!r} differs from the "
-                                  f"head size {head_dim} (not supported)")
+                                  f"head size {head_dim} (not supported; a phi3 file may turn "
+                                  "an even part of it)")
         embed = self._tensors.get("token_embd.weight")
         if embed is None:
             raise self._error("missing tensor 'token_embd.weight'")
@@ -222,11 +225,11 @@ class GGUFFile:
             arch = hf["model_type"]
             self._model_tensors(hf)
             config = hf_config(hf, dtype or "float32")  # linear scaling's divisors
-            rotated = config.rope_dims or hf["head_dim"]
+            rotated = self.metadata.get(f"{arch}.rope.dimension_count", hf["head_dim"])
             freq_factors(self._tensors.get(LONGROPE[1]), rotated, None)  # checked only
             rope = self._tensors.get(ROPE_FREQS, self._tensors.get(LONGROPE[0]))
             config = config.replace(
-                weight_dtype=weight_dtype,
+                weight_dtype=weight_dtype, rope_dims=rotated,
                 rope_freq_factors=freq_factors(rope, rotated, config.rope_freq_factors),
                 rope_attention_factor=attention_factor(self.metadata, arch),
                 max_seq_len=rope_context(self.metadata, arch, self._tensors, config.max_seq_len))
@@ -286,6 +289,8 @@ class GGUFFile:
         ``config`` comes from :meth:`config` (which checked the tensors). Nothing is read until
         asked: :meth:`fastspec.Transformer.from_tensors` reads each block by block.
         """
+        if config.rope_dims and config.qk_norm:  # the norms' values would need the order too
+            raise self._error("partial rotary with QK-norm is not supported")
         permuted = ("attn_q", "attn_k") if self.architecture == "llama" or config.rope_dims else ()
         order = (None if not config.rope_dims
                  else rotary_order(config.rope_dims, int(config.head_dim or 0)))
@@ -297,8 +302,8 @@ class GGUFFile:
             if hf is None:
                 _, layer, leaf = name.split(".", 2)
                 hf = f"model.layers.{layer}.{LEAF[leaf]}"
-                if leaf.split(".")[0] in permuted:
-                    head_rows = config.head_dim  # ggml's normal RoPE: permuted rows
+                if leaf.split(".")[0] in permuted:  # q/k rows of ggml's normal RoPE (llama),
+                    head_rows = config.head_dim  # or of a partial rotary (rotary_order)
             yield hf, GGUFTensor(self, t, head_rows, float_kind, order)
 
 

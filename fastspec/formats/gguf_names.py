@@ -81,12 +81,25 @@ def permute(rows: np.ndarray, head_rows: int) -> np.ndarray:
 
 
 def rotary_order(rope_dims: int, head_dim: int) -> np.ndarray:
-    """Return the order of a head's q/k rows (int64, (head_dim,): new row ``j`` is row
-    ``order[j]``) that makes partial rotary's pairs ``(i, i + rope_dims / 2)``, ``i <
-    rope_dims / 2`` (NeoX style over the first ``rope_dims`` rows), the rotate-half pairs
-    ``(j, j + head_dim / 2)`` of the whole head, and the rows past ``rope_dims`` pairs of their
-    own: ``[0, r) + [2r, 2r + p) + [r, 2r) + [2r + p, head_dim)`` with ``r = rope_dims / 2``,
-    ``p = (head_dim - rope_dims) / 2`` (``ModelConfig.rope_dims``)."""
+    """Return the order of a head's q/k rows for a partial rotary (``ModelConfig.rope_dims``).
+
+    It makes the pairs ``(i, i + rope_dims / 2)``, ``i < rope_dims / 2`` (NeoX style over
+    the first ``rope_dims`` rows) the rotate-half pairs ``(j, j + head_dim / 2)`` of the whole
+    head, and the rows past ``rope_dims`` pairs of their own: ``[0, r) + [2r, 2r + p) + [r,
+    2r) + [2r + p, head_dim)`` with ``r = rope_dims / 2``, ``p = (head_dim - rope_dims) / 2``.
+
+    Parameters
+    ----------
+    rope_dims : int
+        The rows RoPE turns (even, at most ``head_dim``).
+    head_dim : int
+        The head size (even).
+
+    Returns
+    -------
+    ndarray of int64, shape (head_dim,)
+        New row ``j`` is row ``order[j]`` of the file's head.
+    """
     r, p = rope_dims // 2, (head_dim - rope_dims) // 2
     return np.concatenate([np.arange(0, r), np.arange(2 * r, 2 * r + p), np.arange(r, 2 * r),
                            np.arange(2 * r + p, head_dim)])

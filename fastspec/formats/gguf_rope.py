@@ -90,7 +90,8 @@ def freq_factors(tensor: Any, head_dim: int,
     tensor : file tensor or None
         The file's ``rope_freqs.weight`` (or a ``phi3`` file's ``rope_factors_short.weight``).
     head_dim : int
-        The model's head size (the tensor holds head_dim // 2 values).
+        The dims of a head RoPE turns: the head size, or a partial rotary's count (the tensor
+        holds head_dim // 2 values).
     scaled : tuple of float of length head_dim // 2, or None
         The linear scaling's divisors (:func:`fastspec.formats.hf_rope.rope_freq_factors` of
         :func:`rope_scaling`).
@@ -110,7 +111,7 @@ def freq_factors(tensor: Any, head_dim: int,
     shape = tuple(int(n) for n in tensor.shape.tolist())
     if tensor.tensor_type.name != "F32" or shape != (head_dim // 2,):  # as llama.cpp asks
         raise ValueError(f"tensor {tensor.name!r} is {tensor.tensor_type.name} of shape "
-                         f"{shape}; RoPE of head size {head_dim} needs F32 of shape "
+                         f"{shape}; RoPE of {head_dim} dims a head needs F32 of shape "
                          f"({head_dim // 2},)")
     values = np.asarray(tensor.data, dtype=np.float64).ravel()
     if not (np.isfinite(values).all() and (values > 0).all()):

@@ -57,9 +57,30 @@ _VALUE_TYPES = {"F16": "f2", "F32": "f4", "F64": "f8", "I8": "i1", "I16": "i2", 
 
 
 def file_tensor(path: Path, info: TensorInfo, ttype: Any, data: np.ndarray, start: int,
-                 order: str) -> _FileTensor:
-    """The :class:`_FileTensor` of header entry ``info`` over the file's bytes ``data``
-    (whose extent :func:`~fastspec.formats.gguf_header.read_header` checked)."""
+                order: str) -> _FileTensor:
+    """Return the file tensor of a header entry over the file's bytes.
+
+    Parameters
+    ----------
+    path : Path
+        The file (for the messages).
+    info : TensorInfo
+        The tensor's header entry.
+    ttype : gguf.GGMLQuantizationType
+        Its type.
+    data : ndarray of uint8
+        The file's bytes (whose extent :func:`~fastspec.formats.gguf_header.read_header`
+        checked).
+    start : int
+        Offset of the tensor data.
+    order : {"<", ">"}
+        The file's byte order.
+
+    Returns
+    -------
+    _FileTensor
+        Values of a NumPy type as such, other types as bytes of blocks, ``(..., row bytes)``.
+    """
     n = math.prod(info.dims)
     block, block_bytes = _gguf().GGML_QUANT_SIZES[ttype]
     shape = tuple(reversed(info.dims))
@@ -144,9 +165,10 @@ class GGUFTensor:
         return native_kind(self.type_name, requested, self.float_kind)
 
     def blocks(self, copy: bool = True) -> np.ndarray:
-        """Return the raw quantized blocks as uint8 ``(out, bytes a row)`` (rows unpermuted
-        for a llama file's ``attn_q``/``attn_k``), a new array; with ``copy=False`` a
-        read-only view of the file's map where the rows are not permuted."""
+        """Return the raw quantized blocks as uint8 ``(out, bytes a row)`` (rows of a llama
+        file's ``attn_q``/``attn_k`` unpermuted, of a partial rotary's in :attr:`order`), a new
+        array; with ``copy=False`` a read-only view of the file's map where the rows are not
+        reordered."""
         if self.type_name not in NEAREST_NATIVE or self.ndim != 2:
             raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
                              "holds no quantized blocks")

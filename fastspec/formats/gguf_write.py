@@ -58,8 +58,9 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
     arch = source_arch if source_arch in WRITTEN else (
         "qwen2" if c.qkv_bias else "qwen3" if c.qk_norm else "llama")
     if c.rope_dims:
-        raise ValueError("partial rotary (rope_dims, Phi-4-mini's) is not written to GGUF (its "
-                         "q/k rows are in fastspec's order); save to .npz instead")
+        raise ValueError("partial rotary (rope_dims, Phi-4-mini's) is not written to GGUF: its "
+                         "q/k rows are in fastspec's order (.npz keeps the model; fastspec "
+                         "quantize cannot write it)")
     per_frequency = c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None
     if per_frequency and arch != "llama":
         raise ValueError(f"per-frequency RoPE factors (rope_freq_factors) are a llama "

@@ -261,7 +261,7 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         raise ValueError(f"{arch}: use_sliding_window=True is not supported")
     dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or dim // heads
-    rotated = int(int(head_dim) * partial_rotary_factor(cfg))  # as transformers rounds it
+    rotated = round(int(head_dim) * partial_rotary_factor(cfg))  # a GGUF count's exactly
     if rotated != int(head_dim) and (family != "phi3" or rotated % 2 or not 0 < rotated):
         raise ValueError(f"{arch}: partial_rotary_factor={partial_rotary_factor(cfg)!r} is not "
                          "supported")

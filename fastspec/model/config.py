@@ -83,8 +83,10 @@ class ModelConfig:
     (partial rotary, NeoX style: Phi-4-mini's 96 of 128); the others pass unchanged, and
     ``rope_freq_factors`` then has ``rope_dims // 2`` values. Loaders reorder each head's q/k
     rows so that these pairs are the rotate-half pairs of the whole head (q.k is unchanged by
-    the same reordering of both), and the tables give the other pairs cos 1, sin 0. None
-    (default, and what ``head_dim`` becomes) rotates the whole head.
+    the same reordering of both), and the tables give the other pairs cos 1, sin 0: such a
+    model's q/k rows (``state_dict``, ``.npz``) are in that order
+    (:func:`fastspec.formats.gguf_names.rotary_order`), not Hugging Face's. None (default,
+    and what ``head_dim`` becomes) rotates the whole head.
 
     ``rope_attention_factor`` (rotary positions only; positive) multiplies the RoPE tables'
     cos and sin, so every query and key by it (their scores by its square): LongRoPE's

@@ -46,8 +46,8 @@ def rope_cos_sin(positions, head_dim: int, theta: float, freq_factors=None,
     m = 1.0 if attention_factor is None else float(attention_factor)
     cos, sin = torch.cos(ang) * m, torch.sin(ang) * m
     rest = ang.shape[:-1] + (head_dim // 2 - r // 2,)
-    cos = torch.cat([cos, torch.ones(rest, dtype=cos.dtype)], dim=-1)
-    sin = torch.cat([sin, torch.zeros(rest, dtype=sin.dtype)], dim=-1)
+    cos = torch.cat([cos, cos.new_ones(rest)], dim=-1)
+    sin = torch.cat([sin, sin.new_zeros(rest)], dim=-1)
     return torch.cat([cos, cos], dim=-1).float(), torch.cat([sin, sin], dim=-1).float()
 
 
