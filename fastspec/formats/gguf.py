@@ -223,13 +223,13 @@ class GGUFFile:
         try:
             hf = self.hf_config()
             arch = hf["model_type"]
-            self._model_tensors(hf)
             config = hf_config(hf, dtype or "float32")  # linear scaling's divisors
-            rotated = self.metadata.get(f"{arch}.rope.dimension_count", hf["head_dim"])
+            self._model_tensors(config)
+            rotated = config.rope_dims or hf["head_dim"]  # the RoPE factors' dims
             freq_factors(self._tensors.get(LONGROPE[1]), rotated, None)  # checked only
             rope = self._tensors.get(ROPE_FREQS, self._tensors.get(LONGROPE[0]))
             config = config.replace(
-                weight_dtype=weight_dtype, rope_dims=rotated,
+                weight_dtype=weight_dtype,
                 rope_freq_factors=freq_factors(rope, rotated, config.rope_freq_factors),
                 rope_attention_factor=attention_factor(self.metadata, arch),
                 max_seq_len=rope_context(self.metadata, arch, self._tensors, config.max_seq_len))
@@ -240,10 +240,10 @@ class GGUFFile:
         self._check_tensors(config)
         return config
 
-    def _model_tensors(self, hf: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _model_tensors(self, config: ModelConfig) -> dict[str, Any]:
         """The file's tensors with a phi3 file's fused ones split (:func:`split_fused`)."""
         if self.architecture == "phi3" and self._parts is self._tensors:
-            self._parts = split_fused(self._tensors, hf or self.hf_config())
+            self._parts = split_fused(self._tensors, config)
         return self._parts
 
     def own_weight_dtype(self, dtype: str | None = None) -> str | None:
@@ -294,7 +294,7 @@ class GGUFFile:
         permuted = ("attn_q", "attn_k") if self.architecture == "llama" or config.rope_dims else ()
         order = (None if not config.rope_dims
                  else rotary_order(config.rope_dims, int(config.head_dim or 0)))
-        for name, t in self._model_tensors().items():
+        for name, t in self._model_tensors(config).items():
             if name in _ROPE_TENSORS.get(str(self.architecture), ()):  # the config's factors
                 continue
             hf = TOP.get(name)

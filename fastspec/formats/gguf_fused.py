@@ -10,9 +10,14 @@ read like any other tensor: nothing is copied. A file with the separate tensors 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from fastspec.formats.hf_fused import fused_rows
+
+if TYPE_CHECKING:  # annotations only
+    from fastspec.model.config import ModelConfig
 
 __all__ = ["split_fused", "FUSED"]
 
@@ -29,7 +34,7 @@ def _rows(t: Any, start: int, stop: int, name: str) -> Any:
                       n_elements=shape[0] * (stop - start), data=t.data[start:stop])
 
 
-def split_fused(tensors: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
+def split_fused(tensors: dict[str, Any], c: ModelConfig) -> dict[str, Any]:
     """Return ``tensors`` (GGUF name -> file tensor) with every fused tensor of a layer split
     into its parts, in the file's order.
 
@@ -38,9 +43,9 @@ def split_fused(tensors: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
     tensors : dict
         The file's tensors (``_FileTensor`` s: ``name``, ``tensor_type``, ``shape`` in ggml
         order, ``n_elements``, ``data`` with a first axis of rows).
-    hf : dict
-        The file's ``config.json`` dict (``GGUFFile.hf_config``): the head counts and size
-        and the feed-forward width give the parts' rows.
+    c : ModelConfig
+        The file's model: its head counts and size and its feed-forward width give the parts'
+        rows (:func:`~fastspec.formats.hf_fused.fused_rows`).
 
     Returns
     -------
@@ -55,10 +60,8 @@ def split_fused(tensors: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
     """
     if not any(name.split(".", 2)[-1] in FUSED for name in tensors if name.startswith("blk.")):
         return tensors
-    hd = hf["head_dim"]
-    parts = {"attn_qkv.weight": (hf["num_attention_heads"] * hd,
-                                 hf["num_key_value_heads"] * hd, hf["num_key_value_heads"] * hd),
-             "ffn_up.weight": (hf["intermediate_size"],) * 2}
+    qkv, gate_up = fused_rows(c)
+    parts: dict[str, tuple[int, ...]] = {"attn_qkv.weight": qkv, "ffn_up.weight": gate_up}
     out: dict[str, Any] = {}
     for name, t in tensors.items():
         leaf = name.split(".", 2)[-1] if name.startswith("blk.") else ""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # annotations only
     from fastspec.model.config import ModelConfig
 
-__all__ = ["fused_name", "source_of", "part_entry"]
+__all__ = ["fused_name", "source_of", "part_entry", "fused_rows"]
 
 #: A separate tensor's leaf -> (the fused tensor's leaf, the part's index in it).
 _PARTS = {"self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0),
@@ -22,6 +22,14 @@ _PARTS = {"self_attn.q_proj.weight": ("self_attn.qkv_proj.weight", 0),
           "self_attn.v_proj.weight": ("self_attn.qkv_proj.weight", 2),
           "mlp.gate_proj.weight": ("mlp.gate_up_proj.weight", 0),
           "mlp.up_proj.weight": ("mlp.gate_up_proj.weight", 1)}
+
+
+def fused_rows(c: ModelConfig) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """The rows of the parts of a fused q/k/v (q, k, v) and of a fused gate/up (gate, up) of a
+    model of ``c``: Hugging Face's and llama.cpp's phi3 layout alike."""
+    hd, ffn = int(c.head_dim or 0), int(c.ffn_dim or 0)  # set by ModelConfig
+    kv = int(c.n_kv_heads or 0) * hd
+    return (c.n_heads * hd, kv, kv), (ffn, ffn)
 
 
 def _split(name: str) -> tuple[str, str] | None:
@@ -72,9 +80,8 @@ def part_entry(name: str, fused: tuple, itemsize: int, c: ModelConfig, where: st
     """
     prefix, leaf = _split(name)  # type: ignore[misc]
     fused_leaf, index = _PARTS[leaf]
-    hd, ffn = int(c.head_dim or 0), int(c.ffn_dim or 0)  # set by ModelConfig
-    q, kv = c.n_heads * hd, int(c.n_kv_heads or 0) * hd
-    rows = (q, kv, kv) if fused_leaf.startswith("self_attn") else (ffn, ffn)
+    qkv, gate_up = fused_rows(c)
+    rows: tuple[int, ...] = qkv if fused_leaf.startswith("self_attn") else gate_up
     code, shape, offset = fused
     if len(shape) != 2 or shape[0] != sum(rows):
         raise ValueError(f"{where}: tensor {prefix + fused_leaf!r} has shape {tuple(shape)}; a "

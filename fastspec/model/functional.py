@@ -55,6 +55,7 @@ def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
     """
     inv_freq = rope_inv_freq(rope_dims or head_dim, theta, freq_factors)
     r = inv_freq.size  # the rotated columns; the others keep cos 1, sin 0
+    m = 1.0 if attention_factor is None else float(attention_factor)
     full = r == head_dim // 2
     cos = (np.empty if full else np.ones)((max_positions, head_dim // 2), dtype)
     sin = np.empty_like(cos) if full else np.zeros_like(cos)
@@ -62,12 +63,8 @@ def rope_tables(max_positions: int, head_dim: int, theta: float, dtype,
     def fill(p0: int) -> None:
         p1 = min(p0 + _ROPE_ROWS, max_positions)
         angles = np.arange(p0, p1, dtype=np.float64)[:, None] * inv_freq[None, :]
-        if attention_factor is None:
-            cos[p0:p1, :r] = np.cos(angles)
-            sin[p0:p1, :r] = np.sin(angles)
-        else:
-            cos[p0:p1, :r] = np.cos(angles) * attention_factor
-            sin[p0:p1, :r] = np.sin(angles) * attention_factor
+        cos[p0:p1, :r] = np.cos(angles) * m  # times 1.0: the same bits
+        sin[p0:p1, :r] = np.sin(angles) * m
 
     starts = range(0, max_positions, _ROPE_ROWS)
     threads = 1
