@@ -5,8 +5,9 @@
 package of the optional ``[gguf]`` extra, imported here only, gives the type tables and the
 dequantization) and serves everything a load needs from that one parse: the metadata as
 plain Python values (:func:`read_metadata`, which the GGUF tokenizer builds from), the
-:class:`~fastspec.ModelConfig` of a ``llama`` (Mistral-style included), ``qwen2``, ``qwen3`` or
-``phi3`` file, and its tensors as :class:`GGUFTensor` s under their Hugging Face names, which
+:class:`~fastspec.ModelConfig` of a ``llama`` (Mistral-style included), ``qwen2``, ``qwen3``,
+``phi3`` or ``granite`` file (:mod:`~fastspec.formats.granite`), and its tensors as
+:class:`GGUFTensor` s under their Hugging Face names, which
 :meth:`fastspec.Transformer.from_tensors` dequantizes block of rows by block of rows into
 their storage dtype. :func:`load_gguf` is what ``Transformer.load("x.gguf")`` runs.
 
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
+from fastspec.formats import granite
 from fastspec.formats.file_map import FileMap
 from fastspec.formats.gguf_fused import split_fused
 from fastspec.formats.gguf_header import read_header
@@ -41,7 +43,8 @@ __all__ = ["GGUFFile", "GGUFTensor", "read_metadata", "load_gguf", "ARCHITECTURE
 
 #: GGUF ``general.architecture`` -> the Hugging Face class it maps onto.
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+                 "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                 "granite": "GraniteForCausalLM"}
 #: Tensors beside a model's that an architecture may have (RoPE divisors, as llama.cpp).
 _ROPE_TENSORS = {"llama": (ROPE_FREQS,), "phi3": LONGROPE}
 #: ``weight_dtype`` names of the native quantized storage (GGUF's own Q8_0, Q4_0, Q4_1).
@@ -124,6 +127,8 @@ class GGUFFile:
         leaf = key.split(".", 1)[1]
         if leaf in _CONFIG_KEYS:
             return
+        if leaf in granite.GGUF_KEYS and key.startswith("granite."):
+            return  # hf_config reads them with granite.gguf_multipliers
         if leaf.startswith("rope.scal"):
             return  # hf_config reads them with gguf_rope.rope_scaling, which refuses the rest
         if leaf in ("expert_count", "expert_used_count") and value == 0:
@@ -193,7 +198,14 @@ class GGUFFile:
             "rope_theta": float(self._key(f"{arch}.rope.freq_base", float, 10000.0)),
             "rope_scaling": scaling,
             "tie_word_embeddings": "output.weight" not in self._tensors, "hidden_act": "silu",
+            **self._granite(arch, head_dim),
         }
+
+    def _granite(self, arch: str, head_dim: int) -> dict[str, float]:
+        try:
+            return granite.gguf_multipliers(self.metadata, arch, head_dim)
+        except ValueError as exc:
+            raise self._error(str(exc)) from None
 
     def config(self, dtype: str | None = None, weight_dtype: str | None = None) -> ModelConfig:
         """Return the file's :class:`ModelConfig`, its tensors checked (names, shapes, types).
@@ -231,7 +243,8 @@ class GGUFFile:
             config = config.replace(
                 weight_dtype=weight_dtype,
                 rope_freq_factors=freq_factors(rope, rotated, config.rope_freq_factors),
-                rope_attention_factor=attention_factor(self.metadata, arch),
+                rope_attention_factor=_times(attention_factor(self.metadata, arch),
+                                             granite.attention_fold(hf, hf["head_dim"])),
                 max_seq_len=rope_context(self.metadata, arch, self._tensors, config.max_seq_len))
         except ValueError as exc:
             if str(exc).startswith(str(self.path)):
@@ -291,7 +304,9 @@ class GGUFFile:
         """
         if config.rope_dims and config.qk_norm:  # the norms' values would need the order too
             raise self._error("partial rotary with QK-norm is not supported")
-        permuted = ("attn_q", "attn_k") if self.architecture == "llama" or config.rope_dims else ()
+        permuted = (("attn_q", "attn_k") if self.architecture in ("llama", "granite")
+                    or config.rope_dims else ())
+        divisor = granite.logits_divisor(self.hf_config())  # folded into the final norm
         order = (None if not config.rope_dims
                  else rotary_order(config.rope_dims, int(config.head_dim or 0)))
         for name, t in self._model_tensors(config).items():
@@ -304,7 +319,15 @@ class GGUFFile:
                 hf = f"model.layers.{layer}.{LEAF[leaf]}"
                 if leaf.split(".")[0] in permuted:  # q/k rows of ggml's normal RoPE (llama),
                     head_rows = config.head_dim  # or of a partial rotary (rotary_order)
-            yield hf, GGUFTensor(self, t, head_rows, float_kind, order)
+            tensor: Any = GGUFTensor(self, t, head_rows, float_kind, order)
+            if divisor and name == "output_norm.weight":
+                tensor = granite.DividedTensor(tensor, divisor)
+            yield hf, tensor
+
+
+def _times(a: float | None, b: float | None) -> float | None:
+    """``a * b`` with None for 1."""
+    return a if b is None else b if a is None else a * b
 
 
 def read_metadata(source: str | os.PathLike | GGUFFile) -> dict[str, Any]:

@@ -2,12 +2,13 @@
 
 :func:`save_gguf` is what ``model.save("x.gguf")`` and ``fastspec quantize`` run. It writes the
 architecture metadata of the model's family (``llama`` without QK-norm and biases, ``qwen2``
-with q/k/v biases, ``qwen3`` with QK-norm; or the source file's architecture, except that a
-``phi3`` file's model is written as the ``llama`` it computes), copies every
+with q/k/v biases, ``qwen3`` with QK-norm, ``granite`` with an ``embedding_scale``; or the
+source file's architecture, except that a ``phi3`` file's model is written as the ``llama``
+it computes), copies every
 other key of a source GGUF file (the tokenizer's ``tokenizer.*`` keys, ``general.*``), and the
 tensors under their GGUF names: quantized matrices as their blocks (Q8_0, Q4_0, Q4_1), float
 ones as F32 (F16 for float16 storage, BF16 for bfloat16), norms and biases as F32. The rows of
-a ``llama`` file's ``attn_q``/``attn_k`` are permuted as llama.cpp's converter does, so that
+a ``llama`` or ``granite`` file's ``attn_q``/``attn_k`` are permuted as llama.cpp's converter does, so that
 llama.cpp, transformers' GGUF loader and fastspec read the same model back.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fastspec.formats import granite
 from fastspec.formats.gguf import gguf_package
 from fastspec.formats.gguf_names import ROPE_FREQS, gguf_tensor_name, permute
 from fastspec.formats.hf_rope import linear_factor
@@ -28,7 +30,9 @@ if TYPE_CHECKING:  # annotations only
 __all__ = ["save_gguf", "architecture_of"]
 
 #: The architectures written (a source file's own where it is one of them).
-WRITTEN = ("llama", "qwen2", "qwen3")
+WRITTEN = ("llama", "qwen2", "qwen3", "granite")
+#: Architectures whose ``attn_q``/``attn_k`` rows llama.cpp's converter permutes.
+_PERMUTED = ("llama", "granite")
 #: Keys the writer sets itself; never copied from a source file.
 _OWN_KEYS = ("general.architecture", "general.file_type", "general.quantization_version",
              "general.alignment")
@@ -40,13 +44,16 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
     ``source_arch`` (the file it came from) wins when it is one of :data:`WRITTEN`; otherwise
     ``qwen2`` for q/k/v biases, ``qwen3`` for QK-norm, else ``llama`` (a ``phi3`` file's
     model: its fused tensors split, its LongRoPE short factors as ``rope_freqs.weight``).
+    A model with an ``embedding_scale`` is ``granite`` (:mod:`~fastspec.formats.granite`: its
+    RoPE attention factor becomes the attention scale).
 
     Raises
     ------
     ValueError
         A model that no supported architecture describes (the toy family: LayerNorm,
         learned positions, tanh/gelu), or per-frequency RoPE factors (not all equal: equal
-        ones are linear scaling, written as keys) in a file that is not ``llama``.
+        ones are linear scaling, written as keys) in a file that is not ``llama``, or an
+        ``embedding_scale`` with q/k/v biases or QK-norm.
     """
     c = model.config
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
@@ -57,12 +64,17 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
                          "fastspec reads")
     arch = source_arch if source_arch in WRITTEN else (
         "qwen2" if c.qkv_bias else "qwen3" if c.qk_norm else "llama")
+    if c.embedding_scale is not None:  # Granite's embedding multiplier
+        if c.qkv_bias or c.qk_norm:
+            raise ValueError("embedding_scale (Granite's) with q/k/v biases or QK-norm has no "
+                             "GGUF architecture fastspec reads")
+        arch = "granite"
     if c.rope_dims:
         raise ValueError("partial rotary (rope_dims, Phi-4-mini's) is not written to GGUF: its "
                          "q/k rows are in fastspec's order (.npz keeps the model; fastspec "
                          "quantize cannot write it)")
     per_frequency = c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None
-    if per_frequency and arch != "llama":
+    if per_frequency and arch != "llama":  # granite too: its multipliers go to keys
         raise ValueError(f"per-frequency RoPE factors (rope_freq_factors) are a llama "
                          f"tensor in GGUF; llama.cpp refuses them in a {arch} file")
     return arch
@@ -79,7 +91,7 @@ def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
         "attention.head_count": (c.n_heads, U32), "attention.head_count_kv": (c.n_kv_heads, U32),
         "attention.layer_norm_rms_epsilon": (c.norm_eps, F32),
         "rope.freq_base": (c.rope_theta, F32), "vocab_size": (c.vocab_size, U32)}
-    if arch == "llama":
+    if arch in _PERMUTED:
         keys["rope.dimension_count"] = (c.head_dim, U32)
     if arch == "qwen3" or c.head_dim * c.n_heads != c.dim:
         keys["attention.key_length"] = (c.head_dim, U32)
@@ -88,7 +100,11 @@ def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
     if factor is not None:  # one divisor for every frequency: llama.cpp's linear scaling
         keys["rope.scaling.type"] = ("linear", gguf.GGUFValueType.STRING)
         keys["rope.scaling.factor"] = (factor, F32)
-    if c.rope_attention_factor is not None:  # llama.cpp multiplies cos and sin by it
+    if arch == "granite":  # the attention factor as its attention scale
+        multipliers = granite.gguf_keys(c.embedding_scale, c.rope_attention_factor,
+                                        int(c.head_dim or 0))
+        keys.update({k: (v, F32) for k, v in multipliers.items()})
+    elif c.rope_attention_factor is not None:  # llama.cpp multiplies cos and sin by it
         keys["rope.scaling.attn_factor"] = (c.rope_attention_factor, F32)
     for leaf, (value, vtype) in keys.items():
         w.add_key_value(f"{arch}.{leaf}", value, vtype)
@@ -180,7 +196,7 @@ def save_gguf(model: "Transformer", path: str | os.PathLike, *,
         for hf, a in model.state_dict().items():
             g = gguf_tensor_name(hf)
             arr, qt = _tensor(gguf, a)
-            if arch == "llama" and g.split(".")[-2] in ("attn_q", "attn_k"):
+            if arch in _PERMUTED and g.split(".")[-2] in ("attn_q", "attn_k"):
                 arr = permute(arr, c.head_dim)
             w.add_tensor(g, arr, raw_dtype=qt)
         if c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None:

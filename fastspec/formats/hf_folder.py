@@ -1,10 +1,11 @@
-"""Hugging Face checkpoints: Llama/Qwen2/Qwen3 folders (config.json + safetensors) in and out.
+"""Hugging Face checkpoints: Llama-family folders (config.json + safetensors) in and out.
 
-:func:`read_hf` reads ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``
-folders (one ``model.safetensors`` or shards listed in ``model.safetensors.index.json``),
-converting bf16/f16/f32 weights to the model dtype (a bf16 checkpoint loaded with
-``weight_dtype="bfloat16"`` keeps its bit patterns). :func:`save_hf` writes the same layout so
-that ``transformers`` loads a fastspec model (bfloat16 matrices as BF16 tensors).
+:func:`read_hf` reads ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``,
+``Phi3ForCausalLM`` and ``GraniteForCausalLM`` (:mod:`~fastspec.formats.granite`) folders
+(one ``model.safetensors`` or shards listed in ``model.safetensors.index.json``), converting
+bf16/f16/f32 weights to the model dtype (a bf16 checkpoint loaded with
+``weight_dtype="bfloat16"`` keeps its bit patterns). :func:`save_hf` writes the same layout
+so that ``transformers`` loads a fastspec model (bfloat16 matrices as BF16 tensors).
 
 The safetensors files are parsed by :mod:`fastspec.formats.safetensors_io` (NumPy only; its
 reader and writer are re-exported here).
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from fastspec.formats import json_io
+from fastspec.formats import granite, json_io
 from fastspec.formats.hf_fused import fused_name, part_entry, source_of
 from fastspec.formats.hf_rope import (SCALINGS, linear_factor, partial_rotary_factor,
                                       rope_attention_factor, rope_context, rope_freq_factors,
@@ -37,7 +38,8 @@ __all__ = ["read_hf", "read_hf_config", "own_weight_dtype", "iter_hf", "FileTens
            "hf_tensor_names", "weight_files"]
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                  "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3"}
+                  "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
+                  "GraniteForCausalLM": "granite"}
 
 
 # --- config mapping ----------------------------------------------------------------------
@@ -76,6 +78,11 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
     if window is not None and (type(window) is not int or window <= 0):  # changes nothing below
         raise ValueError(f"{arch}: sliding_window must be a positive int, got {window!r}")
     context = min(context, window or context)  # that many positions
+    scale, eps, attention = granite.fold(cfg, int(head_dim),
+                                         float(cfg.get("rms_norm_eps", 1e-6)))
+    factor = rope_attention_factor(cfg)
+    if attention is not None:
+        factor = (factor or 1.0) * attention
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]), dim=dim, n_layers=int(cfg["num_hidden_layers"]),
         n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
@@ -84,13 +91,13 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         rope_theta=rope_theta(cfg, SCALINGS),
         rope_freq_factors=rope_freq_factors(cfg, rotated), rope_dims=rotated,
-        rope_attention_factor=rope_attention_factor(cfg),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_attention_factor=factor, embedding_scale=scale, norm_eps=eps,
         dtype=dtype, qk_norm=family == "qwen3", qkv_bias=family == "qwen2")
 
 
 def hf_export_config(c: ModelConfig) -> dict:
-    """Return the Hugging Face ``config.json`` dict of a Llama-family :class:`ModelConfig`."""
+    """Return the Hugging Face ``config.json`` dict of a Llama-family :class:`ModelConfig`
+    (``GraniteForCausalLM`` for one with an ``embedding_scale``)."""
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
         raise ValueError("only Llama-family models (rmsnorm, rope, swiglu) can be exported to a "
                          f"Hugging Face folder, got {c.norm}/{c.positional}/{c.activation}; "
@@ -102,12 +109,18 @@ def hf_export_config(c: ModelConfig) -> dict:
         raise ValueError("per-frequency RoPE factors (rope_freq_factors, Llama 3.1+) have no "
                          "config.json form without their llama3 parameters; save to .npz or "
                          ".gguf instead")
-    if c.rope_attention_factor is not None or c.rope_dims:
+    as_granite = c.embedding_scale is not None  # its attention factor: attention_multiplier
+    if as_granite and (c.qk_norm or c.qkv_bias):
+        raise ValueError("embedding_scale (Granite's) with qk_norm or qkv_bias has no Hugging "
+                         "Face architecture")
+    if (c.rope_attention_factor is not None and not as_granite) or c.rope_dims:
         raise ValueError("a RoPE attention factor or partial rotary (rope_attention_factor, "
                          "rope_dims: Phi-3/Phi-4's LongRoPE) is not written to a config.json; "
                          "save to .npz (or .gguf, without rope_dims) instead")
     arch, mtype = (("Qwen3ForCausalLM", "qwen3") if c.qk_norm else
-                   ("Qwen2ForCausalLM", "qwen2") if c.qkv_bias else ("LlamaForCausalLM", "llama"))
+                   ("Qwen2ForCausalLM", "qwen2") if c.qkv_bias else
+                   ("GraniteForCausalLM", "granite") if as_granite else
+                   ("LlamaForCausalLM", "llama"))
     out = {
         "architectures": [arch], "model_type": mtype, "vocab_size": c.vocab_size,
         "hidden_size": c.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
@@ -121,6 +134,9 @@ def hf_export_config(c: ModelConfig) -> dict:
     }
     if mtype == "qwen2":
         out.update(use_sliding_window=False, sliding_window=None)
+    if as_granite:
+        out.update(granite.export_multipliers(c.embedding_scale, c.rope_attention_factor,
+                                              int(c.head_dim or 0)))
     return out
 
 
@@ -206,14 +222,16 @@ def read_hf_config(folder: str | os.PathLike, dtype: str | None = None,
 
 
 def iter_hf(folder: str | os.PathLike,
-            config: ModelConfig) -> Iterator[tuple[str, "FileTensor"]]:
+            config: ModelConfig) -> Iterator[tuple[str, Any]]:
     """Yield ``(name, tensor)`` for every tensor ``config`` needs, read one at a time.
 
     The loader's streaming path: nothing is read until asked, so a caller that converts
     each tensor block by block into its final form (:meth:`fastspec.Transformer.from_tensors`)
     never holds more than one block of raw data beside the model. Tensors come in file order
     as :class:`FileTensor`: the file's dtype, BF16 as uint16 bit patterns, unconverted
-    (``config`` from :func:`read_hf_config`).
+    (``config`` from :func:`read_hf_config`); a Granite's final norm weight as a
+    :class:`~fastspec.formats.granite.DividedTensor` (float64, divided by its
+    ``logits_scaling``).
 
     Raises
     ------
@@ -222,6 +240,7 @@ def iter_hf(folder: str | os.PathLike,
     """
     folder = Path(folder)
     files = weight_files(folder)
+    divisor = granite.logits_divisor(read_json_object(folder / "config.json") or {})
     by_file: dict[Path, list[str]] = {}
     for name in hf_tensor_names(config):
         source = source_of(name, files, str(folder))  # Phi-3's fused projections
@@ -244,7 +263,9 @@ def iter_hf(folder: str | os.PathLike,
                              "weights must be F16, BF16, F32 or F64")
         names.sort(key=lambda n: entries[n][2])  # file order: sequential reads
         for name in names:
-            yield name, FileTensor(path, name, entries[name], data_start)
+            tensor = FileTensor(path, name, entries[name], data_start)
+            yield name, (granite.DividedTensor(tensor, divisor)  # Granite's logits_scaling
+                         if divisor and name == "model.norm.weight" else tensor)
 
 
 def read_hf(folder: str | os.PathLike, dtype: str | None = None,
@@ -293,7 +314,8 @@ def save_hf(model: Transformer, folder: str | os.PathLike) -> None:
     """Write ``model`` as a Hugging Face folder (``config.json`` + ``model.safetensors``).
 
     Llama family only: ``LlamaForCausalLM``, ``Qwen3ForCausalLM`` when ``qk_norm``,
-    ``Qwen2ForCausalLM`` when ``qkv_bias``. ``transformers`` loads the result.
+    ``Qwen2ForCausalLM`` when ``qkv_bias``, ``GraniteForCausalLM`` when ``embedding_scale``.
+    ``transformers`` loads the result.
     """
     folder = Path(folder)
     config = hf_export_config(model.config)

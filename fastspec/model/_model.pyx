@@ -75,6 +75,22 @@ cdef int _last_rows(bint logits, object logit_rows, Py_ssize_t n) except -2:
     return <int>logit_rows
 
 
+cdef inline void _scale64(double *x, size_t count, double scale) noexcept nogil:
+    """Multiply ``count`` values by ``scale`` in place (nothing for 1: the embedding scale)."""
+    cdef size_t i
+    if scale != 1.0:
+        for i in range(count):
+            x[i] = x[i] * scale
+
+
+cdef inline void _scale32(float *x, size_t count, float scale) noexcept nogil:
+    """float32 :func:`_scale64`: one rounding a value, as NumPy's ``x * float32(scale)``."""
+    cdef size_t i
+    if scale != 1.0:
+        for i in range(count):
+            x[i] = x[i] * scale
+
+
 cdef class TransformerRunner:
     """Fused forward of one :class:`fastspec.Transformer`.
 
@@ -103,6 +119,7 @@ cdef class TransformerRunner:
     cdef size_t _rows
     cdef size_t _dcap
     cdef int _typenum
+    cdef double _emb_scale  # config.embedding_scale, 1.0 for none
     cdef readonly object dtype
 
     def __cinit__(self):
@@ -114,6 +131,8 @@ cdef class TransformerRunner:
         self.dims = w.dims
         self.is64, self.half, self.bf16, self.dtype = w.is64, w.half, w.bf16, w.dtype
         self._typenum = cnp.NPY_FLOAT64 if self.is64 else cnp.NPY_FLOAT32
+        scale = model.config.embedding_scale
+        self._emb_scale = 1.0 if scale is None else scale
         self.hidden_ptrs = <void **>calloc(self.dims.n_layers, sizeof(void *))
         if self.hidden_ptrs == NULL:
             raise MemoryError()
@@ -244,6 +263,7 @@ cdef class TransformerRunner:
             with nogil:
                 if mode == MODE_IDS:
                     fs_embed_f64(&self.w.m64, <const int64_t *>sp, n, start, pp, c.s64.x)
+                    _scale64(c.s64.x, <size_t>n * self.dims.dim, self._emb_scale)
                 else:
                     memcpy(c.s64.x, sp, <size_t>n * self.dims.dim * sizeof(double))
                 fs_layers_f64(&self.w.m64, &c.s64, n, start, causal, <double *>c.k,
@@ -257,6 +277,7 @@ cdef class TransformerRunner:
                 if mode == MODE_IDS:
                     fs_model_embed(self.w.variant, self.w.mptr, <const int64_t *>sp, n, start,
                                    pp, c.s32.x)
+                    _scale32(c.s32.x, <size_t>n * self.dims.dim, <float>self._emb_scale)
                 else:
                     memcpy(c.s32.x, sp, <size_t>n * self.dims.dim * sizeof(float))
                 fs_model_layers(self.w.variant, self.w.mptr, &c.s32, n, start, causal,

@@ -92,6 +92,12 @@ class ModelConfig:
     cos and sin, so every query and key by it (their scores by its square): LongRoPE's
     ``attention_factor``, GGUF's ``rope.scaling.attn_factor``. None (default, and what 1
     becomes) leaves them as they are.
+
+    ``embedding_scale`` (rotary positions only; positive) multiplies the embedding rows of
+    the ids a step runs (not the ``x`` given to ``forward_embeddings``, nor the ``embed``
+    array, which a DFlash drafter reads as it is): Granite's ``embedding_multiplier``. Loaders
+    fold Granite's other multipliers into the config and weights (docs/FORMATS.md). None
+    (default, and what 1 becomes) leaves the rows as they are.
     """
 
     vocab_size: int
@@ -115,6 +121,7 @@ class ModelConfig:
     rope_freq_factors: tuple[float, ...] | None = None
     rope_attention_factor: float | None = None
     rope_dims: int | None = None
+    embedding_scale: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -178,6 +185,11 @@ class ModelConfig:
                 raise ValueError("rope_attention_factor needs positional='rope'")
             factor = positive_number(self.rope_attention_factor, "rope_attention_factor")
             object.__setattr__(self, "rope_attention_factor", None if factor == 1 else factor)
+        if self.embedding_scale is not None:
+            if self.positional != "rope":
+                raise ValueError("embedding_scale needs positional='rope'")
+            scale = positive_number(self.embedding_scale, "embedding_scale")
+            object.__setattr__(self, "embedding_scale", None if scale == 1 else scale)
 
     def _check_freq_factors(self) -> None:
         if self.positional != "rope":
@@ -236,9 +248,11 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         """Return the config as a JSON-serialisable dict (``weight_dtype``,
-        ``rope_freq_factors``, ``rope_attention_factor`` and ``rope_dims`` only when set)."""
+        ``rope_freq_factors``, ``rope_attention_factor``, ``rope_dims`` and
+        ``embedding_scale`` only when set)."""
         d = dataclasses.asdict(self)
-        for key in ("weight_dtype", "rope_freq_factors", "rope_attention_factor", "rope_dims"):
+        for key in ("weight_dtype", "rope_freq_factors", "rope_attention_factor", "rope_dims",
+                    "embedding_scale"):
             if d[key] is None:  # files of default models stay readable by older versions
                 del d[key]
         return d

@@ -263,6 +263,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
                 layers = self._check_step(cache, start, n, hidden_layers)
                 out = self._check_out(out, n if logit_rows is None else logit_rows)
                 x = self._numpy_weights()[0][ids]
+                if self.config.embedding_scale is not None:  # one rounding, as the C loop's
+                    x = x * np.asarray(self.config.embedding_scale, x.dtype)
                 if positions is None:
                     positions = slice(start, start + ids.shape[0])
                 if self.config.positional == "learned":

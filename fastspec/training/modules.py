@@ -140,6 +140,13 @@ class Transformer(nn.Module):
     def head_weight(self):
         return self.model.embed_tokens.weight if self.cfg["tie_embeddings"] else self.lm_head.weight
 
+    def embed_ids(self, ids):
+        """Return the embedding rows of ``ids`` (B, T) -> (B, T, dim), times the config's
+        ``embedding_scale`` when set (Granite's multiplier)."""
+        x = self.model.embed_tokens(ids)
+        scale = self.cfg.get("embedding_scale")
+        return x if scale is None else x * scale
+
     def forward(self, ids, start: int = 0, cache=None, hidden_layers=(), return_logits=True):
         """Run `ids` (B, T) at positions start..start+T-1.
 
@@ -148,7 +155,7 @@ class Transformer(nn.Module):
             {layer: hidden (B, T, dim)}).
         """
         B, T = ids.shape
-        x = self.model.embed_tokens(ids)
+        x = self.embed_ids(ids)
         pos = torch.arange(start, start + T, device=ids.device)
         cos, sin = rope_cos_sin(pos, self.cfg["head_dim"], self.cfg["rope_theta"],
                                 self.cfg.get("rope_freq_factors"),

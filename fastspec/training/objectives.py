@@ -104,7 +104,7 @@ def branch_greedy_labels(target, seqs, anchors, logits, cache, block_size: int, 
                                     cfg.get("rope_freq_factors"),
                                     cfg.get("rope_attention_factor"), cfg.get("rope_dims"))
             cos, sin = cos[:, None], sin[:, None]  # (Bt, 1, m, D)
-            x = target.model.embed_tokens(cur)  # (Bt, m, dim)
+            x = target.embed_ids(cur)  # (Bt, m, dim)
             mask = torch.cat([win_mask] + [eye] * (k - 1), dim=2)[:, None]
             for li, layer in enumerate(target.model.layers):
                 h = layer.input_layernorm(x)

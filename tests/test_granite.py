@@ -1,0 +1,263 @@
+"""IBM Granite: a Llama with embedding, residual, attention and logit multipliers, folded into
+``ModelConfig.embedding_scale``, the RMSNorm epsilon, the RoPE attention factor and the final
+norm (fastspec.formats.granite). Checked against transformers' ``GraniteForCausalLM`` and
+llama.cpp's ``granite``, each fold with a negative control."""
+import json
+
+import numpy as np
+import pytest
+
+from fastspec import ModelConfig, Transformer
+from fastspec.formats.gguf_write import save_gguf
+from fastspec.formats.hf_folder import hf_config, save_hf
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as Q, GGUFValueType as V  # noqa: E402
+
+from _gguf_writer import write_model  # noqa: E402
+
+#: Granite 3's multipliers (2B: embedding 12, residual 0.22, logits 8), an attention scale
+#: that is not 1/sqrt(head_dim), and an epsilon large enough that its fold matters.
+MULTIPLIERS = dict(embedding_multiplier=12.0, residual_multiplier=0.22,
+                   attention_multiplier=0.03, logits_scaling=8.0)
+TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+            rope_theta=10000.0)
+IDS = np.random.default_rng(7).integers(0, 300, 90)
+EPS = 0.1
+
+
+def _far(model: Transformer, ref: np.ndarray) -> bool:
+    """Whether ``model``'s logits are off ``ref`` by 20 times the tolerance of the parity."""
+    return np.abs(model.forward(IDS).logits - ref).max() > 20 * 1e-4 * np.abs(ref).max()
+
+
+def _without(model: Transformer, final_norm=None, **changes) -> Transformer:
+    """The same weights with config fields changed (a fold undone: a negative control)."""
+    norm = model.final_norm if final_norm is None else final_norm
+    return Transformer(model.config.replace(**changes), model.embed, model.layers, model.head,
+                       norm)
+
+
+@pytest.fixture(scope="module")
+def hf_granite(tmp_path_factory):
+    """(folder, transformers logits over IDS): a random GraniteForCausalLM saved by
+    transformers, its weights widened so that every one matters."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GraniteConfig(**TINY, **MULTIPLIERS, rms_norm_eps=EPS,
+                                     tie_word_embeddings=True)
+    model = transformers.GraniteForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        ref = model(torch.tensor(IDS[None])).logits[0].double().numpy()
+    folder = tmp_path_factory.mktemp("granite")
+    model.save_pretrained(folder)
+    return folder, ref
+
+
+@pytest.mark.hf
+def test_folder_matches_transformers(hf_granite):
+    folder, ref = hf_granite
+    ours = Transformer.load(folder)
+    c = ours.config
+    r = MULTIPLIERS["residual_multiplier"]
+    assert c.embedding_scale == pytest.approx(12.0 / r)
+    assert c.norm_eps == pytest.approx(EPS / r**2)
+    assert c.rope_attention_factor == pytest.approx(np.sqrt(0.03 * 4.0))  # head_dim 16
+    np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4 * np.abs(ref).max())
+    # each fold undone alone moves the logits
+    undone = [_without(ours, embedding_scale=None), _without(ours, norm_eps=EPS),
+              _without(ours, rope_attention_factor=None),
+              _without(ours, final_norm=ours.final_norm * 8.0)]
+    assert [_far(model, ref) for model in undone] == [True] * 4
+
+
+@pytest.mark.hf
+def test_save_hf_is_read_back_by_transformers(hf_granite, tmp_path):
+    """Written back, a Granite has residual and logit multipliers of 1 and computes the same."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    folder, ref = hf_granite
+    ours = Transformer.load(folder)
+    save_hf(ours, tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["architectures"] == ["GraniteForCausalLM"]
+    assert (written["residual_multiplier"], written["logits_scaling"]) == (1.0, 1.0)
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        got = back(torch.tensor(IDS[None])).logits[0].double().numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-4 * np.abs(ref).max())
+    again = Transformer.load(tmp_path / "out")
+    np.testing.assert_allclose(again.forward(IDS).logits, ours.forward(IDS).logits, atol=1e-5)
+
+
+def _granite_file(path, types=(Q.F32,), **keys):
+    """A random ``granite`` GGUF file (llama.cpp's converter's layout: q/k rows permuted)
+    with ``granite.<key>`` multipliers; returns its weights under Hugging Face names."""
+    meta = {f"granite.{k.replace('__', '.')}": (v, V.FLOAT32) for k, v in keys.items()}
+    return write_model(path, arch="granite", dim=64, n_layers=2, n_heads=4, n_kv=2, ffn=96,
+                       types=types, metadata=meta)
+
+
+FILE_KEYS = dict(embedding_scale=12.0, residual_scale=0.22, attention__scale=0.03,
+                 logit_scale=8.0)
+
+
+def _llama_cpp_logits(path, ids) -> np.ndarray:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    m = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=1,
+                        type_k=0, type_v=0, verbose=False)  # a float32 cache (default f16)
+    m.eval(ids.tolist())
+    return np.asarray(m.scores[:len(ids)], dtype=np.float64)
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("types", [(Q.F32,), (Q.Q8_0, Q.F16, Q.Q4_0, Q.BF16, Q.Q4_1)])
+def test_gguf_matches_transformers(tmp_path, types):
+    """The file's keys are transformers' multipliers; its q/k rows are permuted as llama's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    weights = _granite_file(tmp_path / "g.gguf", types, **FILE_KEYS)
+    ours = Transformer.load(tmp_path / "g.gguf")
+    cfg = transformers.GraniteConfig(**TINY, **MULTIPLIERS, rms_norm_eps=1e-6,
+                                     tie_word_embeddings=True)
+    model = transformers.GraniteForCausalLM(cfg).eval()
+    model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in weights.items()},
+                          strict=False)  # lm_head: tied
+    with torch.no_grad():
+        ref = model(torch.tensor(IDS[None])).logits[0].double().numpy()
+    np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4 * np.abs(ref).max())
+    assert _far(_without(ours, embedding_scale=None, rope_attention_factor=None), ref)
+
+
+def test_gguf_matches_llama_cpp(tmp_path):
+    pytest.importorskip("llama_cpp")
+    path = tmp_path / "g.gguf"
+    _granite_file(path, **FILE_KEYS)
+    ours = Transformer.load(path)
+    ref = _llama_cpp_logits(path, IDS)
+    np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4 * np.abs(ref).max())
+    for changes in ({"embedding_scale": None}, {"rope_attention_factor": None}):
+        assert _far(_without(ours, **changes), ref)
+
+
+@pytest.mark.parametrize("weight_dtype", [None, "q8_0"])
+def test_save_gguf_round_trip(tmp_path, weight_dtype):
+    """Written back (granite, residual and logit scales 1, the attention factor as its
+    attention scale), the file computes the same logits in fastspec and llama.cpp."""
+    _granite_file(tmp_path / "g.gguf", **FILE_KEYS)
+    ours = Transformer.load(tmp_path / "g.gguf", weight_dtype=weight_dtype)
+    save_gguf(ours, tmp_path / "out.gguf", source=tmp_path / "g.gguf")
+    meta = {f.name: f.contents() for f in gguf.GGUFReader(tmp_path / "out.gguf").fields.values()}
+    assert meta["general.architecture"] == "granite"
+    assert (meta["granite.residual_scale"], meta["granite.logit_scale"]) == (1.0, 1.0)
+    assert not any(k.startswith("granite.rope.scaling") for k in meta)
+    again = Transformer.load(tmp_path / "out.gguf", weight_dtype=weight_dtype)
+    want = ours.forward(IDS).logits
+    np.testing.assert_allclose(again.forward(IDS).logits, want, atol=1e-5 * np.abs(want).max())
+    if weight_dtype is None:
+        pytest.importorskip("llama_cpp")
+        np.testing.assert_allclose(_llama_cpp_logits(tmp_path / "out.gguf", IDS), want,
+                                   atol=1e-4 * np.abs(want).max())
+
+
+def test_absent_or_zero_keys_are_none(tmp_path):
+    """As llama.cpp: 0 or no key is no multiplier (attention: 1/sqrt(head_dim))."""
+    _granite_file(tmp_path / "a.gguf")
+    _granite_file(tmp_path / "z.gguf", embedding_scale=0.0, residual_scale=0.0,
+                  attention__scale=0.0, logit_scale=0.0)
+    _granite_file(tmp_path / "one.gguf", embedding_scale=1.0, residual_scale=1.0,
+                  attention__scale=0.25, logit_scale=1.0)
+    configs = [Transformer.load(tmp_path / n).config for n in ("a.gguf", "z.gguf", "one.gguf")]
+    assert configs[0] == configs[1]
+    assert configs[0].embedding_scale is None and configs[0].rope_attention_factor is None
+    assert configs[2].rope_attention_factor is None  # 0.25 = 1/sqrt(16): no factor
+    assert configs[0].norm_eps == pytest.approx(1e-6)
+
+
+@pytest.mark.parametrize("key, value", [("residual_scale", -0.5), ("logit_scale", float("nan")),
+                                        ("attention__scale", float("inf"))])
+def test_bad_gguf_keys_are_named(tmp_path, key, value):
+    _granite_file(tmp_path / "g.gguf", **{key: value})
+    with pytest.raises(ValueError, match=key.replace("__", ".")):
+        Transformer.load(tmp_path / "g.gguf")
+
+
+def test_granite_keys_in_a_llama_file_are_refused(tmp_path):
+    write_model(tmp_path / "l.gguf", arch="llama", dim=64, n_layers=1, n_heads=4, n_kv=2,
+                ffn=96, types=(Q.F32,), metadata={"llama.residual_scale": (0.5, V.FLOAT32)})
+    with pytest.raises(ValueError, match="llama.residual_scale"):
+        Transformer.load(tmp_path / "l.gguf")
+
+
+def _hf(**changes) -> dict:
+    return dict(TINY, architectures=["GraniteForCausalLM"], rms_norm_eps=1e-5, **changes)
+
+
+@pytest.mark.parametrize("key", list(MULTIPLIERS))
+@pytest.mark.parametrize("bad", [0, -1.0, "2", float("nan"), True])
+def test_bad_multipliers_are_named(key, bad):
+    with pytest.raises(ValueError, match=key):
+        hf_config(_hf(**{key: bad}))
+
+
+def test_multipliers_default_to_transformers():
+    """transformers' GraniteConfig defaults every multiplier to 1 (the attention one too)."""
+    c = hf_config(_hf())
+    assert c.embedding_scale is None and c.norm_eps == 1e-5
+    assert c.rope_attention_factor == pytest.approx(np.sqrt(4.0))  # sqrt(1 * sqrt(16))
+    assert hf_config(dict(_hf(), architectures=["LlamaForCausalLM"])).rope_attention_factor is None
+
+
+@pytest.mark.parametrize("kw, match", [({"embedding_scale": 0.0}, "embedding_scale"),
+                                       ({"embedding_scale": float("nan")}, "embedding_scale"),
+                                       ({"embedding_scale": 2.0, "positional": "learned",
+                                         "norm": "layernorm", "activation": "tanh"},
+                                        "positional='rope'")])
+def test_config_refuses_bad_embedding_scales(kw, match):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(vocab_size=8, dim=16, n_layers=1, n_heads=2, **kw)
+
+
+def test_embedding_scale_of_one_is_none_and_round_trips(tmp_path):
+    base = dict(vocab_size=8, dim=16, n_layers=1, n_heads=2)
+    assert ModelConfig(**base, embedding_scale=1).embedding_scale is None
+    assert "embedding_scale" not in ModelConfig(**base).to_dict()
+    c = ModelConfig(**base, embedding_scale=2.5)
+    assert ModelConfig.from_dict(c.to_dict()) == c
+    model = Transformer.random(c, seed=1)
+    model.save(tmp_path / "m.npz")
+    assert Transformer.load(tmp_path / "m.npz").config.embedding_scale == 2.5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_embedding_scale_multiplies_the_rows(dtype):
+    """The scale is one multiply of each gathered row: the same bits as a model whose
+    embedding rows were multiplied (untied head), on chains and trees alike."""
+    c = ModelConfig.tiny_llama(dtype=dtype, n_layers=2, tie_embeddings=False,
+                               embedding_scale=3.7)
+    model = Transformer.random(c, seed=2)
+    scaled = Transformer(c.replace(embedding_scale=None),
+                         model.embed * np.asarray(3.7, model.embed.dtype), model.layers,
+                         model.head, model.final_norm)
+    ids = [5, 7, 9, 100, 3]
+    np.testing.assert_array_equal(model.forward(ids).logits, scaled.forward(ids).logits)
+    parents = np.array([-1, 0, 0, 1, 2])
+    for m in (model, scaled):
+        m.tree = m.step(ids, m.new_cache(), tree_parents=parents).logits
+    np.testing.assert_array_equal(model.tree, scaled.tree)
+    plain = _without(model, embedding_scale=None).forward(ids).logits
+    assert np.abs(plain - scaled.forward(ids).logits).max() > 1e-2
+
+
+def test_writers_refuse_what_granite_cannot_hold(tmp_path):
+    c = ModelConfig(vocab_size=64, dim=64, n_layers=1, n_heads=4, embedding_scale=2.0,
+                    qk_norm=True)
+    model = Transformer.random(c)
+    with pytest.raises(ValueError, match="embedding_scale"):
+        save_gguf(model, tmp_path / "x.gguf")
+    with pytest.raises(ValueError, match="embedding_scale"):
+        save_hf(model, tmp_path / "x")
