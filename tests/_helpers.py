@@ -263,3 +263,14 @@ def smollm2_gguf() -> Path | None:
         return fs.models.find("smollm2-135m-instruct")
     except FileNotFoundError:
         return None
+
+
+def llama_cpp_logits(path, ids, n_ctx: int = 256) -> np.ndarray:
+    """llama.cpp's logits (float64, (len(ids), vocab)) of GGUF file ``path`` over ``ids``: one
+    thread, a float32 KV cache (its default is float16); skips the test without
+    llama-cpp-python. llama.cpp rounds ``n_ctx`` up to 256."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    m = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True, n_threads=1,
+                        type_k=0, type_v=0, verbose=False)
+    m.eval([int(i) for i in ids])
+    return np.asarray(m.scores[:len(ids)], dtype=np.float64)

@@ -14,6 +14,7 @@ from fastspec.formats.hf_folder import hf_config, save_hf
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q, GGUFValueType as V  # noqa: E402
 
+from _helpers import llama_cpp_logits  # noqa: E402
 from _gguf_writer import write_model  # noqa: E402
 
 #: Granite 3's multipliers (2B: embedding 12, residual 0.22, logits 8), an attention scale
@@ -106,14 +107,6 @@ FILE_KEYS = dict(embedding_scale=12.0, residual_scale=0.22, attention__scale=0.0
                  logit_scale=8.0)
 
 
-def _llama_cpp_logits(path, ids) -> np.ndarray:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    m = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=1,
-                        type_k=0, type_v=0, verbose=False)  # a float32 cache (default f16)
-    m.eval(ids.tolist())
-    return np.asarray(m.scores[:len(ids)], dtype=np.float64)
-
-
 @pytest.mark.hf
 @pytest.mark.parametrize("types", [(Q.F32,), (Q.Q8_0, Q.F16, Q.Q4_0, Q.BF16, Q.Q4_1)])
 def test_gguf_matches_transformers(tmp_path, types):
@@ -138,7 +131,7 @@ def test_gguf_matches_llama_cpp(tmp_path):
     path = tmp_path / "g.gguf"
     _granite_file(path, **FILE_KEYS)
     ours = Transformer.load(path)
-    ref = _llama_cpp_logits(path, IDS)
+    ref = llama_cpp_logits(path, IDS)
     np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4 * np.abs(ref).max())
     for changes in ({"embedding_scale": None}, {"rope_attention_factor": None}):
         assert _far(_without(ours, **changes), ref)
@@ -160,7 +153,7 @@ def test_save_gguf_round_trip(tmp_path, weight_dtype):
     np.testing.assert_allclose(again.forward(IDS).logits, want, atol=1e-5 * np.abs(want).max())
     if weight_dtype is None:
         pytest.importorskip("llama_cpp")
-        np.testing.assert_allclose(_llama_cpp_logits(tmp_path / "out.gguf", IDS), want,
+        np.testing.assert_allclose(llama_cpp_logits(tmp_path / "out.gguf", IDS), want,
                                    atol=1e-4 * np.abs(want).max())
 
 

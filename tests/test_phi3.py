@@ -18,6 +18,7 @@ from fastspec.model import ModelConfig, Transformer
 from fastspec.model.functional import rope_tables
 
 gguf = pytest.importorskip("gguf")
+from _helpers import llama_cpp_logits  # noqa: E402
 from _gguf_writer import write_model  # noqa: E402  (needs gguf)
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 from gguf import GGUFValueType as V  # noqa: E402
@@ -106,14 +107,6 @@ def test_gguf_matches_transformers(tmp_path, backend, rotary):
         assert np.abs(_without(ours, **changes).forward(ids).logits - ref).max() > 1e-2
 
 
-def _llama_cpp_logits(path, ids) -> np.ndarray:
-    llama_cpp = pytest.importorskip("llama_cpp")
-    m = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, n_threads=1,
-                        type_k=0, type_v=0, verbose=False)  # a float32 cache (default f16)
-    m.eval(ids.tolist())
-    return np.asarray(m.scores[:len(ids)], dtype=np.float64)
-
-
 #: phi3 files as llama.cpp runs them at a context of 256: (file, max_seq_len, the settings
 #: that must matter). Only long factors: llama.cpp has no short ones to run (plain RoPE);
 #: no original length: the short ones at every context.
@@ -142,7 +135,7 @@ def test_gguf_matches_llama_cpp(tmp_path, case):
     assert ours.config.max_seq_len == context
     assert (ours.config.rope_freq_factors is None) == ("rope_freq_factors" not in matter)
     ids = np.random.default_rng(2).integers(0, ours.config.vocab_size, 200)
-    ref = _llama_cpp_logits(path, ids)
+    ref = llama_cpp_logits(path, ids)
     np.testing.assert_allclose(ours.forward(ids).logits, ref, atol=2e-4, rtol=0)
     for name in matter:
         assert np.abs(_without(ours, **{name: None}).forward(ids).logits - ref).max() > 1e-2
@@ -158,7 +151,7 @@ def test_attn_factor_in_any_file(tmp_path):
     ours = Transformer.load(path)
     assert ours.config.rope_attention_factor == pytest.approx(1.4)
     ids = np.random.default_rng(5).integers(0, ours.config.vocab_size, 100)
-    ref = _llama_cpp_logits(path, ids)
+    ref = llama_cpp_logits(path, ids)
     np.testing.assert_allclose(ours.forward(ids).logits, ref, atol=2e-4, rtol=0)
     plain = _without(ours, rope_attention_factor=None).forward(ids).logits
     assert np.abs(plain - ref).max() > 1e-2
@@ -199,13 +192,8 @@ def test_saved_as_llama(tmp_path):
     assert back.config == model.config
     ids = np.random.default_rng(3).integers(0, model.config.vocab_size, 100)
     np.testing.assert_array_equal(back.forward(ids).logits, model.forward(ids).logits)
-    llama_cpp = pytest.importorskip("llama_cpp")
-    m = llama_cpp.Llama(model_path=str(out), n_ctx=256, logits_all=True, n_threads=1,
-                        type_k=0, type_v=0, verbose=False)
-    m.eval(ids.tolist())
-    np.testing.assert_allclose(model.forward(ids).logits,
-                               np.asarray(m.scores[:len(ids)], dtype=np.float64), atol=2e-4,
-                               rtol=0)
+    np.testing.assert_allclose(model.forward(ids).logits, llama_cpp_logits(out, ids),
+                               atol=2e-4, rtol=0)
 
 
 def test_without_longrope(tmp_path):

@@ -15,6 +15,8 @@ from fastspec.formats.gguf_rope import rope_scaling
 from fastspec.formats.hf_rope import rope_freq_factors
 from fastspec.model import Transformer
 
+from _helpers import llama_cpp_logits
+
 FACTOR = 4.0
 TINY = dict(vocab_size=101, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
@@ -88,15 +90,12 @@ def test_linear_gguf_matches_transformers(tmp_path, backend, key):
 
 
 def test_linear_gguf_matches_llama_cpp(tmp_path):
-    llama_cpp = pytest.importorskip("llama_cpp")
+    pytest.importorskip("llama_cpp")
     path = tmp_path / "lin.gguf"
     _linear_gguf(path)
     ours = Transformer.load(path)
     ids = (IDS % ours.config.vocab_size).tolist()
-    m = llama_cpp.Llama(model_path=str(path), n_ctx=128, logits_all=True, n_threads=1,
-                        type_k=0, type_v=0, verbose=False)  # a float32 cache (default f16)
-    m.eval(ids)
-    ref = np.asarray(m.scores[:len(ids)], dtype=np.float64)
+    ref = llama_cpp_logits(path, ids, n_ctx=128)
     np.testing.assert_allclose(ours.forward(np.array(ids)).logits, ref, atol=2e-4, rtol=0)
     assert np.abs(_plain(ours).forward(np.array(ids)).logits - ref).max() > 1e-2
 

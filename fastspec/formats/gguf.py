@@ -105,6 +105,12 @@ class GGUFFile:
         return (f"GGUFFile({str(self.path)!r}, architecture={self.architecture!r}, "
                 f"{len(self._tensors)} tensors)")
 
+    def release(self, part: np.ndarray) -> bool:
+        """Drop the whole pages of ``part`` (a view of the file's bytes, converted and no
+        longer needed) from this process's memory: :meth:`FileMap.release
+        <fastspec.formats.file_map.FileMap.release>`."""
+        return self._map.release(part)
+
     # --- config ----------------------------------------------------------------------------
 
     def _error(self, what: str) -> ValueError:

@@ -130,7 +130,7 @@ class GGUFTensor:
         if self.type_name in _MAPPABLE:
             return raw.view(np.uint16) if self.type_name == "BF16" else raw
         out = _gguf().quants.dequantize(raw, self._t.tensor_type)
-        self.file._map.release(raw)
+        self.file.release(raw)
         if not np.isfinite(out).all():  # a NaN or infinite scale (or min) in the blocks
             raise ValueError(f"{self.file.path}: tensor {self.name!r} ({self.type_name}) "
                              "dequantizes to NaN or infinite values: its blocks hold a NaN "
@@ -192,7 +192,7 @@ class GGUFTensor:
         ``requested`` (packed into ``out``); then release its pages unless :data:`_MAPPABLE`."""
         q = quant_matrix(self, requested, out)
         if self.type_name not in _MAPPABLE:
-            self.file._map.release(self._t.data)
+            self.file.release(self._t.data)
         return q
 
     def mapped(self) -> np.ndarray:
