@@ -95,12 +95,14 @@ def test_save_hf_is_read_back_by_transformers(hf_granite, tmp_path):
     np.testing.assert_allclose(again.forward(IDS).logits, ours.forward(IDS).logits, atol=1e-5)
 
 
-def _granite_file(path, types=(Q.F32,), **keys):
+def _granite_file(path, types=(Q.F32,), tied=True, extra=None, **keys):
     """A random ``granite`` GGUF file (llama.cpp's converter's layout: q/k rows permuted)
-    with ``granite.<key>`` multipliers; returns its weights under Hugging Face names."""
-    meta = {f"granite.{k.replace('__', '.')}": (v, V.FLOAT32) for k, v in keys.items()}
+    with ``granite.<key>`` keys (``__`` for ``.``; floats as FLOAT32, bools as BOOL); returns
+    its weights under Hugging Face names."""
+    meta = {f"granite.{k.replace('__', '.')}": (v, V.BOOL if isinstance(v, bool) else V.FLOAT32)
+            for k, v in keys.items()}
     return write_model(path, arch="granite", dim=64, n_layers=2, n_heads=4, n_kv=2, ffn=96,
-                       types=types, metadata=meta)
+                       types=types, metadata=meta, tied=tied, extra=extra)
 
 
 FILE_KEYS = dict(embedding_scale=12.0, residual_scale=0.22, attention__scale=0.03,
@@ -126,15 +128,47 @@ def test_gguf_matches_transformers(tmp_path, types):
     assert _far(_without(ours, embedding_scale=None, rope_attention_factor=None), ref)
 
 
-def test_gguf_matches_llama_cpp(tmp_path):
+GGUF_CASES = {
+    "tied": ({}, ("embedding_scale", "rope_attention_factor", "norm_eps")),
+    "untied": ({"tied": False}, ("embedding_scale", "rope_attention_factor", "norm_eps")),
+    "with attn_factor": ({"rope__scaling__attn_factor": 1.3}, ("rope_attention_factor",)),
+    "with rope_freqs": ({"extra": {"rope_freqs.weight": np.linspace(5, 2, 8, dtype=np.float32)}},
+                        ("rope_freq_factors",)),
+}
+
+
+@pytest.mark.parametrize("case", list(GGUF_CASES))
+def test_gguf_matches_llama_cpp(tmp_path, case):
+    """llama.cpp's granite (an epsilon of 0.1: its fold matters too); each fold undone is far."""
     pytest.importorskip("llama_cpp")
+    kw, matter = GGUF_CASES[case]
     path = tmp_path / "g.gguf"
-    _granite_file(path, **FILE_KEYS)
+    keys = dict(FILE_KEYS, attention__layer_norm_rms_epsilon=EPS)
+    keys.update({k: v for k, v in kw.items() if k not in ("tied", "extra")})
+    _granite_file(path, tied=kw.get("tied", True), extra=kw.get("extra"), **keys)
     ours = Transformer.load(path)
     ref = llama_cpp_logits(path, IDS)
     np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4 * np.abs(ref).max())
-    for changes in ({"embedding_scale": None}, {"rope_attention_factor": None}):
-        assert _far(_without(ours, **changes), ref)
+    undo = {"embedding_scale": None, "rope_attention_factor": None, "norm_eps": EPS,
+            "rope_freq_factors": None}
+    for name in matter:
+        assert _far(_without(ours, **{name: undo[name]}), ref), name
+
+
+def test_quantized_gguf_matches_llama_cpp(tmp_path):
+    """A Q8_0 file run natively (q8_0 blocks, int8 activations): llama.cpp's Q8_0 products
+    quantize the activations alike, so the two agree near the quantization's error, and the
+    embedding scale undone is far beyond it."""
+    pytest.importorskip("llama_cpp")
+    path = tmp_path / "g.gguf"
+    _granite_file(path, types=(Q.Q8_0,), **FILE_KEYS)
+    ours = Transformer.load(path, weight_dtype="q8_0")
+    assert ours.config.weight_dtype == "q8_0"
+    ref = llama_cpp_logits(path, IDS)
+    tol = 2e-2 * np.abs(ref).max()
+    np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=tol)
+    plain = _without(ours, embedding_scale=None).forward(IDS).logits
+    assert np.abs(plain - ref).max() > 10 * tol
 
 
 @pytest.mark.parametrize("weight_dtype", [None, "q8_0"])
@@ -155,6 +189,15 @@ def test_save_gguf_round_trip(tmp_path, weight_dtype):
         pytest.importorskip("llama_cpp")
         np.testing.assert_allclose(llama_cpp_logits(tmp_path / "out.gguf", IDS), want,
                                    atol=1e-4 * np.abs(want).max())
+
+
+def test_rope_off_is_refused(tmp_path):
+    """llama.cpp runs a granite file whose ``rope.scaling.finetuned`` is false without RoPE."""
+    _granite_file(tmp_path / "g.gguf", rope__scaling__finetuned=False)
+    with pytest.raises(ValueError, match="granite.rope.scaling.finetuned"):
+        Transformer.load(tmp_path / "g.gguf")
+    _granite_file(tmp_path / "t.gguf", rope__scaling__finetuned=True)
+    assert Transformer.load(tmp_path / "t.gguf").config.embedding_scale is None
 
 
 def test_absent_or_zero_keys_are_none(tmp_path):
@@ -197,6 +240,26 @@ def test_bad_multipliers_are_named(key, bad):
         hf_config(_hf(**{key: bad}))
 
 
+@pytest.mark.parametrize("key, value", [("residual_multiplier", 1e-200),
+                                        ("residual_multiplier", 1e200)])
+def test_folds_beyond_float_range_are_named(key, value):
+    with pytest.raises(ValueError, match=key):
+        hf_config(_hf(**{key: value}))
+
+
+@pytest.mark.hf
+def test_tiny_logits_scaling_is_refused(hf_granite, tmp_path):
+    folder, _ = hf_granite
+    out = tmp_path / "g"
+    out.mkdir()
+    for f in folder.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(dict(cfg, logits_scaling=1e-200)))
+    with pytest.raises(ValueError, match="logits_scaling"):
+        Transformer.load(out)
+
+
 def test_multipliers_default_to_transformers():
     """transformers' GraniteConfig defaults every multiplier to 1 (the attention one too)."""
     c = hf_config(_hf())
@@ -227,7 +290,7 @@ def test_embedding_scale_of_one_is_none_and_round_trips(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_embedding_scale_multiplies_the_rows(dtype):
+def test_embedding_scale_multiplies_the_rows(backend, dtype):
     """The scale is one multiply of each gathered row: the same bits as a model whose
     embedding rows were multiplied (untied head), on chains and trees alike."""
     c = ModelConfig.tiny_llama(dtype=dtype, n_layers=2, tie_embeddings=False,
@@ -246,11 +309,35 @@ def test_embedding_scale_multiplies_the_rows(dtype):
     assert np.abs(plain - scaled.forward(ids).logits).max() > 1e-2
 
 
-def test_writers_refuse_what_granite_cannot_hold(tmp_path):
-    c = ModelConfig(vocab_size=64, dim=64, n_layers=1, n_heads=4, embedding_scale=2.0,
-                    qk_norm=True)
+@pytest.mark.parametrize("kw", [{"qk_norm": True}, {"qkv_bias": True}])
+def test_writers_refuse_what_granite_cannot_hold(tmp_path, kw):
+    c = ModelConfig(vocab_size=64, dim=64, n_layers=1, n_heads=4, embedding_scale=2.0, **kw)
     model = Transformer.random(c)
     with pytest.raises(ValueError, match="embedding_scale"):
         save_gguf(model, tmp_path / "x.gguf")
     with pytest.raises(ValueError, match="embedding_scale"):
         save_hf(model, tmp_path / "x")
+
+
+@pytest.mark.hf
+def test_equal_embedding_and_residual_multipliers_are_written_back(tmp_path):
+    """With m_e == m_r there is no embedding scale, but the attention factor and the folded
+    epsilon make it a Granite still: written as one, transformers computes the same."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    cfg = transformers.GraniteConfig(**TINY, embedding_multiplier=0.5, residual_multiplier=0.5,
+                                     attention_multiplier=0.03, rms_norm_eps=EPS)
+    model = transformers.GraniteForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        ref = model(torch.tensor(IDS[None])).logits[0].double().numpy()
+    model.save_pretrained(tmp_path / "in")
+    ours = Transformer.load(tmp_path / "in")
+    assert ours.config.embedding_scale is None and ours.config.norm_eps == pytest.approx(EPS / .25)
+    save_hf(ours, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        got = back(torch.tensor(IDS[None])).logits[0].double().numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-4 * np.abs(ref).max())

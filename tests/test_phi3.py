@@ -8,6 +8,7 @@ paired with the model without the factors, and without the attention factor, fai
 """
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -271,8 +272,13 @@ def test_config_field(tmp_path):
     model = Transformer.random(c, seed=0)
     model.save(tmp_path / "m.npz")
     assert Transformer.load(tmp_path / "m.npz").config == c
-    with pytest.raises(ValueError, match="rope_attention_factor"):
-        model.save(tmp_path / "folder")  # no config.json form
+    model.save(tmp_path / "folder")  # a Granite's attention multiplier (tests/test_granite.py)
+    cfg = json.loads((tmp_path / "folder" / "config.json").read_text())
+    assert cfg["architectures"] == ["GraniteForCausalLM"]
+    back = Transformer.load(tmp_path / "folder")
+    assert back.config.rope_attention_factor == pytest.approx(1.25, rel=1e-12)
+    with pytest.raises(ValueError, match="rope_attention_factor"):  # no config.json form
+        Transformer.random(c.replace(qk_norm=True)).save(tmp_path / "qk")
 
 
 def test_tables_scaled():

@@ -24,9 +24,9 @@ def add_parser(sub) -> None:
                     "From a GGUF file, its tokenizer and other metadata are copied and its "
                     "blocks of the requested type are kept byte for byte.")
     p.add_argument("input", metavar="IN",
-                   help="a .gguf file, a Hugging Face folder (Llama/Qwen2/Qwen3), an .npz "
-                        "written by fastspec, a catalog name (smollm2), a model Ollama "
-                        "pulled (llama3.2:1b or ollama:NAME), or "
+                   help="a .gguf file, a Hugging Face folder (Llama/Qwen2/Qwen3/Phi-3/"
+                        "Granite), an .npz written by fastspec, a catalog name (smollm2), a "
+                        "model Ollama pulled (llama3.2:1b or ollama:NAME), or "
                         f"{' / '.join(EMBEDDED)} (the embedded models)")
     p.add_argument("output", metavar="OUT", help="the GGUF file to write (.gguf)")
     p.add_argument("--type", dest="kind", required=True, choices=("q8_0", "q4_0", "q4_1"),

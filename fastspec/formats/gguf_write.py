@@ -3,13 +3,13 @@
 :func:`save_gguf` is what ``model.save("x.gguf")`` and ``fastspec quantize`` run. It writes the
 architecture metadata of the model's family (``llama`` without QK-norm and biases, ``qwen2``
 with q/k/v biases, ``qwen3`` with QK-norm, ``granite`` with an ``embedding_scale``; or the
-source file's architecture, except that a ``phi3`` file's model is written as the ``llama``
-it computes), copies every
-other key of a source GGUF file (the tokenizer's ``tokenizer.*`` keys, ``general.*``), and the
-tensors under their GGUF names: quantized matrices as their blocks (Q8_0, Q4_0, Q4_1), float
-ones as F32 (F16 for float16 storage, BF16 for bfloat16), norms and biases as F32. The rows of
-a ``llama`` or ``granite`` file's ``attn_q``/``attn_k`` are permuted as llama.cpp's converter does, so that
-llama.cpp, transformers' GGUF loader and fastspec read the same model back.
+source file's architecture, except that a ``phi3``, ``exaone`` or ``ernie4_5`` file's model is
+written as the ``llama`` it computes), copies every other key of a source GGUF file (the
+tokenizer's ``tokenizer.*`` keys, ``general.*``), and the tensors under their GGUF names:
+quantized matrices as their blocks (Q8_0, Q4_0, Q4_1), float ones as F32 (F16 for float16
+storage, BF16 for bfloat16), norms and biases as F32. The rows of a ``llama`` or ``granite``
+file's ``attn_q``/``attn_k`` are permuted as llama.cpp's converter does, so that llama.cpp and
+fastspec (and transformers' GGUF loader, which reads no ``granite``) read the same model back.
 """
 from __future__ import annotations
 
@@ -74,9 +74,9 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
                          "q/k rows are in fastspec's order (.npz keeps the model; fastspec "
                          "quantize cannot write it)")
     per_frequency = c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None
-    if per_frequency and arch != "llama":  # granite too: its multipliers go to keys
-        raise ValueError(f"per-frequency RoPE factors (rope_freq_factors) are a llama "
-                         f"tensor in GGUF; llama.cpp refuses them in a {arch} file")
+    if per_frequency and arch not in _PERMUTED:
+        raise ValueError(f"per-frequency RoPE factors (rope_freq_factors) are a llama or "
+                         f"granite tensor in GGUF; llama.cpp refuses them in a {arch} file")
     return arch
 
 

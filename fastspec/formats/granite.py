@@ -16,9 +16,13 @@ same function with one forward change, :attr:`fastspec.ModelConfig.embedding_sca
 - the final norm's weight is divided by ``s``.
 
 The hidden states a step returns (``hidden_layers``, what a DFlash drafter reads) are the
-divided stream's. GGUF's keys follow llama.cpp: ``granite.embedding_scale``,
+divided stream's, and a normed last one is divided by ``s`` too: a drafter trained by
+fastspec on such a target reads what it was trained on, one trained on transformers' hidden
+states would not. GGUF's keys follow llama.cpp: ``granite.embedding_scale``,
 ``granite.residual_scale``, ``granite.attention.scale``, ``granite.logit_scale``, 0 or absent
-for none. Written back (:func:`fastspec.formats.gguf_write.save_gguf`,
+for none (llama.cpp requires ``logit_scale``; fastspec reads it as the others), and
+``granite.rope.scaling.finetuned`` false (llama.cpp's switch for a Granite without RoPE) is
+refused. Written back (:func:`fastspec.formats.gguf_write.save_gguf`,
 :func:`fastspec.formats.hf_folder.save_hf`), such a model is a Granite with residual and logit
 multipliers of 1.
 """
@@ -57,15 +61,20 @@ def gguf_multipliers(metadata: dict[str, Any], arch: str, head_dim: int) -> dict
     dict of str to float
         The four ``config.json`` multipliers (empty for another architecture); a key that is 0
         or absent means none, as in llama.cpp: a multiplier of 1, an attention scale of
-        ``1 / sqrt(head_dim)``.
+        ``1 / sqrt(head_dim)`` (llama.cpp requires ``logit_scale``, read so all the same).
 
     Raises
     ------
     ValueError
-        A value that is not a finite number of at least 0 (named).
+        A value that is not a finite number of at least 0, or ``rope.scaling.finetuned``
+        false: llama.cpp then runs the model without RoPE (named).
     """
     if arch != "granite":
         return {}
+    if metadata.get("granite.rope.scaling.finetuned", True) is not True:
+        raise ValueError("metadata key 'granite.rope.scaling.finetuned' = "
+                         f"{metadata['granite.rope.scaling.finetuned']!r}: llama.cpp runs such "
+                         "a granite file without RoPE, which fastspec does not")
     out = {"embedding_multiplier": 1.0, "residual_multiplier": 1.0, "logits_scaling": 1.0,
            "attention_multiplier": 1 / math.sqrt(head_dim)}
     for key, hf in GGUF_KEYS.items():
@@ -113,8 +122,12 @@ def fold(cfg: dict, head_dim: int, eps: float) -> tuple[float | None, float, flo
         return None, eps, None
     logits_divisor(cfg)  # checked here; folded into the final norm as the tensors are read
     residual = _multiplier(cfg, "residual_multiplier", 1.0)
-    return (_multiplier(cfg, "embedding_multiplier", 1.0) / residual, eps / residual**2,
-            attention_fold(cfg, head_dim))
+    scale = _multiplier(cfg, "embedding_multiplier", 1.0) / residual
+    folded = eps / residual / residual
+    for value, what in ((scale, "embedding_multiplier / residual_multiplier"),
+                        (folded, "rms_norm_eps / residual_multiplier**2")):
+        positive_number(value, what)  # neither 0 nor infinite when folded
+    return scale, folded, attention_fold(cfg, head_dim)
 
 
 def attention_fold(cfg: dict, head_dim: int) -> float | None:
@@ -130,7 +143,8 @@ def attention_fold(cfg: dict, head_dim: int) -> float | None:
     if not _is_granite(cfg):
         return None
     attention = _multiplier(cfg, "attention_multiplier", 1.0)
-    return math.sqrt(attention * math.sqrt(head_dim))
+    return positive_number(math.sqrt(attention * math.sqrt(head_dim)),
+                           "sqrt(attention_multiplier * sqrt(head_dim))")
 
 
 def logits_divisor(cfg: dict) -> float | None:
@@ -165,15 +179,25 @@ class DividedTensor:
         self.dtype = np.dtype(np.float64)
 
     def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Return rows ``start:stop`` divided (float64, one rounding to the model's dtype)."""
+        """Return rows ``start:stop`` divided (float64, one rounding to the model's dtype).
+
+        Raises
+        ------
+        ValueError
+            A quotient beyond float32's range (a tiny ``logits_scaling``).
+        """
         raw = np.asarray(self.tensor.read(start, stop))
-        return to_float(raw, "BF16" if raw.dtype == np.uint16 else "", self.dtype) / self.divisor
+        out = to_float(raw, "BF16" if raw.dtype == np.uint16 else "", self.dtype) / self.divisor
+        if not (np.abs(out) <= np.finfo(np.float32).max).all():
+            raise ValueError(f"the final norm weight divided by logits_scaling {self.divisor!r} "
+                             "is not a finite float32")
+        return out
 
     def mapped(self) -> np.ndarray:
         """Return :meth:`read` (a divided tensor is never a view of its file)."""
         return self.read()
 
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         a = self.read()
         return a if dtype is None else a.astype(dtype, copy=False)
 

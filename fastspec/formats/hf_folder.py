@@ -97,7 +97,9 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
 
 def hf_export_config(c: ModelConfig) -> dict:
     """Return the Hugging Face ``config.json`` dict of a Llama-family :class:`ModelConfig`
-    (``GraniteForCausalLM`` for one with an ``embedding_scale``)."""
+    (``GraniteForCausalLM`` for one with an ``embedding_scale`` or a RoPE attention factor,
+    without partial rotary, QK-norm or biases; its multipliers from
+    :func:`~fastspec.formats.granite.export_multipliers`)."""
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
         raise ValueError("only Llama-family models (rmsnorm, rope, swiglu) can be exported to a "
                          f"Hugging Face folder, got {c.norm}/{c.positional}/{c.activation}; "
@@ -109,11 +111,13 @@ def hf_export_config(c: ModelConfig) -> dict:
         raise ValueError("per-frequency RoPE factors (rope_freq_factors, Llama 3.1+) have no "
                          "config.json form without their llama3 parameters; save to .npz or "
                          ".gguf instead")
-    as_granite = c.embedding_scale is not None  # its attention factor: attention_multiplier
-    if as_granite and (c.qk_norm or c.qkv_bias):
+    # a Granite holds an embedding scale and an attention factor (attention_multiplier)
+    as_granite = (c.embedding_scale is not None or c.rope_attention_factor is not None) and not (
+        c.rope_dims or c.qk_norm or c.qkv_bias)
+    if c.embedding_scale is not None and (c.qk_norm or c.qkv_bias):
         raise ValueError("embedding_scale (Granite's) with qk_norm or qkv_bias has no Hugging "
                          "Face architecture")
-    if (c.rope_attention_factor is not None and not as_granite) or c.rope_dims:
+    if (c.rope_attention_factor is not None or c.rope_dims) and not as_granite:
         raise ValueError("a RoPE attention factor or partial rotary (rope_attention_factor, "
                          "rope_dims: Phi-3/Phi-4's LongRoPE) is not written to a config.json; "
                          "save to .npz (or .gguf, without rope_dims) instead")
@@ -270,7 +274,7 @@ def iter_hf(folder: str | os.PathLike,
 
 def read_hf(folder: str | os.PathLike, dtype: str | None = None,
             weight_dtype: str | None = None) -> tuple[ModelConfig, dict[str, np.ndarray]]:
-    """Read a Llama/Qwen2/Qwen3 Hugging Face checkpoint folder: its config and weights.
+    """Read a Llama-family Hugging Face checkpoint folder: its config and weights.
 
     Holds every tensor at once; :meth:`fastspec.Transformer.load` streams them instead
     (:func:`read_hf_config` and :func:`iter_hf`), so that loading never holds two copies.
@@ -314,7 +318,8 @@ def save_hf(model: Transformer, folder: str | os.PathLike) -> None:
     """Write ``model`` as a Hugging Face folder (``config.json`` + ``model.safetensors``).
 
     Llama family only: ``LlamaForCausalLM``, ``Qwen3ForCausalLM`` when ``qk_norm``,
-    ``Qwen2ForCausalLM`` when ``qkv_bias``, ``GraniteForCausalLM`` when ``embedding_scale``.
+    ``Qwen2ForCausalLM`` when ``qkv_bias``, ``GraniteForCausalLM`` with an ``embedding_scale``
+    or a RoPE attention factor (:func:`hf_export_config`).
     ``transformers`` loads the result.
     """
     folder = Path(folder)

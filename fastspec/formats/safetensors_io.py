@@ -23,16 +23,29 @@ __all__ = ["read_safetensors", "write_safetensors", "FileTensor", "read_header",
 #: Largest safetensors header accepted (the JSON table of contents), in bytes.
 MAX_HEADER_BYTES = 100 * 2**20
 
+#: safetensors dtype codes -> the NumPy dtype their bytes are read as.
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
     "BF16": np.dtype("<u2"),  # raw bits; converted to float32 by a 16-bit shift
     "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
     "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
 }
+#: The codes of float tensors (the only ones a model's weights may have).
 FLOAT_CODES = {"F64", "F32", "F16", "BF16"}
 
+
 def read_header(path: Path) -> tuple[dict, int, int]:
-    """Return ``(entries, data_start, data_size)`` of a safetensors file, all validated."""
+    """Return ``(entries, data_start, data_size)`` of a safetensors file, all validated.
+
+    ``entries`` maps each tensor name to ``(dtype code, shape, offset in the data)``;
+    ``data_start`` is the data's offset in the file and ``data_size`` its length in bytes.
+
+    Raises
+    ------
+    ValueError
+        A header the file cannot hold, or an entry whose dtype, shape or byte range is wrong
+        (named with the file).
+    """
     size = path.stat().st_size
     if size < 8:
         raise ValueError(f"{path}: not a safetensors file ({size} bytes, no header length)")
@@ -75,6 +88,8 @@ def read_header(path: Path) -> tuple[dict, int, int]:
 
 
 def to_float(raw: np.ndarray, code: str, dtype: np.dtype) -> np.ndarray:
+    """Return ``raw`` as ``dtype``: bf16 bit patterns (uint16, ``code`` ``"BF16"``) widened
+    by a 16-bit shift, other floats converted (a view when already ``dtype``)."""
     if code == "BF16":
         raw = (raw.astype(np.uint32) << 16).view(np.float32)
     return raw.astype(dtype, copy=False)

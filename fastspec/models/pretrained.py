@@ -112,7 +112,7 @@ class Pretrained(NamedTuple):
 def load_pretrained(path: str | os.PathLike, dtype: str | None = None,
                     weight_dtype: str | None = None, tokenizer: bool = True,
                     mmap: bool = False) -> Pretrained:
-    """Load a model and its tokenizer in one call: a GGUF file or a Llama/Qwen2/Qwen3 folder.
+    """Load a model and its tokenizer in one call: a GGUF file or a Llama-family folder.
 
     Parameters
     ----------

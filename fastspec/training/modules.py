@@ -140,7 +140,7 @@ class Transformer(nn.Module):
     def head_weight(self):
         return self.model.embed_tokens.weight if self.cfg["tie_embeddings"] else self.lm_head.weight
 
-    def embed_ids(self, ids):
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Return the embedding rows of ``ids`` (B, T) -> (B, T, dim), times the config's
         ``embedding_scale`` when set (Granite's multiplier)."""
         x = self.model.embed_tokens(ids)
