@@ -189,7 +189,7 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
             weights.update(zip(parts, np.split(weights.pop(hf), rows)))
 
     add("token_embd.weight", "model.embed_tokens.weight", matrix(len(tokens), dim))
-    perm = arch in ("llama", "granite")
+    perm = arch in ("llama", "granite", "internlm2")  # as llama.cpp's converters
     for i in range(n_layers):
         g, p = f"blk.{i}.", f"model.layers.{i}."
         add(g + "attn_norm.weight", p + "input_layernorm.weight", vector(dim, 1.0))

@@ -1,7 +1,7 @@
 """GGUF architectures that are a Llama under another name: ``exaone`` (EXAONE 3.x: NeoX RoPE,
-so its q/k rows are not permuted; Llama 3.1's ``rope_freqs``) and ``ernie4_5`` (ERNIE 4.5
+so its q/k rows are not permuted; Llama 3.1's ``rope_freqs``), ``ernie4_5`` (ERNIE 4.5
 dense: interleaved RoPE, its rows as the ones llama.cpp's converter permutes a llama file's
-into). Checked against llama.cpp and transformers, with the other row order as the negative
+into) and ``internlm2`` (its fused ``wqkv`` split and permuted by the converter). Checked against llama.cpp and transformers, with the other row order as the negative
 control."""
 import numpy as np
 import pytest
@@ -19,12 +19,13 @@ from _gguf_writer import write_model  # noqa: E402
 IDS = np.random.default_rng(3).integers(0, 300, 100)
 FACTORS = np.linspace(5, 2, 8, dtype=np.float32)
 #: The architecture whose q/k row order is the other one (the negative control).
-OTHER = {"exaone": "llama", "ernie4_5": "exaone"}
+OTHER = {"exaone": "llama", "ernie4_5": "exaone", "internlm2": "exaone"}
 
 
 def _file(path, arch, types=(Q.F32,), **kw):
+    """A random ``arch`` file; internlm2's has its own ``output.weight`` (llama.cpp needs it)."""
     return write_model(path, arch=arch, dim=64, n_layers=2, n_heads=4, n_kv=2, ffn=96,
-                       types=types, **kw)
+                       types=types, tied=arch != "internlm2", **kw)
 
 
 def _as(path, arch) -> Transformer:
@@ -42,7 +43,8 @@ def _far(model: Transformer, ref: np.ndarray) -> bool:
 
 
 @pytest.mark.parametrize("arch, extra", [("exaone", {"rope_freqs.weight": FACTORS}),
-                                         ("exaone", None), ("ernie4_5", None)])
+                                         ("exaone", None), ("ernie4_5", None),
+                                         ("internlm2", None)])
 def test_matches_llama_cpp(tmp_path, arch, extra):
     pytest.importorskip("llama_cpp")
     path = tmp_path / "m.gguf"
@@ -82,7 +84,7 @@ def test_ernie_matches_transformers(tmp_path):
     assert _far(_as(path, "exaone"), ref)
 
 
-@pytest.mark.parametrize("arch", ["exaone", "ernie4_5"])
+@pytest.mark.parametrize("arch", ["exaone", "ernie4_5", "internlm2"])
 def test_written_back_as_llama(tmp_path, arch):
     """Saved, such a model is the ``llama`` it computes (q/k permuted, factors kept)."""
     _file(tmp_path / "m.gguf", arch, extra={"rope_freqs.weight": FACTORS}

@@ -241,7 +241,10 @@ def test_bad_multipliers_are_named(key, bad):
 
 
 @pytest.mark.parametrize("key, value", [("residual_multiplier", 1e-200),
-                                        ("residual_multiplier", 1e200)])
+                                        ("residual_multiplier", 1e200),
+                                        ("residual_multiplier", 1e-40),
+                                        ("embedding_multiplier", 1e-320),
+                                        ("attention_multiplier", 1e-90)])
 def test_folds_beyond_float_range_are_named(key, value):
     with pytest.raises(ValueError, match=key):
         hf_config(_hf(**{key: value}))

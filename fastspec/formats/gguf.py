@@ -6,11 +6,10 @@ package of the optional ``[gguf]`` extra, imported here only, gives the type tab
 dequantization) and serves everything a load needs from that one parse: the metadata as
 plain Python values (:func:`read_metadata`, which the GGUF tokenizer builds from), the
 :class:`~fastspec.ModelConfig` of a ``llama`` (Mistral-style included), ``qwen2``, ``qwen3``,
-``phi3``, ``granite`` (:mod:`~fastspec.formats.granite`), ``exaone`` or ``ernie4_5`` file
-(the last two a Llama), and its tensors as :class:`GGUFTensor` s under their Hugging Face
-names, which
-:meth:`fastspec.Transformer.from_tensors` dequantizes block of rows by block of rows into
-their storage dtype. :func:`load_gguf` is what ``Transformer.load("x.gguf")`` runs.
+``phi3``, ``granite`` (:mod:`~fastspec.formats.granite`), ``exaone``, ``ernie4_5`` or
+``internlm2`` file (the last three a Llama), and its tensors as :class:`GGUFTensor` s under
+their Hugging Face names, which :meth:`fastspec.Transformer.from_tensors` dequantizes block
+of rows by block of rows into their storage dtype. :func:`load_gguf` is what ``Transformer.load("x.gguf")`` runs.
 
 Decoding a real vocabulary's strings takes tens of milliseconds: still, keep one
 :class:`GGUFFile` per load and hand it to every reader (model and tokenizer).
@@ -46,10 +45,13 @@ __all__ = ["GGUFFile", "GGUFTensor", "read_metadata", "load_gguf", "ARCHITECTURE
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM",
                  "granite": "GraniteForCausalLM", "exaone": "LlamaForCausalLM",
-                 "ernie4_5": "LlamaForCausalLM"}
+                 "ernie4_5": "LlamaForCausalLM", "internlm2": "LlamaForCausalLM"}
 #: Tensors beside a model's that an architecture may have (RoPE divisors, as llama.cpp).
 _ROPE_TENSORS = {"llama": (ROPE_FREQS,), "granite": (ROPE_FREQS,), "exaone": (ROPE_FREQS,),
                  "phi3": LONGROPE}
+#: Architectures llama.cpp turns with its normal RoPE (adjacent pairs): their q/k rows are
+#: reordered into rotate-half pairs as they are read (``gguf_names.unpermute``).
+_NORM_ROPE = ("llama", "granite", "ernie4_5", "internlm2")
 #: ``weight_dtype`` names of the native quantized storage (GGUF's own Q8_0, Q4_0, Q4_1).
 NATIVE_QUANT_TYPES = ("q8_0", "q4_0", "q4_1")
 
@@ -313,7 +315,7 @@ class GGUFFile:
         """
         if config.rope_dims and config.qk_norm:  # the norms' values would need the order too
             raise self._error("partial rotary with QK-norm is not supported")
-        permuted = (("attn_q", "attn_k") if self.architecture in ("llama", "granite", "ernie4_5")
+        permuted = (("attn_q", "attn_k") if self.architecture in _NORM_ROPE
                     or config.rope_dims else ())
         divisor = granite.logits_divisor(self.hf_config())  # folded into the final norm
         order = (None if not config.rope_dims

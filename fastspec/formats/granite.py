@@ -126,8 +126,16 @@ def fold(cfg: dict, head_dim: int, eps: float) -> tuple[float | None, float, flo
     folded = eps / residual / residual
     for value, what in ((scale, "embedding_multiplier / residual_multiplier"),
                         (folded, "rms_norm_eps / residual_multiplier**2")):
-        positive_number(value, what)  # neither 0 nor infinite when folded
+        _in_float32(value, what)
     return scale, folded, attention_fold(cfg, head_dim)
+
+
+def _in_float32(value: float, what: str) -> float:
+    """``value``, checked to be a positive normal float32 (a float32 model computes with it)."""
+    f32 = np.finfo(np.float32)
+    if not f32.smallest_normal <= positive_number(value, what) <= f32.max:
+        raise ValueError(f"{what} = {value!r} is beyond float32's range")
+    return value
 
 
 def attention_fold(cfg: dict, head_dim: int) -> float | None:
@@ -143,8 +151,8 @@ def attention_fold(cfg: dict, head_dim: int) -> float | None:
     if not _is_granite(cfg):
         return None
     attention = _multiplier(cfg, "attention_multiplier", 1.0)
-    return positive_number(math.sqrt(attention * math.sqrt(head_dim)),
-                           "sqrt(attention_multiplier * sqrt(head_dim))")
+    return _in_float32(math.sqrt(attention * math.sqrt(head_dim)),
+                       "sqrt(attention_multiplier * sqrt(head_dim))")
 
 
 def logits_divisor(cfg: dict) -> float | None:
