@@ -1,8 +1,8 @@
 """GGUF architectures that are a Llama under another name: ``exaone`` (EXAONE 3.x: NeoX RoPE,
 so its q/k rows are not permuted; Llama 3.1's ``rope_freqs``), ``ernie4_5`` (ERNIE 4.5
 dense: interleaved RoPE, its rows as the ones llama.cpp's converter permutes a llama file's
-into) and ``internlm2`` (its fused ``wqkv`` split and permuted by the converter). Checked against llama.cpp and transformers, with the other row order as the negative
-control."""
+into) and ``internlm2`` (its fused ``wqkv`` split and permuted by the converter). Checked
+against llama.cpp and transformers, with the other row order as the negative control."""
 import numpy as np
 import pytest
 

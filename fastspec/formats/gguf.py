@@ -9,7 +9,8 @@ plain Python values (:func:`read_metadata`, which the GGUF tokenizer builds from
 ``phi3``, ``granite`` (:mod:`~fastspec.formats.granite`), ``exaone``, ``ernie4_5`` or
 ``internlm2`` file (the last three a Llama), and its tensors as :class:`GGUFTensor` s under
 their Hugging Face names, which :meth:`fastspec.Transformer.from_tensors` dequantizes block
-of rows by block of rows into their storage dtype. :func:`load_gguf` is what ``Transformer.load("x.gguf")`` runs.
+of rows by block of rows into their storage dtype. :func:`load_gguf` is what
+``Transformer.load("x.gguf")`` runs.
 
 Decoding a real vocabulary's strings takes tens of milliseconds: still, keep one
 :class:`GGUFFile` per load and hand it to every reader (model and tokenizer).
