@@ -46,6 +46,7 @@ size_t fs_scratch_row(const fs_dims *d);
         const W *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;                                   \
         const T *attn_norm, *mlp_norm, *q_norm, *k_norm;                                       \
         const T *bq, *bk, *bv;                                                                 \
+        int nope; /* 1: the layer turns no RoPE (SmolLM3's NoPE layers); 0: as the model */    \
     } fs_layer_##SFX;                                                                          \
     typedef struct {                                                                           \
         fs_dims d;                                                                             \
@@ -74,7 +75,7 @@ size_t fs_scratch_row(const fs_dims *d);
 
 /* The entry points of one variant (fs_model.inc documents them). */
 #define FS_MODEL_DECLARE(SFX, T, TSFX)                                                         \
-    void fs_layer_set_##SFX(fs_layer_##SFX *L, void *const *p);                                \
+    void fs_layer_set_##SFX(fs_layer_##SFX *L, void *const *p, int nope);                      \
     void fs_model_set_##SFX(fs_model_##SFX *m, const fs_dims *d, void *const *p,               \
                             const fs_layer_##SFX *layers);                                     \
     void fs_embed_##SFX(const fs_model_##SFX *m, const int64_t *ids, int n, int pos0,          \

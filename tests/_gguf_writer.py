@@ -131,7 +131,7 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
     # llama.cpp looks a "<|end|>" token up in a file whose name says phi3: not in these tokens
     w.add_name("test-model" if arch == "phi3" else f"test-{arch}")
     add_hparams(w, dim, n_layers, ffn, n_heads, n_kv, len(tokens))
-    if arch in ("llama", "phi3", "granite"):
+    if arch in ("llama", "phi3", "granite", "smollm3"):
         w.add_rope_dimension_count(head_dim)
     if arch == "qwen3":
         w.add_key_length(head_dim)
@@ -189,7 +189,7 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
             weights.update(zip(parts, np.split(weights.pop(hf), rows)))
 
     add("token_embd.weight", "model.embed_tokens.weight", matrix(len(tokens), dim))
-    perm = arch in ("llama", "granite", "internlm2")  # as llama.cpp's converters
+    perm = arch in ("llama", "granite", "internlm2", "smollm3")  # as llama.cpp's converters
     for i in range(n_layers):
         g, p = f"blk.{i}.", f"model.layers.{i}."
         add(g + "attn_norm.weight", p + "input_layernorm.weight", vector(dim, 1.0))

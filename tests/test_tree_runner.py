@@ -206,13 +206,15 @@ def test_tree_attention_kernel_backends_agree(dtype, n, length, head_dim, shape)
 @pytest.mark.parametrize("backend", ["cython"], indirect=True)  # whatever FASTSPEC_BACKEND says
 @pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [16, 64])
-def test_tree_node_is_bit_identical_to_decode_of_its_path(weight_dtype, head_dim, backend):
+@pytest.mark.parametrize("nope", [None, (1,)])
+def test_tree_node_is_bit_identical_to_decode_of_its_path(weight_dtype, head_dim, nope,
+                                                           backend):
     """float32, a head size of the tiled attention kernel, up to 16 rows: every node's logits
     and K/V rows are those of decoding its path token by token, bit for bit (what makes greedy
-    tree decoding equal vanilla decoding exactly)."""
+    tree decoding equal vanilla decoding exactly); with a NoPE layer too (SmolLM3's)."""
     cfg = fs.ModelConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                          head_dim=head_dim, ffn_dim=96, max_seq_len=96, dtype="float32",
-                         weight_dtype=weight_dtype)
+                         weight_dtype=weight_dtype, nope_layers=nope)
     model = fs.Transformer.random(cfg, seed=5)
     rng = np.random.default_rng(head_dim)
     context = rng.integers(0, 97, 37)

@@ -6,10 +6,11 @@ package of the optional ``[gguf]`` extra, imported here only, gives the type tab
 dequantization) and serves everything a load needs from that one parse: the metadata as
 plain Python values (:func:`read_metadata`, which the GGUF tokenizer builds from), the
 :class:`~fastspec.ModelConfig` of a ``llama`` (Mistral-style included), ``qwen2``, ``qwen3``,
-``phi3``, ``granite`` (:mod:`~fastspec.formats.granite`), ``exaone``, ``ernie4_5`` or
-``internlm2`` file (the last three a Llama), and its tensors as :class:`GGUFTensor` s under
-their Hugging Face names, which :meth:`fastspec.Transformer.from_tensors` dequantizes block
-of rows by block of rows into their storage dtype. :func:`load_gguf` is what
+``phi3``, ``granite`` (:mod:`~fastspec.formats.granite`), ``smollm3`` (NoPE layers),
+``exaone``, ``ernie4_5`` or ``internlm2`` file (the last three a Llama), and its tensors as
+:class:`GGUFTensor` s under their Hugging Face names, which
+:meth:`fastspec.Transformer.from_tensors` dequantizes block of rows by block of rows into
+their storage dtype. :func:`load_gguf` is what
 ``Transformer.load("x.gguf")`` runs.
 
 Decoding a real vocabulary's strings takes tens of milliseconds: still, keep one
@@ -46,13 +47,14 @@ __all__ = ["GGUFFile", "GGUFTensor", "read_metadata", "load_gguf", "ARCHITECTURE
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM",
                  "granite": "GraniteForCausalLM", "exaone": "LlamaForCausalLM",
-                 "ernie4_5": "LlamaForCausalLM", "internlm2": "LlamaForCausalLM"}
+                 "ernie4_5": "LlamaForCausalLM", "internlm2": "LlamaForCausalLM",
+                 "smollm3": "SmolLM3ForCausalLM"}
 #: Tensors beside a model's that an architecture may have (RoPE divisors, as llama.cpp).
 _ROPE_TENSORS = {"llama": (ROPE_FREQS,), "granite": (ROPE_FREQS,), "exaone": (ROPE_FREQS,),
                  "phi3": LONGROPE}
 #: Architectures llama.cpp turns with its normal RoPE (adjacent pairs): their q/k rows are
 #: reordered into rotate-half pairs as they are read (``gguf_names.unpermute``).
-_NORM_ROPE = ("llama", "granite", "ernie4_5", "internlm2")
+_NORM_ROPE = ("llama", "granite", "ernie4_5", "internlm2", "smollm3")
 #: ``weight_dtype`` names of the native quantized storage (GGUF's own Q8_0, Q4_0, Q4_1).
 NATIVE_QUANT_TYPES = ("q8_0", "q4_0", "q4_1")
 
@@ -211,6 +213,8 @@ class GGUFFile:
             "rope_scaling": scaling,
             "tie_word_embeddings": "output.weight" not in self._tensors, "hidden_act": "silu",
             **self._granite(arch, head_dim),
+            # llama.cpp turns no RoPE in every fourth layer of a smollm3 file (no key says so)
+            **({"no_rope_layer_interval": 4} if arch == "smollm3" else {}),
         }
 
     def _granite(self, arch: str, head_dim: int) -> dict[str, float]:

@@ -31,9 +31,11 @@ if TYPE_CHECKING:  # annotations only
 __all__ = ["save_gguf", "architecture_of"]
 
 #: The architectures written (a source file's own where it is one of them).
-WRITTEN = ("llama", "qwen2", "qwen3", "granite")
+WRITTEN = ("llama", "qwen2", "qwen3", "granite", "smollm3")
 #: Architectures whose ``attn_q``/``attn_k`` rows llama.cpp's converter permutes.
-_PERMUTED = ("llama", "granite")
+_PERMUTED = ("llama", "granite", "smollm3")
+#: Those where llama.cpp reads a ``rope_freqs.weight`` tensor.
+_ROPE_FREQS_ARCHS = ("llama", "granite")
 #: Keys the writer sets itself; never copied from a source file.
 _OWN_KEYS = ("general.architecture", "general.file_type", "general.quantization_version",
              "general.alignment")
@@ -46,7 +48,8 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
     ``qwen2`` for q/k/v biases, ``qwen3`` for QK-norm, else ``llama`` (a ``phi3`` file's
     model: its fused tensors split, its LongRoPE short factors as ``rope_freqs.weight``).
     A model with an ``embedding_scale`` is ``granite`` (:mod:`~fastspec.formats.granite`: its
-    RoPE attention factor becomes the attention scale).
+    RoPE attention factor becomes the attention scale), one with ``nope_layers`` ``smollm3``
+    (only every fourth layer's, as llama.cpp hard-codes them).
 
     Raises
     ------
@@ -71,12 +74,21 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
             raise ValueError("embedding_scale (Granite's) with q/k/v biases or QK-norm has no "
                              "GGUF architecture fastspec reads")
         arch = "granite"
+    if c.nope_layers:  # SmolLM3's: llama.cpp turns no RoPE in every fourth layer, no key
+        if c.nope_layers != tuple(range(3, c.n_layers, 4)) or arch == "granite" or (
+                c.qkv_bias or c.qk_norm):
+            raise ValueError(f"NoPE layers {c.nope_layers} are written to GGUF only as "
+                             "SmolLM3's (every fourth layer: 3, 7, ..., llama.cpp's rule), "
+                             "without a Granite's multipliers, biases or QK-norm")
+        arch = "smollm3"
+    elif arch == "smollm3":  # a source file's architecture, for a model without them
+        arch = "llama"
     if c.rope_dims:
         raise ValueError("partial rotary (rope_dims, Phi-4-mini's) is not written to GGUF: its "
                          "q/k rows are in fastspec's order (.npz keeps the model; fastspec "
                          "quantize cannot write it)")
     per_frequency = c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None
-    if per_frequency and arch not in _PERMUTED:
+    if per_frequency and arch not in _ROPE_FREQS_ARCHS:
         raise ValueError(f"per-frequency RoPE factors (rope_freq_factors) are a llama or "
                          f"granite tensor in GGUF; llama.cpp refuses them in a {arch} file")
     return arch

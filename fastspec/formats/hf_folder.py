@@ -1,10 +1,10 @@
 """Hugging Face checkpoints: Llama-family folders (config.json + safetensors) in and out.
 
 :func:`read_hf` reads ``LlamaForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``,
-``Phi3ForCausalLM`` and ``GraniteForCausalLM`` (:mod:`~fastspec.formats.granite`) folders
-(one ``model.safetensors`` or shards listed in ``model.safetensors.index.json``), converting
-bf16/f16/f32 weights to the model dtype (a bf16 checkpoint loaded with
-``weight_dtype="bfloat16"`` keeps its bit patterns). :func:`save_hf` writes the same layout
+``Phi3ForCausalLM``, ``GraniteForCausalLM`` (:mod:`~fastspec.formats.granite`) and
+``SmolLM3ForCausalLM`` folders (one ``model.safetensors`` or shards listed in
+``model.safetensors.index.json``), converting bf16/f16/f32 weights to the model dtype (a
+bf16 checkpoint loaded with ``weight_dtype="bfloat16"`` keeps its bit patterns). :func:`save_hf` writes the same layout
 so that ``transformers`` loads a fastspec model (bfloat16 matrices as BF16 tensors).
 
 The safetensors files are parsed by :mod:`fastspec.formats.safetensors_io` (NumPy only; its
@@ -21,9 +21,9 @@ import numpy as np
 
 from fastspec.formats import granite, json_io
 from fastspec.formats.hf_fused import fused_name, part_entry, source_of
-from fastspec.formats.hf_rope import (SCALINGS, linear_factor, partial_rotary_factor,
-                                      rope_attention_factor, rope_context, rope_freq_factors,
-                                      rope_theta)
+from fastspec.formats.hf_rope import (SCALINGS, linear_factor, nope_layers,
+                                      partial_rotary_factor, rope_attention_factor, rope_context,
+                                      rope_freq_factors, rope_theta)
 from fastspec.formats.json_io import read_json_object
 from fastspec.formats.safetensors_io import (DTYPES, FLOAT_CODES, FileTensor, read_header,
                                              read_safetensors, to_float, write_safetensors)
@@ -39,7 +39,7 @@ __all__ = ["read_hf", "read_hf_config", "own_weight_dtype", "iter_hf", "FileTens
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
-                  "GraniteForCausalLM": "granite"}
+                  "GraniteForCausalLM": "granite", "SmolLM3ForCausalLM": "smollm3"}
 
 
 # --- config mapping ----------------------------------------------------------------------
@@ -65,7 +65,7 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         raise ValueError(f"{arch}: mlp_bias=True is not supported")
     if family != "qwen2" and cfg.get("attention_bias"):
         raise ValueError(f"{arch}: attention_bias=True (o_proj bias) is not supported")
-    if family == "qwen2" and cfg.get("use_sliding_window"):
+    if family in ("qwen2", "smollm3") and cfg.get("use_sliding_window"):
         raise ValueError(f"{arch}: use_sliding_window=True is not supported")
     dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or dim // heads
@@ -92,6 +92,7 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         rope_theta=rope_theta(cfg, SCALINGS),
         rope_freq_factors=rope_freq_factors(cfg, rotated), rope_dims=rotated,
         rope_attention_factor=factor, embedding_scale=scale, norm_eps=eps,
+        nope_layers=nope_layers(cfg, int(cfg["num_hidden_layers"])),
         dtype=dtype, qk_norm=family == "qwen3", qkv_bias=family == "qwen2")
 
 
@@ -121,7 +122,11 @@ def hf_export_config(c: ModelConfig) -> dict:
         raise ValueError("a RoPE attention factor or partial rotary (rope_attention_factor, "
                          "rope_dims: Phi-3/Phi-4's LongRoPE) is not written to a config.json; "
                          "save to .npz (or .gguf, without rope_dims) instead")
-    arch, mtype = (("Qwen3ForCausalLM", "qwen3") if c.qk_norm else
+    if c.nope_layers and (as_granite or c.qk_norm or c.qkv_bias):
+        raise ValueError("NoPE layers (nope_layers, SmolLM3's) with a Granite's multipliers, "
+                         "qk_norm or qkv_bias have no Hugging Face architecture; save to .npz")
+    arch, mtype = (("SmolLM3ForCausalLM", "smollm3") if c.nope_layers else
+                   ("Qwen3ForCausalLM", "qwen3") if c.qk_norm else
                    ("Qwen2ForCausalLM", "qwen2") if c.qkv_bias else
                    ("GraniteForCausalLM", "granite") if as_granite else
                    ("LlamaForCausalLM", "llama"))
@@ -141,6 +146,10 @@ def hf_export_config(c: ModelConfig) -> dict:
     if as_granite:
         out.update(granite.export_multipliers(c.embedding_scale, c.rope_attention_factor,
                                               int(c.head_dim or 0)))
+    if c.nope_layers:  # 1: RoPE turns the layer
+        out.update(no_rope_layers=[int(i not in c.nope_layers) for i in range(c.n_layers)],
+                   use_sliding_window=False, sliding_window=None,
+                   pad_token_id=None)  # not SmolLM3Config's default id, beyond a small vocab
     return out
 
 

@@ -22,7 +22,8 @@ from typing import Any
 from fastspec.model.functional import llama3_freq_factors, positive_number
 
 __all__ = ["rope_theta", "rope_freq_factors", "rope_attention_factor", "rope_context",
-           "partial_rotary_factor", "linear_factor", "SCALINGS", "DRAFTER_SCALINGS"]
+           "partial_rotary_factor", "linear_factor", "nope_layers", "SCALINGS",
+           "DRAFTER_SCALINGS"]
 
 #: The RoPE types that run (:func:`rope_freq_factors` turns each into divisors or None).
 SCALINGS = ("default", "linear", "llama3", "longrope", "su")
@@ -228,3 +229,40 @@ def partial_rotary_factor(cfg: dict) -> float:
     _, params = _rope_parameters(cfg)
     value = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     return 1.0 if value is None else positive_number(value, "partial_rotary_factor")
+
+
+def nope_layers(cfg: dict, n_layers: int) -> tuple[int, ...] | None:
+    """Return the layers of a ``SmolLM3ForCausalLM`` ``config.json`` that RoPE does not turn.
+
+    Parameters
+    ----------
+    cfg : dict
+        The parsed ``config.json`` (another architecture's has none: None).
+    n_layers : int
+
+    Returns
+    -------
+    tuple of int or None
+        The indices whose ``no_rope_layers`` entry is 0 (1: RoPE turns the layer), else, as
+        transformers' default, every ``no_rope_layer_interval``-th (default 4) counted from 1;
+        None when there are none.
+
+    Raises
+    ------
+    ValueError
+        A ``no_rope_layers`` that is not one 0 or 1 a layer, or an interval that is not a
+        positive int (named).
+    """
+    if "SmolLM3ForCausalLM" not in (cfg.get("architectures") or ()):
+        return None
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        step = cfg.get("no_rope_layer_interval", 4)
+        if type(step) is not int or step <= 0:
+            raise ValueError(f"no_rope_layer_interval must be a positive int, got {step!r}")
+        flags = [int((i + 1) % step != 0) for i in range(n_layers)]
+    if (not isinstance(flags, list) or len(flags) != n_layers
+            or any(type(f) is not int or f not in (0, 1) for f in flags)):
+        raise ValueError(f"no_rope_layers must be a list of {n_layers} zeros and ones (1: RoPE "
+                         f"turns the layer), got {flags!r}")
+    return tuple(i for i, f in enumerate(flags) if f == 0) or None

@@ -287,6 +287,7 @@ cdef class ModelWeights:
         L = cfg.n_layers
         if len(model.layers) != L:
             raise ValueError(f"expected {L} layers, got {len(model.layers)}")
+        nope_layers = frozenset(cfg.nope_layers or ())  # layers without RoPE (SmolLM3)
         if self.is64:
             self.layers64 = <fs_layer_f64 *>calloc(L, sizeof(fs_layer_f64))
         elif self.half:
@@ -307,12 +308,13 @@ cdef class ModelWeights:
             for j in needed:
                 if p[j] == NULL:
                     raise ValueError(f"layer {i}: missing weight {_LAYER_FIELDS[j]}")
+            nope = i in nope_layers
             if self.is64:
-                fs_layer_set_f64(&self.layers64[i], p)
+                fs_layer_set_f64(&self.layers64[i], p, nope)
             elif self.half:
-                fs_layer_set_f32h(&self.layers16[i], p)
+                fs_layer_set_f32h(&self.layers16[i], p, nope)
             else:
-                fs_layer_set_f32(&self.layers32[i], p)
+                fs_layer_set_f32(&self.layers32[i], p, nope)
         head = matrix(model.head, (cfg.dim, cfg.vocab_size))  # read last, so packed last
         for j, a in enumerate((embed, pos, head, fnorm, cos, sin)):
             p[j] = _ptr(a)
@@ -334,6 +336,7 @@ cdef class ModelWeights:
         L = cfg.n_layers
         if len(model.layers) != L:
             raise ValueError(f"expected {L} layers, got {len(model.layers)}")
+        nope_layers = frozenset(cfg.nope_layers or ())
         if d.rope and (model.rope_cos is None or model.rope_cos.shape[0] < cfg.max_seq_len):
             raise ValueError("model.rope_cos must cover max_seq_len positions")
         if d.rmsnorm and model.final_norm is None:
@@ -383,7 +386,7 @@ cdef class ModelWeights:
                         [7, 8] if d.rmsnorm else []) + ([9, 10] if d.qk_norm else []):
                     if p[j] == NULL:
                         raise ValueError(f"layer {i}: missing weight {_LAYER_FIELDS[j]}")
-                fs_layer_set_f32q(&self.layersq[i], p)
+                fs_layer_set_f32q(&self.layersq[i], p, i in nope_layers)
         p[2] = p[1]  # embed, pos_embed, head, final_norm, rope_cos, rope_sin
         p[1] = _ptr(_f32(model.pos_embed, keep))
         p[3] = _ptr(_f32(model.final_norm, keep))

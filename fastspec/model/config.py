@@ -98,6 +98,10 @@ class ModelConfig:
     array, which a DFlash drafter reads as it is): Granite's ``embedding_multiplier``. Loaders
     fold Granite's other multipliers into the config and weights (docs/FORMATS.md). None
     (default, and what 1 becomes) leaves the rows as they are.
+
+    ``nope_layers`` (rotary positions only): the layers, counted from 0, whose queries and
+    keys RoPE does not turn (SmolLM3's NoPE layers, every fourth). Stored sorted and without
+    repeats; None (default, and what an empty one becomes) turns every layer's.
     """
 
     vocab_size: int
@@ -122,6 +126,7 @@ class ModelConfig:
     rope_attention_factor: float | None = None
     rope_dims: int | None = None
     embedding_scale: float | None = None
+    nope_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -190,6 +195,17 @@ class ModelConfig:
                 raise ValueError("embedding_scale needs positional='rope'")
             scale = positive_number(self.embedding_scale, "embedding_scale")
             object.__setattr__(self, "embedding_scale", None if scale == 1 else scale)
+        if self.nope_layers is not None:
+            self._check_nope_layers()
+
+    def _check_nope_layers(self) -> None:
+        if self.positional != "rope":
+            raise ValueError("nope_layers needs positional='rope'")
+        raw: Any = self.nope_layers  # any iterable of ints, checked here
+        if isinstance(raw, (str, bytes)) or not hasattr(raw, "__iter__"):
+            raise ValueError(f"nope_layers must be a sequence of layer indices, got {raw!r}")
+        layers = sorted({check_index(i, "nope_layers", 0, self.n_layers - 1) for i in raw})
+        object.__setattr__(self, "nope_layers", tuple(layers) or None)
 
     def _check_freq_factors(self) -> None:
         if self.positional != "rope":
@@ -248,11 +264,11 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         """Return the config as a JSON-serialisable dict (``weight_dtype``,
-        ``rope_freq_factors``, ``rope_attention_factor``, ``rope_dims`` and
-        ``embedding_scale`` only when set)."""
+        ``rope_freq_factors``, ``rope_attention_factor``, ``rope_dims``, ``embedding_scale``
+        and ``nope_layers`` only when set)."""
         d = dataclasses.asdict(self)
         for key in ("weight_dtype", "rope_freq_factors", "rope_attention_factor", "rope_dims",
-                    "embedding_scale"):
+                    "embedding_scale", "nope_layers"):
             if d[key] is None:  # files of default models stay readable by older versions
                 del d[key]
         return d

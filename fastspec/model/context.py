@@ -12,6 +12,7 @@ import numpy as np
 
 from fastspec.kernels.cache import KVCache
 from fastspec.kernels.checks import check_index
+from fastspec.model.config import ModelConfig
 from fastspec.model.functional import rms_norm
 from fastspec.model.output import ForwardOutput
 
@@ -26,6 +27,8 @@ __all__ = ["ContextForward"]
 class ContextForward:
     """Context entries for a class with ``config``, ``_fused()``, ``check_cache`` and the
     :class:`~fastspec.model.numpy_forward.NumpyForward` helpers (see :class:`~fastspec.Transformer`)."""
+
+    config: ModelConfig
 
     def forward_embeddings(self, x: np.ndarray, cache: KVCache, hidden_layers: Iterable[int] = (),
                            causal: bool = True, out: np.ndarray | None = None) -> ForwardOutput:
@@ -104,8 +107,10 @@ class ContextForward:
             else:
                 cos, sin = self._rope_rows(start, n)
                 layers = self._numpy_weights()[2]
-                for i in range(lo, hi):
-                    self._store_kv(features, layers[i], cache.k[i], cache.v[i], start, cos, sin)
+                nope = self.config.nope_layers or ()
+                for i in range(lo, hi):  # a NoPE layer's keys unturned
+                    self._store_kv(features, layers[i], cache.k[i], cache.v[i], start,
+                                   *((None, None) if i in nope else (cos, sin)))
             if advance:
                 cache.advance(n)
 

@@ -140,6 +140,10 @@ class Transformer(nn.Module):
     def head_weight(self):
         return self.model.embed_tokens.weight if self.cfg["tie_embeddings"] else self.lm_head.weight
 
+    def turns(self, layer: int) -> bool:
+        """Whether RoPE turns layer ``layer``'s queries and keys (not a ``nope_layers`` one)."""
+        return layer not in (self.cfg.get("nope_layers") or ())
+
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Return the embedding rows of ``ids`` (B, T) -> (B, T, dim), times the config's
         ``embedding_scale`` when set (Granite's multiplier)."""
@@ -165,7 +169,8 @@ class Transformer(nn.Module):
         for li, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             q, k, v = layer.self_attn.qkv(h)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            if self.turns(li):
+                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             if cache is not None:
                 if len(cache) <= li:
                     cache.append([k, v])

@@ -109,7 +109,8 @@ def branch_greedy_labels(target, seqs, anchors, logits, cache, block_size: int, 
             for li, layer in enumerate(target.model.layers):
                 h = layer.input_layernorm(x)
                 q, kk, vv = layer.self_attn.qkv(h)
-                q, kk = apply_rope(q, cos, sin), apply_rope(kk, cos, sin)
+                if target.turns(li):
+                    q, kk = apply_rope(q, cos, sin), apply_rope(kk, cos, sin)
                 new_k[li].append(kk)
                 new_v[li].append(vv)
                 K = torch.cat([cache[li][0].to(kk.dtype)] + new_k[li], dim=2)
