@@ -14,7 +14,7 @@ from fastspec.formats.hf_folder import hf_config, save_hf
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q, GGUFValueType as V  # noqa: E402
 
-from _helpers import llama_cpp_logits  # noqa: E402
+from _helpers import hf_reference, llama_cpp_logits  # noqa: E402
 from _gguf_writer import write_model  # noqa: E402
 
 #: Granite 3's multipliers (2B: embedding 12, residual 0.22, logits 8), an attention scale
@@ -44,19 +44,11 @@ def _without(model: Transformer, final_norm=None, **changes) -> Transformer:
 def hf_granite(tmp_path_factory):
     """(folder, transformers logits over IDS): a random GraniteForCausalLM saved by
     transformers, its weights widened so that every one matters."""
-    torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
     cfg = transformers.GraniteConfig(**TINY, **MULTIPLIERS, rms_norm_eps=EPS,
                                      tie_word_embeddings=True)
-    model = transformers.GraniteForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-        ref = model(torch.tensor(IDS[None])).logits[0].double().numpy()
     folder = tmp_path_factory.mktemp("granite")
-    model.save_pretrained(folder)
-    return folder, ref
+    return folder, hf_reference("GraniteForCausalLM", cfg, IDS, folder)
 
 
 @pytest.mark.hf
@@ -328,15 +320,9 @@ def test_equal_embedding_and_residual_multipliers_are_written_back(tmp_path):
     epsilon make it a Granite still: written as one, transformers computes the same."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(1)
     cfg = transformers.GraniteConfig(**TINY, embedding_multiplier=0.5, residual_multiplier=0.5,
                                      attention_multiplier=0.03, rms_norm_eps=EPS)
-    model = transformers.GraniteForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-        ref = model(torch.tensor(IDS[None])).logits[0].double().numpy()
-    model.save_pretrained(tmp_path / "in")
+    ref = hf_reference("GraniteForCausalLM", cfg, IDS, tmp_path / "in", seed=1)
     ours = Transformer.load(tmp_path / "in")
     assert ours.config.embedding_scale is None and ours.config.norm_eps == pytest.approx(EPS / .25)
     save_hf(ours, tmp_path / "out")
