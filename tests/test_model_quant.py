@@ -35,6 +35,8 @@ CONFIGS = {
                          max_seq_len=128),
     "qwen2-bias": dict(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                        ffn_dim=128, qkv_bias=True, max_seq_len=128),
+    "smollm3-nope": dict(vocab_size=77, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
+                         max_seq_len=128, nope_layers=(1,)),
 }
 
 

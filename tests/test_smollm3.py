@@ -149,6 +149,8 @@ def test_config_normalizes_and_round_trips(tmp_path):
     with pytest.raises(ValueError, match="positional='rope'"):
         ModelConfig(**dict(base, positional="learned", norm="layernorm", activation="tanh"),
                     nope_layers=(1,))
+    with pytest.raises(ValueError, match="rope_attention_factor"):  # RoPE's tables carry it
+        ModelConfig(**base, nope_layers=(1,), rope_attention_factor=1.5)
 
 
 def test_hf_config_flags():
@@ -164,6 +166,15 @@ def test_hf_config_flags():
         hf_config(dict(cfg, no_rope_layer_interval=0))
     with pytest.raises(ValueError, match="sliding"):
         hf_config(dict(cfg, use_sliding_window=True))
+    layer_types = ["full_attention"] * 3 + ["sliding_attention"]
+    with pytest.raises(ValueError, match="sliding_attention"):  # transformers masks by these
+        hf_config(dict(cfg, sliding_window=8, layer_types=layer_types))
+    with pytest.raises(ValueError, match="sliding_attention"):
+        hf_config(dict(cfg, architectures=["Qwen2ForCausalLM"], layer_types=layer_types))
+    # transformers' SmolLM3Config ties when config.json says nothing (a Llama does not)
+    assert hf_config(cfg).tie_embeddings is True
+    assert hf_config(dict(cfg, architectures=["LlamaForCausalLM"])).tie_embeddings is False
+    assert hf_config(dict(cfg, tie_word_embeddings=False)).tie_embeddings is False
 
 
 def test_gguf_writer_refuses_other_layers(tmp_path):

@@ -1,16 +1,16 @@
 """GGUF files written: a :class:`~fastspec.Transformer` as llama.cpp's format (``gguf`` package).
 
 :func:`save_gguf` is what ``model.save("x.gguf")`` and ``fastspec quantize`` run. It writes the
-architecture metadata of the model's family (``llama`` without QK-norm and biases, ``qwen2``
-with q/k/v biases, ``qwen3`` with QK-norm, ``granite`` with an ``embedding_scale``; or the
-source file's architecture, except that a ``phi3``, ``exaone``, ``ernie4_5`` or ``internlm2``
-file's model is written as the ``llama`` it computes), copies every other key of a source
-GGUF file (the tokenizer's ``tokenizer.*`` keys, ``general.*``), and the tensors under their
-GGUF names: quantized matrices as their blocks (Q8_0, Q4_0, Q4_1), float ones as F32 (F16 for
-float16 storage, BF16 for bfloat16), norms and biases as F32. The rows of a ``llama`` or
-``granite`` file's ``attn_q``/``attn_k`` are permuted as llama.cpp's converter does, so that
-llama.cpp and fastspec (and transformers' GGUF loader, which reads no ``granite``) read the
-same model back.
+architecture metadata of the model's family (``llama`` without QK-norm and biases, ``qwen2`` with
+q/k/v biases, ``qwen3`` with QK-norm, ``granite`` with an ``embedding_scale``, ``smollm3`` with
+``nope_layers``; or the source file's architecture, except that a ``phi3``, ``exaone``,
+``ernie4_5`` or ``internlm2`` file's model is written as the ``llama`` it computes), copies every
+other key of a source GGUF file (the tokenizer's ``tokenizer.*`` keys, ``general.*``), and the
+tensors under their GGUF names: quantized matrices as their blocks (Q8_0, Q4_0, Q4_1), float ones
+as F32 (F16 for float16 storage, BF16 for bfloat16), norms and biases as F32. The rows of a
+``llama``, ``granite`` or ``smollm3`` file's ``attn_q``/``attn_k`` are permuted as llama.cpp's
+converter does, so that llama.cpp and fastspec (and transformers' GGUF loader, which reads no
+``granite``) read the same model back.
 """
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
         A model that no supported architecture describes (the toy family: LayerNorm,
         learned positions, tanh/gelu), or per-frequency RoPE factors (not all equal: equal
         ones are linear scaling, written as keys) in a file that is not ``llama`` or ``granite``,
-        or an
-        ``embedding_scale`` with q/k/v biases or QK-norm.
+        an ``embedding_scale`` with q/k/v biases or QK-norm, or ``nope_layers`` other than
+        every fourth layer's (or with a Granite's multipliers, biases or QK-norm).
     """
     c = model.config
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):

@@ -4,8 +4,9 @@
 ``Phi3ForCausalLM``, ``GraniteForCausalLM`` (:mod:`~fastspec.formats.granite`) and
 ``SmolLM3ForCausalLM`` folders (one ``model.safetensors`` or shards listed in
 ``model.safetensors.index.json``), converting bf16/f16/f32 weights to the model dtype (a
-bf16 checkpoint loaded with ``weight_dtype="bfloat16"`` keeps its bit patterns). :func:`save_hf` writes the same layout
-so that ``transformers`` loads a fastspec model (bfloat16 matrices as BF16 tensors).
+bf16 checkpoint loaded with ``weight_dtype="bfloat16"`` keeps its bit patterns).
+:func:`save_hf` writes the same layout so that ``transformers`` loads a fastspec model
+(bfloat16 matrices as BF16 tensors).
 
 The safetensors files are parsed by :mod:`fastspec.formats.safetensors_io` (NumPy only; its
 reader and writer are re-exported here).
@@ -67,6 +68,8 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         raise ValueError(f"{arch}: attention_bias=True (o_proj bias) is not supported")
     if family in ("qwen2", "smollm3") and cfg.get("use_sliding_window"):
         raise ValueError(f"{arch}: use_sliding_window=True is not supported")
+    if family != "phi3" and "sliding_attention" in (cfg.get("layer_types") or ()):
+        raise ValueError(f"{arch}: sliding_attention layers (layer_types) are not supported")
     dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or dim // heads
     rotated = round(int(head_dim) * partial_rotary_factor(cfg))  # a GGUF count's exactly
@@ -88,7 +91,8 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(head_dim), ffn_dim=int(cfg["intermediate_size"]),
         max_seq_len=context, norm="rmsnorm", positional="rope", activation="swiglu",
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        # transformers' own default: SmolLM3Config ties, the others do not
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", family == "smollm3")),
         rope_theta=rope_theta(cfg, SCALINGS),
         rope_freq_factors=rope_freq_factors(cfg, rotated), rope_dims=rotated,
         rope_attention_factor=factor, embedding_scale=scale, norm_eps=eps,
@@ -100,7 +104,8 @@ def hf_export_config(c: ModelConfig) -> dict:
     """Return the Hugging Face ``config.json`` dict of a Llama-family :class:`ModelConfig`
     (``GraniteForCausalLM`` for one with an ``embedding_scale`` or a RoPE attention factor,
     without partial rotary, QK-norm or biases; its multipliers from
-    :func:`~fastspec.formats.granite.export_multipliers`)."""
+    :func:`~fastspec.formats.granite.export_multipliers`; ``SmolLM3ForCausalLM`` with its
+    ``no_rope_layers`` for one with ``nope_layers``)."""
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
         raise ValueError("only Llama-family models (rmsnorm, rope, swiglu) can be exported to a "
                          f"Hugging Face folder, got {c.norm}/{c.positional}/{c.activation}; "

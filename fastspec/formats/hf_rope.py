@@ -239,6 +239,7 @@ def nope_layers(cfg: dict, n_layers: int) -> tuple[int, ...] | None:
     cfg : dict
         The parsed ``config.json`` (another architecture's has none: None).
     n_layers : int
+        ``num_hidden_layers``: ``no_rope_layers`` must have one entry a layer.
 
     Returns
     -------

@@ -101,7 +101,8 @@ class ModelConfig:
 
     ``nope_layers`` (rotary positions only): the layers, counted from 0, whose queries and
     keys RoPE does not turn (SmolLM3's NoPE layers, every fourth). Stored sorted and without
-    repeats; None (default, and what an empty one becomes) turns every layer's.
+    repeats; None (default, and what an empty one becomes) turns every layer's. Not with a
+    ``rope_attention_factor``, which RoPE's tables carry (those layers would lose it).
     """
 
     vocab_size: int
@@ -197,6 +198,9 @@ class ModelConfig:
             object.__setattr__(self, "embedding_scale", None if scale == 1 else scale)
         if self.nope_layers is not None:
             self._check_nope_layers()
+        if self.nope_layers and self.rope_attention_factor is not None:
+            raise ValueError("nope_layers with a rope_attention_factor: the factor is carried by "
+                             "RoPE's tables, which NoPE layers do not use")
 
     def _check_nope_layers(self) -> None:
         if self.positional != "rope":
