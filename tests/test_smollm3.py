@@ -111,14 +111,15 @@ def test_save_gguf_round_trip(tmp_path, weight_dtype):
     np.testing.assert_array_equal(back.forward(IDS).logits, ours.forward(IDS).logits)
 
 
-@pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16", "q8_0"])
+@pytest.mark.parametrize("weight_dtype", [None, "float64", "float16", "bfloat16", "q8_0"])
 def test_every_runner_skips_the_layers(backend, weight_dtype):
     """Each storage's runner (and the NumPy twin) leaves the NoPE layers' q/k unturned: the
     model agrees with itself across backends (bf16 and q8_0 within their rounding, 2e-3 of
     the largest logit measured with and without NoPE layers) and differs from the all-RoPE
     one."""
     c = ModelConfig(vocab_size=300, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=96,
-                    max_seq_len=128, nope_layers=(1, 3), weight_dtype=weight_dtype)
+                    max_seq_len=128, nope_layers=(1, 3), weight_dtype=weight_dtype,
+                    dtype="float64" if weight_dtype == "float64" else "float32")
     model = Transformer.random(c, seed=3)
     got = model.forward(IDS).logits
     assert np.abs(_all_turned(model).forward(IDS).logits - got).max() > 1e-2 * np.abs(got).max()

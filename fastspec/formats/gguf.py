@@ -259,8 +259,8 @@ class GGUFFile:
             config = config.replace(
                 weight_dtype=weight_dtype,
                 rope_freq_factors=freq_factors(rope, rotated, config.rope_freq_factors),
-                rope_attention_factor=_times(attention_factor(self.metadata, arch),
-                                             granite.attention_fold(hf, hf["head_dim"])),
+                rope_attention_factor=granite.with_attention(
+                    attention_factor(self.metadata, arch), hf, hf["head_dim"]),
                 max_seq_len=rope_context(self.metadata, arch, self._tensors, config.max_seq_len))
         except ValueError as exc:
             if str(exc).startswith(str(self.path)):
@@ -339,11 +339,6 @@ class GGUFFile:
             if divisor and name == "output_norm.weight":
                 tensor = granite.DividedTensor(tensor, divisor)
             yield hf, tensor
-
-
-def _times(a: float | None, b: float | None) -> float | None:
-    """``a * b`` with None for 1."""
-    return a if b is None else b if a is None else a * b
 
 
 def read_metadata(source: str | os.PathLike | GGUFFile) -> dict[str, Any]:

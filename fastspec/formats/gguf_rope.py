@@ -123,14 +123,7 @@ def freq_factors(tensor: Any, head_dim: int,
 
 
 def attention_factor(metadata: dict[str, Any], arch: str) -> float | None:
-    """Return the file's RoPE attention factor.
-
-    Parameters
-    ----------
-    metadata : dict
-        The file's keys and values.
-    arch : str
-        ``general.architecture``.
+    """Return the file's RoPE attention factor (parameters as :func:`rope_scaling`'s).
 
     Returns
     -------

@@ -36,9 +36,8 @@ import numpy as np
 from fastspec.formats.safetensors_io import to_float
 from fastspec.model.functional import positive_number
 
-__all__ = ["GGUF_KEYS", "gguf_multipliers", "fold", "attention_fold", "logits_divisor",
-           "DividedTensor",
-           "export_multipliers", "gguf_keys"]
+__all__ = ["GGUF_KEYS", "gguf_multipliers", "fold", "attention_fold", "with_attention",
+           "logits_divisor", "DividedTensor", "export_multipliers", "gguf_keys"]
 
 #: GGUF architecture keys (after ``"granite."``) -> the ``config.json`` multipliers.
 GGUF_KEYS = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
@@ -88,19 +87,23 @@ def _is_granite(cfg: dict) -> bool:
     return "GraniteForCausalLM" in (cfg.get("architectures") or ())
 
 
+def _granite_multiplier(cfg: dict, key: str) -> float | None:
+    """Multiplier ``key`` of a Granite ``config.json`` (transformers' default 1), else None."""
+    return _multiplier(cfg, key, 1.0) if _is_granite(cfg) else None
+
+
 def _multiplier(cfg: dict, key: str, default: float) -> float:
     value = cfg.get(key)
     return default if value is None else positive_number(value, key)
 
 
-def fold(cfg: dict, head_dim: int, eps: float) -> tuple[float | None, float, float | None]:
+def fold(cfg: dict, eps: float) -> tuple[float | None, float]:
     """Return the :class:`~fastspec.ModelConfig` values that run a Granite ``config.json``.
 
     Parameters
     ----------
     cfg : dict
         A ``GraniteForCausalLM`` ``config.json`` (another architecture's gives no change).
-    head_dim : int
     eps : float
         The file's RMSNorm epsilon.
 
@@ -109,9 +112,7 @@ def fold(cfg: dict, head_dim: int, eps: float) -> tuple[float | None, float, flo
     embedding_scale : float or None
         ``m_e / m_r`` (see the module).
     norm_eps : float
-        ``eps / m_r**2``.
-    attention : float or None
-        The factor RoPE's tables are multiplied by (:func:`attention_fold`).
+        ``eps / m_r**2``. (The attention multiplier: :func:`with_attention`.)
 
     Raises
     ------
@@ -119,7 +120,7 @@ def fold(cfg: dict, head_dim: int, eps: float) -> tuple[float | None, float, flo
         A multiplier that is not a positive finite number (named).
     """
     if not _is_granite(cfg):
-        return None, eps, None
+        return None, eps
     logits_divisor(cfg)  # checked here; folded into the final norm as the tensors are read
     residual = _multiplier(cfg, "residual_multiplier", 1.0)
     scale = _multiplier(cfg, "embedding_multiplier", 1.0) / residual
@@ -127,7 +128,7 @@ def fold(cfg: dict, head_dim: int, eps: float) -> tuple[float | None, float, flo
     for value, what in ((scale, "embedding_multiplier / residual_multiplier"),
                         (folded, "rms_norm_eps / residual_multiplier**2")):
         _in_float32(value, what)
-    return scale, folded, attention_fold(cfg, head_dim)
+    return scale, folded
 
 
 def _in_float32(value: float, what: str) -> float:
@@ -148,11 +149,17 @@ def attention_fold(cfg: dict, head_dim: int) -> float | None:
     ValueError
         A multiplier that is not a positive finite number.
     """
-    if not _is_granite(cfg):
+    attention = _granite_multiplier(cfg, "attention_multiplier")
+    if attention is None:
         return None
-    attention = _multiplier(cfg, "attention_multiplier", 1.0)
     return _in_float32(math.sqrt(attention * math.sqrt(head_dim)),
                        "sqrt(attention_multiplier * sqrt(head_dim))")
+
+
+def with_attention(factor: float | None, cfg: dict, head_dim: int) -> float | None:
+    """Return RoPE attention factor ``factor`` (None for 1) times :func:`attention_fold`'s."""
+    fold = attention_fold(cfg, head_dim)
+    return factor if fold is None else fold if factor is None else factor * fold
 
 
 def logits_divisor(cfg: dict) -> float | None:
@@ -163,9 +170,7 @@ def logits_divisor(cfg: dict) -> float | None:
     ValueError
         A value that is not a positive finite number.
     """
-    if not _is_granite(cfg):
-        return None
-    divisor = _multiplier(cfg, "logits_scaling", 1.0)
+    divisor = _granite_multiplier(cfg, "logits_scaling")
     return None if divisor == 1 else divisor
 
 

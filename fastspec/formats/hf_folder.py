@@ -81,11 +81,8 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
     if window is not None and (type(window) is not int or window <= 0):  # changes nothing below
         raise ValueError(f"{arch}: sliding_window must be a positive int, got {window!r}")
     context = min(context, window or context)  # that many positions
-    scale, eps, attention = granite.fold(cfg, int(head_dim),
-                                         float(cfg.get("rms_norm_eps", 1e-6)))
-    factor = rope_attention_factor(cfg)
-    if attention is not None:
-        factor = (factor or 1.0) * attention
+    scale, eps = granite.fold(cfg, float(cfg.get("rms_norm_eps", 1e-6)))
+    factor = granite.with_attention(rope_attention_factor(cfg), cfg, int(head_dim))
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]), dim=dim, n_layers=int(cfg["num_hidden_layers"]),
         n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),

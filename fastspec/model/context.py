@@ -13,7 +13,7 @@ import numpy as np
 from fastspec.kernels.cache import KVCache
 from fastspec.kernels.checks import check_index
 from fastspec.model.config import ModelConfig
-from fastspec.model.functional import rms_norm
+from fastspec.model.functional import layer_rope, rms_norm
 from fastspec.model.output import ForwardOutput
 
 try:  # packs the fusion matrix of write_context_taps' compiled path
@@ -107,10 +107,9 @@ class ContextForward:
             else:
                 cos, sin = self._rope_rows(start, n)
                 layers = self._numpy_weights()[2]
-                nope = self.config.nope_layers or ()
                 for i in range(lo, hi):  # a NoPE layer's keys unturned
                     self._store_kv(features, layers[i], cache.k[i], cache.v[i], start,
-                                   *((None, None) if i in nope else (cos, sin)))
+                                   *layer_rope(self.config.nope_layers, i, cos, sin))
             if advance:
                 cache.advance(n)
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 __all__ = ["rms_norm", "layer_norm", "rope_tables", "llama3_freq_factors", "apply_rope",
-           "rotate_half_into", "gelu_tanh", "silu", "linear"]
+           "rotate_half_into", "gelu_tanh", "silu", "linear", "layer_rope"]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
@@ -209,3 +209,9 @@ def linear(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+def layer_rope(nope_layers: tuple[int, ...] | None, i: int, cos, sin):
+    """``(cos, sin)`` for layer ``i``: ``(None, None)`` (no RoPE) for a NoPE layer (one of
+    ``ModelConfig.nope_layers``)."""
+    return (None, None) if nope_layers and i in nope_layers else (cos, sin)

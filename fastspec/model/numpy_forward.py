@@ -13,7 +13,8 @@ import numpy as np
 from fastspec import kernels
 from fastspec.kernels.cache import KVCache
 from fastspec.model.config import ModelConfig
-from fastspec.model.functional import apply_rope, gelu_tanh, layer_norm, linear, rms_norm, silu
+from fastspec.model.functional import (apply_rope, gelu_tanh, layer_norm, layer_rope, linear,
+                                       rms_norm, silu)
 from fastspec.model.schema import LayerWeights
 
 __all__ = ["NumpyForward"]
@@ -62,11 +63,6 @@ class NumpyForward:
             return None, None
         return self.rope_cos[start:start + n], self.rope_sin[start:start + n]
 
-    def layer_rope(self, i: int, cos, sin):
-        """``(cos, sin)`` for layer ``i``: ``(None, None)`` (no RoPE) for a NoPE layer
-        (``config.nope_layers``)."""
-        nope = self.config.nope_layers
-        return (None, None) if nope and i in nope else (cos, sin)
 
     def _layers_numpy(self, x, cache, start, causal, hidden_layers, out, positions=None,
                       tree_mask=None, logit_rows=None):
@@ -79,7 +75,8 @@ class NumpyForward:
         hidden = {}
         for i, lw in enumerate(layers):
             x = self.layer_forward(x, lw, cache.k[i], cache.v[i], start,
-                                   *self.layer_rope(i, cos, sin), causal, tree_mask)
+                                   *layer_rope(self.config.nope_layers, i, cos, sin), causal,
+                                   tree_mask)
             if i in hidden_layers:
                 hidden[i] = x.copy()
         logits = self.norm(x, self.final_norm) @ head
