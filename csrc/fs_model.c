@@ -27,7 +27,8 @@ static inline double fs_model_tanh(double t)
 }
 
 /* The phases of a layer's row-wise work (fs_rows_part, fs_model.inc). */
-enum { FS_ROWS_ATTN_NORM, FS_ROWS_QKV, FS_ROWS_MLP_NORM, FS_ROWS_ACT };
+enum { FS_ROWS_ATTN_NORM, FS_ROWS_QKV, FS_ROWS_ATTN_POST, FS_ROWS_MLP_NORM, FS_ROWS_ACT,
+       FS_ROWS_MLP_POST };
 /* From this many rows (a prompt, a 16-row block) that work goes to the pool's threads
  * (fs_rows_run). The real SmolLM2 file's 256-row prefill at 2 threads, q8_0, in-process A/B
  * (Zen 4 EPYC, 2 vCPUs): 0.95-0.96 of the time with the phases on the caller, and 0.96-0.99

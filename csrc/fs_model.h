@@ -18,7 +18,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { FS_ACT_SWIGLU = 0, FS_ACT_TANH = 1, FS_ACT_GELU = 2 };
+enum { FS_ACT_SWIGLU = 0, FS_ACT_TANH = 1, FS_ACT_GELU = 2, FS_ACT_GEGLU = 3 };
+/* A layer's RoPE tables (fs_layer.rope): the model's, none (SmolLM3's NoPE layers), or the
+ * model's local ones (Gemma 3's sliding-window layers, their own base). */
+enum { FS_ROPE_MODEL = 0, FS_ROPE_NONE = 1, FS_ROPE_LOCAL = 2 };
 
 /* One quantized matrix of the f32q model: W (out, in) packed by fs_quant_pack, its kind
  * (FS_Q8_0, FS_Q4_0, FS_Q4_1; each matrix its own: a q4_1 file's embedding may be q8_0).
@@ -46,7 +49,8 @@ size_t fs_scratch_row(const fs_dims *d);
         const W *wq, *wk, *wv, *wo, *w_gate, *w_up, *w_down;                                   \
         const T *attn_norm, *mlp_norm, *q_norm, *k_norm;                                       \
         const T *bq, *bk, *bv;                                                                 \
-        int nope; /* 1: the layer turns no RoPE (SmolLM3's NoPE layers); 0: as the model */    \
+        const T *attn_post_norm, *mlp_post_norm; /* Gemma's sandwich norms, or NULL */         \
+        int rope; /* FS_ROPE_*: the tables that turn the layer's q and k */                    \
     } fs_layer_##SFX;                                                                          \
     typedef struct {                                                                           \
         fs_dims d;                                                                             \
@@ -55,6 +59,7 @@ size_t fs_scratch_row(const fs_dims *d);
         const W *head;               /* (dim, vocab) */                                        \
         const T *final_norm;         /* (dim,) or NULL */                                      \
         const T *rope_cos, *rope_sin; /* (max_pos, head_dim/2) or NULL */                      \
+        const T *rope_cos_local, *rope_sin_local; /* the same for FS_ROPE_LOCAL layers */      \
         const fs_layer_##SFX *layers;                                                          \
     } fs_model_##SFX;
 
@@ -75,7 +80,7 @@ size_t fs_scratch_row(const fs_dims *d);
 
 /* The entry points of one variant (fs_model.inc documents them). */
 #define FS_MODEL_DECLARE(SFX, T, TSFX)                                                         \
-    void fs_layer_set_##SFX(fs_layer_##SFX *L, void *const *p, int nope);                      \
+    void fs_layer_set_##SFX(fs_layer_##SFX *L, void *const *p, int rope);                      \
     void fs_model_set_##SFX(fs_model_##SFX *m, const fs_dims *d, void *const *p,               \
                             const fs_layer_##SFX *layers);                                     \
     void fs_embed_##SFX(const fs_model_##SFX *m, const int64_t *ids, int n, int pos0,          \

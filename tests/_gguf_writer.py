@@ -133,9 +133,12 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
     add_hparams(w, dim, n_layers, ffn, n_heads, n_kv, len(tokens))
     if arch in ("llama", "phi3", "granite", "smollm3"):
         w.add_rope_dimension_count(head_dim)
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if arch == "gemma3":  # layers 5, 11, ... global (llama.cpp's pattern), the others local
+        w.add_sliding_window(512)  # with their own RoPE base (Gemma's is 1e4 against 1e6)
+        w.add_key_value("gemma3.rope.freq_base_swa", 100.0, gguf.GGUFValueType.FLOAT32)
     if arch == "phi3":
         w.add_tokenizer_model("llama")
         w.add_token_list(tokens)
@@ -207,10 +210,12 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
         if arch == "qwen2":
             for x, n in (("q", n_heads), ("k", n_kv), ("v", n_kv)):
                 add(f"{g}attn_{x}.bias", f"{p}self_attn.{x}_proj.bias", vector(n * head_dim, 0.0))
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             add(g + "attn_q_norm.weight", p + "self_attn.q_norm.weight", vector(head_dim, 1.0))
             add(g + "attn_k_norm.weight", p + "self_attn.k_norm.weight", vector(head_dim, 1.0))
         add(g + "attn_output.weight", p + "self_attn.o_proj.weight", matrix(dim, n_heads * head_dim))
+        if arch == "gemma3":  # the sandwich norm (fastspec's key)
+            add(g + "post_attention_norm.weight", p + "post_attn_norm.weight", vector(dim, 1.0))
         add(g + "ffn_norm.weight", p + "post_attention_layernorm.weight", vector(dim, 1.0))
         if arch == "phi3":
             fused(g + "ffn_up.weight", p + "mlp.gate_up_proj.weight",
@@ -220,6 +225,8 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
             add(g + "ffn_gate.weight", p + "mlp.gate_proj.weight", matrix(ffn, dim))
             add(g + "ffn_up.weight", p + "mlp.up_proj.weight", matrix(ffn, dim))
         add(g + "ffn_down.weight", p + "mlp.down_proj.weight", matrix(dim, ffn))
+        if arch == "gemma3":
+            add(g + "post_ffw_norm.weight", p + "post_mlp_norm.weight", vector(dim, 1.0))
     add("output_norm.weight", "model.norm.weight", vector(dim, 1.0))
     if not tied:
         add("output.weight", "lm_head.weight", matrix(len(tokens), dim))

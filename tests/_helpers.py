@@ -163,6 +163,11 @@ def random_rows(rng, rows, vocab, dtype, zeros=0.3):
 
 # Widths that are not multiples of 16 exercise the zero-padded column remainders of the kernels.
 #: Small model configs shared by the float16 and bfloat16 weight tests.
+#: Gemma 3's forward: GeGLU, sandwich norms, its sliding-window layers' own RoPE base (here
+#: 100 against the model's 1e4, so that the two differ within a few positions), an embedding
+#: scale.
+GEMMA = dict(activation="geglu", post_norms=True, local_layers=(0,), local_rope_theta=100.0,
+             embedding_scale=2.5)
 MODEL_CONFIGS = {
     "llama-gqa": dict(vocab_size=77, dim=48, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=100,
                       max_seq_len=96),
@@ -173,6 +178,8 @@ MODEL_CONFIGS = {
     "toy": dict(vocab_size=11, dim=16, n_layers=2, n_heads=2, n_kv_heads=2, ffn_dim=32,
                 norm="layernorm", positional="learned", activation="tanh", tie_embeddings=False,
                 max_seq_len=96),
+    "gemma3": dict(vocab_size=70, dim=48, n_layers=3, n_heads=4, n_kv_heads=1, head_dim=16,
+                   ffn_dim=80, qk_norm=True, max_seq_len=96, **GEMMA),
 }
 
 
@@ -294,3 +301,13 @@ def hf_reference(cls_name: str, config, ids, folder: Path, seed: int = 0) -> np.
         ref = model(torch.tensor(np.asarray(ids)[None])).logits[0].double().numpy()
     model.save_pretrained(folder)
     return ref
+
+
+def transformers_logits(folder: Path, ids) -> np.ndarray:
+    """transformers' float64 logits over ``ids`` of the folder it loads (float32 weights);
+    skips the test without torch and transformers."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(ids)[None])).logits[0].double().numpy()

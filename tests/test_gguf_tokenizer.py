@@ -101,8 +101,9 @@ def _trained_vocab(spm: bool):
 
 
 def write_tokenizer_gguf(path: Path, model: str = "gpt2", pre: str | None = "qwen2",
-                         arch: str = "qwen2", **extra) -> Path:
-    """A GGUF file holding only a tokenizer (and the few keys a config reader needs)."""
+                         arch: str = "qwen2", space_prefix: bool = True, **extra) -> Path:
+    """A GGUF file holding only a tokenizer (and the few keys a config reader needs;
+    ``space_prefix``: SentencePiece's ``add_space_prefix``)."""
     tokens, types, merges_or_scores = _trained_vocab(spm=model == "llama")
     w = gguf.GGUFWriter(str(path), arch)
     add_hparams(w, 64, 1, 128, 2, 2, len(tokens))
@@ -121,7 +122,7 @@ def write_tokenizer_gguf(path: Path, model: str = "gpt2", pre: str | None = "qwe
         w.add_eos_token_id(2)
         w.add_unk_token_id(0)
         w.add_add_bos_token(True)
-        w.add_add_space_prefix(True)
+        w.add_add_space_prefix(space_prefix)
     w.add_token_list(tokens)
     w.add_token_types(types)
     for key, value in extra.items():
@@ -201,6 +202,22 @@ def test_ids_equal_llama_cpp(tmp_path, pre):
     path = write_tokenizer_gguf(tmp_path / "x.gguf", "gpt2", pre, "llama")
     ref = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     tok = HFTokenizer.from_gguf_metadata(gguf_metadata(path))
+    bad = [s for s in STRINGS
+           if ref.tokenize(s.encode("utf-8"), add_bos=tok.adds_bos, special=True)
+           != tok.encode_prompt(s)]
+    assert bad == []
+
+
+def test_spm_without_space_prefix_equals_llama_cpp(tmp_path):
+    """A SentencePiece vocabulary without ``add_space_prefix`` (Gemma's) encodes every string
+    to llama.cpp's ids: with no space prepended, the two agree where a prepended one made them
+    differ (a leading space, text after a special token)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = write_tokenizer_gguf(tmp_path / "x.gguf", "llama", None, "llama", space_prefix=False)
+    ref = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    tok = HFTokenizer.from_gguf_metadata(gguf_metadata(path))
+    assert tok.encode("a b") != HFTokenizer.from_gguf_metadata(gguf_metadata(
+        write_tokenizer_gguf(tmp_path / "y.gguf", "llama", None, "llama"))).encode("a b")
     bad = [s for s in STRINGS
            if ref.tokenize(s.encode("utf-8"), add_bos=tok.adds_bos, special=True)
            != tok.encode_prompt(s)]

@@ -14,7 +14,7 @@ from fastspec.formats.hf_folder import hf_config, save_hf
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q, GGUFValueType as V  # noqa: E402
 
-from _helpers import hf_reference, llama_cpp_logits  # noqa: E402
+from _helpers import hf_reference, llama_cpp_logits, transformers_logits  # noqa: E402
 from _gguf_writer import write_model  # noqa: E402
 
 #: Granite 3's multipliers (2B: embedding 12, residual 0.22, logits 8), an attention scale
@@ -71,17 +71,13 @@ def test_folder_matches_transformers(hf_granite):
 @pytest.mark.hf
 def test_save_hf_is_read_back_by_transformers(hf_granite, tmp_path):
     """Written back, a Granite has residual and logit multipliers of 1 and computes the same."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     folder, ref = hf_granite
     ours = Transformer.load(folder)
     save_hf(ours, tmp_path / "out")
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert written["architectures"] == ["GraniteForCausalLM"]
     assert (written["residual_multiplier"], written["logits_scaling"]) == (1.0, 1.0)
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    with torch.no_grad():
-        got = back(torch.tensor(IDS[None])).logits[0].double().numpy()
+    got = transformers_logits(tmp_path / "out", IDS)
     np.testing.assert_allclose(got, ref, atol=1e-4 * np.abs(ref).max())
     again = Transformer.load(tmp_path / "out")
     np.testing.assert_allclose(again.forward(IDS).logits, ours.forward(IDS).logits, atol=1e-5)
@@ -318,7 +314,6 @@ def test_writers_refuse_what_granite_cannot_hold(tmp_path, kw):
 def test_equal_embedding_and_residual_multipliers_are_written_back(tmp_path):
     """With m_e == m_r there is no embedding scale, but the attention factor and the folded
     epsilon make it a Granite still: written as one, transformers computes the same."""
-    torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GraniteConfig(**TINY, embedding_multiplier=0.5, residual_multiplier=0.5,
                                      attention_multiplier=0.03, rms_norm_eps=EPS)
@@ -326,7 +321,5 @@ def test_equal_embedding_and_residual_multipliers_are_written_back(tmp_path):
     ours = Transformer.load(tmp_path / "in")
     assert ours.config.embedding_scale is None and ours.config.norm_eps == pytest.approx(EPS / .25)
     save_hf(ours, tmp_path / "out")
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    with torch.no_grad():
-        got = back(torch.tensor(IDS[None])).logits[0].double().numpy()
+    got = transformers_logits(tmp_path / "out", IDS)
     np.testing.assert_allclose(got, ref, atol=1e-4 * np.abs(ref).max())

@@ -16,7 +16,7 @@ from fastspec.model import ModelConfig, Transformer
 from fastspec.model.quantized import QuantMatrix, is_quant
 from fastspec.model.schema import FORWARD_MATRICES
 
-from _helpers import isa_params, needs_cython
+from _helpers import GEMMA, isa_params, needs_cython
 
 KINDS = ("q8_0", "q4_0", "q4_1")
 MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
@@ -37,6 +37,8 @@ CONFIGS = {
                        ffn_dim=128, qkv_bias=True, max_seq_len=128),
     "smollm3-nope": dict(vocab_size=77, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
                          max_seq_len=128, nope_layers=(1,)),
+    "gemma3": dict(vocab_size=77, dim=64, n_layers=2, n_heads=4, n_kv_heads=1, head_dim=32,
+                   ffn_dim=96, qk_norm=True, max_seq_len=128, **GEMMA),
 }
 
 

@@ -302,20 +302,22 @@ def test_drafters_on_a_scaled_target(backend):
         assert fs.speculative_generate(target, drafter, prompt, 40, gamma=3).tokens == vanilla
 
 
-@pytest.mark.parametrize("attention, rope_dims, scale, nope", [
-    (None, None, None, None), (1.3, None, None, None), (1.3, 12, None, None),
-    (None, None, 3.5, None), (None, None, None, (1,))])
-def test_trainer_target_runs_the_factors(tmp_path, attention, rope_dims, scale, nope):
+@pytest.mark.parametrize("attention, rope_dims, scale, family", [
+    (None, None, None, {}), (1.3, None, None, {}), (1.3, 12, None, {}),
+    (None, None, 3.5, {}), (None, None, None, dict(nope_layers=(1,))),
+    (1.3, 12, None, dict(activation="geglu", post_norms=True, local_layers=(0,),
+                         local_rope_theta=100.0))])
+def test_trainer_target_runs_the_factors(tmp_path, attention, rope_dims, scale, family):
     """The trainer's torch target (distillation labels) computes the same logits (with a
-    LongRoPE attention factor, partial rotary, Granite's embedding scale and SmolLM3's NoPE
-    layers too)."""
+    LongRoPE attention factor, partial rotary, Granite's embedding scale, SmolLM3's NoPE
+    layers and Gemma 3's GeGLU, sandwich norms and local RoPE layers too)."""
     pytest.importorskip("torch")
     from fastspec.training.weights import load_transformer_npz
     c = ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
                     max_seq_len=128, tie_embeddings=False,
                     rope_freq_factors=llama3_freq_factors(rope_dims or 16, 1e4, **PARAMS),
                     rope_attention_factor=attention, rope_dims=rope_dims,
-                    embedding_scale=scale, nope_layers=nope)
+                    embedding_scale=scale, **family)
     model = Transformer.random(c, seed=4)
     model.save(tmp_path / "t.npz")
     torch_model, _ = load_transformer_npz(tmp_path / "t.npz")

@@ -10,7 +10,7 @@ from fastspec import ModelConfig, Transformer
 from fastspec.formats.gguf_write import save_gguf
 from fastspec.formats.hf_folder import hf_config, save_hf
 
-from _helpers import hf_reference, llama_cpp_logits
+from _helpers import hf_reference, llama_cpp_logits, transformers_logits
 
 IDS = np.random.default_rng(11).integers(0, 300, 90)
 TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
@@ -50,17 +50,13 @@ def test_folder_matches_transformers(hf_smollm3):
 
 @pytest.mark.hf
 def test_save_hf_is_read_back_by_transformers(hf_smollm3, tmp_path):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     folder, ref = hf_smollm3
     ours = Transformer.load(folder)
     save_hf(ours, tmp_path / "out")
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert written["architectures"] == ["SmolLM3ForCausalLM"]
     assert written["no_rope_layers"] == [1, 1, 1, 0]
-    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
-    with torch.no_grad():
-        got = back(torch.tensor(IDS[None])).logits[0].double().numpy()
+    got = transformers_logits(tmp_path / "out", IDS)
     np.testing.assert_allclose(got, ref, atol=1e-4 * np.abs(ref).max())
 
 

@@ -11,7 +11,7 @@ import pytest
 import fastspec as fs
 from fastspec.kernels.tree_shape import MAX_TREE_NODES, ancestor_mask, tree_depths
 
-from _helpers import MODEL_CONFIGS, RTOL, needs_cython
+from _helpers import GEMMA, MODEL_CONFIGS, RTOL, needs_cython
 
 I = np.int64
 #: weight_dtype -> (rtol, atol) of fused vs NumPy logits; float16/bfloat16 as in their own
@@ -206,15 +206,16 @@ def test_tree_attention_kernel_backends_agree(dtype, n, length, head_dim, shape)
 @pytest.mark.parametrize("backend", ["cython"], indirect=True)  # whatever FASTSPEC_BACKEND says
 @pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16"])
 @pytest.mark.parametrize("head_dim", [16, 64])
-@pytest.mark.parametrize("nope", [None, (1,)])
-def test_tree_node_is_bit_identical_to_decode_of_its_path(weight_dtype, head_dim, nope,
+@pytest.mark.parametrize("family", [{}, dict(nope_layers=(1,)), GEMMA])
+def test_tree_node_is_bit_identical_to_decode_of_its_path(weight_dtype, head_dim, family,
                                                            backend):
     """float32, a head size of the tiled attention kernel, up to 16 rows: every node's logits
     and K/V rows are those of decoding its path token by token, bit for bit (what makes greedy
-    tree decoding equal vanilla decoding exactly); with a NoPE layer too (SmolLM3's)."""
+    tree decoding equal vanilla decoding exactly); with a NoPE layer too (SmolLM3's), and with
+    Gemma 3's GeGLU, sandwich norms and local RoPE layer."""
     cfg = fs.ModelConfig(vocab_size=97, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                          head_dim=head_dim, ffn_dim=96, max_seq_len=96, dtype="float32",
-                         weight_dtype=weight_dtype, nope_layers=nope)
+                         weight_dtype=weight_dtype, **family)
     model = fs.Transformer.random(cfg, seed=5)
     rng = np.random.default_rng(head_dim)
     context = rng.integers(0, 97, 37)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from fastspec.formats import granite
+from fastspec.formats import gemma3, granite
 from fastspec.formats.file_map import FileMap
 from fastspec.formats.gguf_fused import split_fused
 from fastspec.formats.gguf_header import read_header
@@ -48,7 +48,7 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM",
                  "granite": "GraniteForCausalLM", "exaone": "LlamaForCausalLM",
                  "ernie4_5": "LlamaForCausalLM", "internlm2": "LlamaForCausalLM",
-                 "smollm3": "SmolLM3ForCausalLM"}
+                 "smollm3": "SmolLM3ForCausalLM", "gemma3": gemma3.ARCHITECTURE}
 #: Tensors beside a model's that an architecture may have (RoPE divisors, as llama.cpp).
 _ROPE_TENSORS = {"llama": (ROPE_FREQS,), "granite": (ROPE_FREQS,), "exaone": (ROPE_FREQS,),
                  "phi3": LONGROPE}
@@ -143,6 +143,8 @@ class GGUFFile:
             return
         if leaf in granite.GGUF_KEYS and key.startswith("granite."):
             return  # hf_config reads them with granite.gguf_multipliers
+        if leaf in gemma3.GGUF_KEYS and key.startswith("gemma3."):
+            return  # hf_config reads them with gemma3.gguf_entries
         if leaf.startswith("rope.scal"):
             return  # hf_config reads them with gguf_rope.rope_scaling, which refuses the rest
         if leaf in ("expert_count", "expert_used_count") and value == 0:
@@ -215,7 +217,16 @@ class GGUFFile:
             **self._granite(arch, head_dim),
             # llama.cpp turns no RoPE in every fourth layer of a smollm3 file (no key says so)
             **({"no_rope_layer_interval": 4} if arch == "smollm3" else {}),
+            **(self._gemma3(heads, head_dim) if arch == "gemma3" else {}),
         }
+
+    def _gemma3(self, heads: int, head_dim: int) -> dict[str, Any]:
+        try:
+            return gemma3.gguf_entries(self.metadata, self._key("gemma3.block_count", int),
+                                       self._key("gemma3.embedding_length", int), heads,
+                                       head_dim)
+        except ValueError as exc:
+            raise self._error(str(exc)) from None
 
     def _granite(self, arch: str, head_dim: int) -> dict[str, float]:
         try:
@@ -337,7 +348,7 @@ class GGUFFile:
                     head_rows = config.head_dim  # or of a partial rotary (rotary_order)
             tensor: Any = GGUFTensor(self, t, head_rows, float_kind, order)
             if divisor and name == "output_norm.weight":
-                tensor = granite.DividedTensor(tensor, divisor)
+                tensor = granite.final_norm(tensor, divisor)
             yield hf, tensor
 
 

@@ -30,6 +30,9 @@ LEAF = {
     "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    # Gemma's sandwich norms (fastspec's keys, fastspec.model.schema)
+    "post_attention_norm.weight": "post_attn_norm.weight",
+    "post_ffw_norm.weight": "post_mlp_norm.weight",
 }
 _HF_TOP = {hf: g for g, hf in TOP.items()}
 _HF_LEAF = {hf: g for g, hf in LEAF.items()}

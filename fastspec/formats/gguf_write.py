@@ -3,8 +3,9 @@
 :func:`save_gguf` is what ``model.save("x.gguf")`` and ``fastspec quantize`` run. It writes the
 architecture metadata of the model's family (``llama`` without QK-norm and biases, ``qwen2`` with
 q/k/v biases, ``qwen3`` with QK-norm, ``granite`` with an ``embedding_scale``, ``smollm3`` with
-``nope_layers``; or the source file's architecture, except that a ``phi3``, ``exaone``,
-``ernie4_5`` or ``internlm2`` file's model is written as the ``llama`` it computes), copies every
+``nope_layers``, ``gemma3`` with sandwich norms; or the source file's architecture, except that
+a ``phi3``, ``exaone``, ``ernie4_5`` or ``internlm2`` file's model is written as the ``llama`` it
+computes), copies every
 other key of a source GGUF file (the tokenizer's ``tokenizer.*`` keys, ``general.*``), and the
 tensors under their GGUF names: quantized matrices as their blocks (Q8_0, Q4_0, Q4_1), float ones
 as F32 (F16 for float16 storage, BF16 for bfloat16), norms and biases as F32. The rows of a
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fastspec.formats import granite
+from fastspec.formats import gemma3, granite
 from fastspec.formats.gguf import gguf_package
 from fastspec.formats.gguf_names import ROPE_FREQS, gguf_tensor_name, permute
 from fastspec.formats.hf_rope import linear_factor
@@ -31,7 +32,7 @@ if TYPE_CHECKING:  # annotations only
 __all__ = ["save_gguf", "architecture_of"]
 
 #: The architectures written (a source file's own where it is one of them).
-WRITTEN = ("llama", "qwen2", "qwen3", "granite", "smollm3")
+WRITTEN = ("llama", "qwen2", "qwen3", "granite", "smollm3", "gemma3")
 #: Architectures whose ``attn_q``/``attn_k`` rows llama.cpp's converter permutes.
 _PERMUTED = ("llama", "granite", "smollm3")
 #: Those where llama.cpp reads a ``rope_freqs.weight`` tensor.
@@ -49,7 +50,8 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
     model: its fused tensors split, its LongRoPE short factors as ``rope_freqs.weight``).
     A model with an ``embedding_scale`` is ``granite`` (:mod:`~fastspec.formats.granite`: its
     RoPE attention factor becomes the attention scale), one with ``nope_layers`` ``smollm3``
-    (only every fourth layer's, as llama.cpp hard-codes them).
+    (only every fourth layer's, as llama.cpp hard-codes them), one with sandwich norms
+    ``gemma3`` (:func:`~fastspec.formats.gemma3.gguf_keys`).
 
     Raises
     ------
@@ -61,13 +63,16 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
         every fourth layer's (or with a Granite's multipliers, biases or QK-norm).
     """
     c = model.config
+    if c.post_norms:  # Gemma 3's sandwich norms: its shape, llama.cpp's layer pattern
+        gemma3.gguf_keys(c)
+        return "gemma3"
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
-        raise ValueError("only Llama-family models (RMSNorm, RoPE, SwiGLU) can be written as "
-                         f"GGUF; this one is {c.norm}/{c.positional}/{c.activation}")
+        raise ValueError("only Llama-family models (RMSNorm, RoPE, SwiGLU) and Gemma 3 can be "
+                         f"written as GGUF; this one is {c.norm}/{c.positional}/{c.activation}")
     if c.qkv_bias and c.qk_norm and source_arch not in WRITTEN:
         raise ValueError("a model with both q/k/v biases and QK-norm has no GGUF architecture "
                          "fastspec reads")
-    arch = source_arch if source_arch in WRITTEN else (
+    arch = source_arch if source_arch in WRITTEN and source_arch != "gemma3" else (
         "qwen2" if c.qkv_bias else "qwen3" if c.qk_norm else "llama")
     if c.embedding_scale is not None:  # Granite's embedding multiplier
         if c.qkv_bias or c.qk_norm:
@@ -107,7 +112,7 @@ def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
         "rope.freq_base": (c.rope_theta, F32), "vocab_size": (c.vocab_size, U32)}
     if arch in _PERMUTED:
         keys["rope.dimension_count"] = (c.head_dim, U32)
-    if arch == "qwen3" or c.head_dim * c.n_heads != c.dim:
+    if arch in ("qwen3", "gemma3") or c.head_dim * c.n_heads != c.dim:
         keys["attention.key_length"] = (c.head_dim, U32)
         keys["attention.value_length"] = (c.head_dim, U32)
     factor = linear_factor(c.rope_freq_factors)
@@ -118,6 +123,9 @@ def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
         multipliers = granite.gguf_keys(c.embedding_scale, c.rope_attention_factor,
                                         int(c.head_dim or 0))
         keys.update({k: (v, F32) for k, v in multipliers.items()})
+    elif arch == "gemma3":  # its attention factor is llama.cpp's own (gemma3.gguf_keys)
+        keys.update({k: (v, U32 if type(v) is int else F32)
+                     for k, v in gemma3.gguf_keys(c).items()})
     elif c.rope_attention_factor is not None:  # llama.cpp multiplies cos and sin by it
         keys["rope.scaling.attn_factor"] = (c.rope_attention_factor, F32)
     for leaf, (value, vtype) in keys.items():

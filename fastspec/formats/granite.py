@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from fastspec.formats.safetensors_io import to_float
+from fastspec.formats.folded_tensor import FoldedTensor
 from fastspec.model.functional import positive_number
 
 __all__ = ["GGUF_KEYS", "gguf_multipliers", "fold", "attention_fold", "with_attention",
-           "logits_divisor", "DividedTensor", "export_multipliers", "gguf_keys"]
+           "logits_divisor", "final_norm", "export_multipliers", "gguf_keys"]
 
 #: GGUF architecture keys (after ``"granite."``) -> the ``config.json`` multipliers.
 GGUF_KEYS = {"embedding_scale": "embedding_multiplier", "residual_scale": "residual_multiplier",
@@ -174,45 +174,12 @@ def logits_divisor(cfg: dict) -> float | None:
     return None if divisor == 1 else divisor
 
 
-class DividedTensor:
-    """A tensor in its file read divided by ``divisor`` (a Granite model's final norm weight by
-    its ``logits_scaling``): :class:`~fastspec.model.state.TensorFile`, float64.
-
-    Parameters
-    ----------
-    tensor : TensorFile
-        A float tensor (bf16 as uint16 bit patterns).
-    divisor : float
-    """
-
-    def __init__(self, tensor: Any, divisor: float) -> None:
-        self.tensor, self.divisor = tensor, divisor
-        self.shape: tuple[int, ...] = tuple(tensor.shape)
-        self.ndim = len(self.shape)
-        self.dtype = np.dtype(np.float64)
-
-    def read(self, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Return rows ``start:stop`` divided (float64, one rounding to the model's dtype).
-
-        Raises
-        ------
-        ValueError
-            A quotient beyond float32's range (a tiny ``logits_scaling``).
-        """
-        raw = np.asarray(self.tensor.read(start, stop))
-        out = to_float(raw, "BF16" if raw.dtype == np.uint16 else "", self.dtype) / self.divisor
-        if not (np.abs(out) <= np.finfo(np.float32).max).all():
-            raise ValueError(f"the final norm weight divided by logits_scaling {self.divisor!r} "
-                             "is not a finite float32")
-        return out
-
-    def mapped(self) -> np.ndarray:
-        """Return :meth:`read` (a divided tensor is never a view of its file)."""
-        return self.read()
-
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        a = self.read()
-        return a if dtype is None else a.astype(dtype, copy=False)
+def final_norm(tensor: Any, divisor: float) -> FoldedTensor:
+    """A Granite's final norm weight ``tensor`` (a file tensor) read divided by its
+    ``logits_scaling`` ``divisor``: float64, one rounding to the model's dtype; a quotient
+    beyond float32's range is a ValueError."""
+    return FoldedTensor(tensor, divisor=divisor,
+                        what=f"the final norm weight divided by logits_scaling {divisor!r}")
 
 
 def export_multipliers(embedding_scale: float | None, attention_factor: float | None,

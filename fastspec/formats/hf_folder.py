@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
-from fastspec.formats import granite, json_io
+from fastspec.formats import gemma3, granite, json_io
 from fastspec.formats.hf_fused import fused_name, part_entry, source_of
 from fastspec.formats.hf_rope import (SCALINGS, linear_factor, nope_layers,
                                       partial_rotary_factor, rope_attention_factor, rope_context,
@@ -40,7 +40,8 @@ __all__ = ["read_hf", "read_hf_config", "own_weight_dtype", "iter_hf", "FileTens
 
 _ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                   "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
-                  "GraniteForCausalLM": "granite", "SmolLM3ForCausalLM": "smollm3"}
+                  "GraniteForCausalLM": "granite", "SmolLM3ForCausalLM": "smollm3",
+                  gemma3.ARCHITECTURE: "gemma3"}
 
 
 # --- config mapping ----------------------------------------------------------------------
@@ -60,7 +61,7 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
                          f"supported: {sorted(_ARCHITECTURES)}")
     family = _ARCHITECTURES[arch]
     act = cfg.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
+    if act not in ("silu", "swish") and family != "gemma3":  # Gemma's: gemma3.settings
         raise ValueError(f"{arch}: unsupported hidden_act {act!r} (only silu/SwiGLU)")
     if cfg.get("mlp_bias"):
         raise ValueError(f"{arch}: mlp_bias=True is not supported")
@@ -68,8 +69,11 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
         raise ValueError(f"{arch}: attention_bias=True (o_proj bias) is not supported")
     if family in ("qwen2", "smollm3") and cfg.get("use_sliding_window"):
         raise ValueError(f"{arch}: use_sliding_window=True is not supported")
-    if family != "phi3" and "sliding_attention" in (cfg.get("layer_types") or ()):
+    if family not in ("phi3", "gemma3") and "sliding_attention" in (cfg.get("layer_types") or ()):
         raise ValueError(f"{arch}: sliding_attention layers (layer_types) are not supported")
+    raw = cfg
+    if family == "gemma3":
+        cfg = gemma3.global_rope(cfg)  # the global layers' RoPE (the local ones: settings)
     dim, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     head_dim = cfg.get("head_dim") or dim // heads
     rotated = round(int(head_dim) * partial_rotary_factor(cfg))  # a GGUF count's exactly
@@ -83,18 +87,23 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
     context = min(context, window or context)  # that many positions
     scale, eps = granite.fold(cfg, float(cfg.get("rms_norm_eps", 1e-6)))
     factor = granite.with_attention(rope_attention_factor(cfg), cfg, int(head_dim))
+    fields: dict[str, Any] = dict(activation="swiglu", qk_norm=family == "qwen3",
+                                  embedding_scale=scale, max_seq_len=context)
+    if family == "gemma3":
+        fields = gemma3.settings(raw, int(head_dim), context)
+        factor = fields.pop("rope_attention_factor")  # query_pre_attn_scalar's
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]), dim=dim, n_layers=int(cfg["num_hidden_layers"]),
         n_heads=heads, n_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(head_dim), ffn_dim=int(cfg["intermediate_size"]),
-        max_seq_len=context, norm="rmsnorm", positional="rope", activation="swiglu",
-        # transformers' own default: SmolLM3Config ties, the others do not
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", family == "smollm3")),
+        norm="rmsnorm", positional="rope",
+        # transformers' own default: SmolLM3Config and Gemma3TextConfig tie, the others do not
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", family in ("smollm3", "gemma3"))),
         rope_theta=rope_theta(cfg, SCALINGS),
         rope_freq_factors=rope_freq_factors(cfg, rotated), rope_dims=rotated,
-        rope_attention_factor=factor, embedding_scale=scale, norm_eps=eps,
+        rope_attention_factor=factor, norm_eps=eps,
         nope_layers=nope_layers(cfg, int(cfg["num_hidden_layers"])),
-        dtype=dtype, qk_norm=family == "qwen3", qkv_bias=family == "qwen2")
+        dtype=dtype, qkv_bias=family == "qwen2", **fields)
 
 
 def hf_export_config(c: ModelConfig) -> dict:
@@ -102,7 +111,11 @@ def hf_export_config(c: ModelConfig) -> dict:
     (``GraniteForCausalLM`` for one with an ``embedding_scale`` or a RoPE attention factor,
     without partial rotary, QK-norm or biases; its multipliers from
     :func:`~fastspec.formats.granite.export_multipliers`; ``SmolLM3ForCausalLM`` with its
-    ``no_rope_layers`` for one with ``nope_layers``)."""
+    ``no_rope_layers`` for one with ``nope_layers``; ``Gemma3ForCausalLM`` for one with
+    sandwich norms, :func:`~fastspec.formats.gemma3.export_config`)."""
+    if c.post_norms:
+        return _config_dict(c, gemma3.ARCHITECTURE, "gemma3_text", linear_factor(
+            c.rope_freq_factors)) | gemma3.export_config(c)
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
         raise ValueError("only Llama-family models (rmsnorm, rope, swiglu) can be exported to a "
                          f"Hugging Face folder, got {c.norm}/{c.positional}/{c.activation}; "
@@ -132,17 +145,7 @@ def hf_export_config(c: ModelConfig) -> dict:
                    ("Qwen2ForCausalLM", "qwen2") if c.qkv_bias else
                    ("GraniteForCausalLM", "granite") if as_granite else
                    ("LlamaForCausalLM", "llama"))
-    out = {
-        "architectures": [arch], "model_type": mtype, "vocab_size": c.vocab_size,
-        "hidden_size": c.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
-        "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
-        "head_dim": c.head_dim, "max_position_embeddings": c.max_seq_len,
-        "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_theta,
-        "rope_scaling": None if factor is None else {"rope_type": "linear", "factor": factor},
-        "tie_word_embeddings": c.tie_embeddings, "hidden_act": "silu",
-        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
-        "torch_dtype": c.dtype, "use_cache": True,
-    }
+    out = _config_dict(c, arch, mtype, factor)
     if mtype == "qwen2":
         out.update(use_sliding_window=False, sliding_window=None)
     if as_granite:
@@ -153,6 +156,22 @@ def hf_export_config(c: ModelConfig) -> dict:
                    use_sliding_window=False, sliding_window=None,
                    pad_token_id=None)  # not SmolLM3Config's default id, beyond a small vocab
     return out
+
+
+def _config_dict(c: ModelConfig, arch: str, mtype: str, factor: float | None) -> dict:
+    """The ``config.json`` entries every architecture written has (``factor``: linear RoPE
+    scaling's, or None)."""
+    return {
+        "architectures": [arch], "model_type": mtype, "vocab_size": c.vocab_size,
+        "hidden_size": c.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim, "max_position_embeddings": c.max_seq_len,
+        "rms_norm_eps": c.norm_eps, "rope_theta": c.rope_theta,
+        "rope_scaling": None if factor is None else {"rope_type": "linear", "factor": factor},
+        "tie_word_embeddings": c.tie_embeddings, "hidden_act": "silu",
+        "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0,
+        "torch_dtype": c.dtype, "use_cache": True,
+    }
 
 
 # --- folders -----------------------------------------------------------------------------
@@ -184,10 +203,18 @@ def hf_tensor_names(c: ModelConfig) -> list[str]:
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     if not c.tie_embeddings:
         names.append("lm_head.weight")
-    attrs = layer_attrs(swiglu=True, rmsnorm=True, qk_norm=c.qk_norm, qkv_bias=c.qkv_bias)
+    attrs = layer_attrs(swiglu=True, rmsnorm=True, qk_norm=c.qk_norm, qkv_bias=c.qkv_bias,
+                        post_norms=c.post_norms)
     for i in range(c.n_layers):
         names += hf_layer_keys(f"model.layers.{i}.", attrs)
     return names
+
+
+def _folder_names(c: ModelConfig) -> list[str]:
+    """:func:`hf_tensor_names` as a folder of ``c``'s architecture names them (a Gemma's
+    layer norms: :func:`~fastspec.formats.gemma3.folder_name`)."""
+    names = hf_tensor_names(c)
+    return [gemma3.folder_name(n) for n in names] if c.post_norms else names
 
 
 def own_weight_dtype(config: dict, dtype: str | None = None) -> str | None:
@@ -229,7 +256,7 @@ def read_hf_config(folder: str | os.PathLike, dtype: str | None = None,
         raise ValueError(f"{folder}: partial rotary (partial_rotary_factor) is not read from "
                          "folders")
     files = weight_files(folder)
-    missing = [n for n in hf_tensor_names(config) if source_of(n, files, str(folder)) not in files]
+    missing = [n for n in _folder_names(config) if source_of(n, files, str(folder)) not in files]
     if missing:
         more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         raise ValueError(f"{folder}: missing tensors {missing[:10]}{more}")
@@ -244,9 +271,9 @@ def iter_hf(folder: str | os.PathLike,
     each tensor block by block into its final form (:meth:`fastspec.Transformer.from_tensors`)
     never holds more than one block of raw data beside the model. Tensors come in file order
     as :class:`FileTensor`: the file's dtype, BF16 as uint16 bit patterns, unconverted
-    (``config`` from :func:`read_hf_config`); a Granite's final norm weight as a
-    :class:`~fastspec.formats.granite.DividedTensor` (float64, divided by its
-    ``logits_scaling``).
+    (``config`` from :func:`read_hf_config`), under fastspec's names; a Granite's final norm
+    weight divided by its ``logits_scaling`` and a Gemma's norm weights plus one as a
+    :class:`~fastspec.formats.folded_tensor.FoldedTensor` (float64).
 
     Raises
     ------
@@ -257,7 +284,7 @@ def iter_hf(folder: str | os.PathLike,
     files = weight_files(folder)
     divisor = granite.logits_divisor(read_json_object(folder / "config.json") or {})
     by_file: dict[Path, list[str]] = {}
-    for name in hf_tensor_names(config):
+    for name in _folder_names(config):
         source = source_of(name, files, str(folder))  # Phi-3's fused projections
         if source not in files:
             raise ValueError(f"{folder}: missing tensor {name!r}")
@@ -278,8 +305,11 @@ def iter_hf(folder: str | os.PathLike,
                              "weights must be F16, BF16, F32 or F64")
         names.sort(key=lambda n: entries[n][2])  # file order: sequential reads
         for name in names:
-            tensor = FileTensor(path, name, entries[name], data_start)
-            yield name, (granite.DividedTensor(tensor, divisor)  # Granite's logits_scaling
+            tensor: Any = FileTensor(path, name, entries[name], data_start)
+            if config.post_norms:  # a Gemma's: its layer norms' names, weights plus one
+                yield gemma3.fastspec_name(name), gemma3.folder_norm(tensor, name)
+                continue
+            yield name, (granite.final_norm(tensor, divisor)  # Granite's logits_scaling
                          if divisor and name == "model.norm.weight" else tensor)
 
 
@@ -330,14 +360,18 @@ def save_hf(model: Transformer, folder: str | os.PathLike) -> None:
 
     Llama family only: ``LlamaForCausalLM``, ``Qwen3ForCausalLM`` when ``qk_norm``,
     ``Qwen2ForCausalLM`` when ``qkv_bias``, ``GraniteForCausalLM`` with an ``embedding_scale``
-    or a RoPE attention factor (:func:`hf_export_config`).
+    or a RoPE attention factor, ``Gemma3ForCausalLM`` with sandwich norms (its norm weights
+    minus one, :func:`~fastspec.formats.gemma3.folder_state`) (:func:`hf_export_config`).
     ``transformers`` loads the result.
     """
     folder = Path(folder)
     config = hf_export_config(model.config)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json_io.dumps(config, indent=2) + "\n")
-    write_safetensors(folder / "model.safetensors", model.state_dict())
+    state = model.state_dict()
+    if model.config.post_norms:
+        state = gemma3.folder_state(state)
+    write_safetensors(folder / "model.safetensors", state)
 
 
 # --- model + tokenizer -------------------------------------------------------------------

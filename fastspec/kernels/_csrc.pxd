@@ -83,9 +83,9 @@ cdef extern from "fs_model.h" nogil:
     ctypedef struct fs_model_f32h:
         pass
 
-    void fs_layer_set_f32(fs_layer_f32 *L, void **p, int nope)
-    void fs_layer_set_f64(fs_layer_f64 *L, void **p, int nope)
-    void fs_layer_set_f32h(fs_layer_f32h *L, void **p, int nope)
+    void fs_layer_set_f32(fs_layer_f32 *L, void **p, int rope)
+    void fs_layer_set_f64(fs_layer_f64 *L, void **p, int rope)
+    void fs_layer_set_f32h(fs_layer_f32h *L, void **p, int rope)
     void fs_model_set_f32(fs_model_f32 *m, const fs_dims *d, void **p, const fs_layer_f32 *layers)
     void fs_model_set_f64(fs_model_f64 *m, const fs_dims *d, void **p, const fs_layer_f64 *layers)
     void fs_model_set_f32h(fs_model_f32h *m, const fs_dims *d, void **p,
@@ -133,7 +133,7 @@ cdef extern from "fs_model.h" nogil:
         pass
     ctypedef struct fs_model_f32q:
         pass
-    void fs_layer_set_f32q(fs_layer_f32q *L, void **p, int nope)
+    void fs_layer_set_f32q(fs_layer_f32q *L, void **p, int rope)
     void fs_model_set_f32q(fs_model_f32q *m, const fs_dims *d, void **p,
                            const fs_layer_f32q *layers)
     # the float-compute variants behind one entry point each (FS_MV_*, the model struct)

@@ -48,10 +48,26 @@ share_table()  # pack bf16 matrices for the path of fastspec.kernels.set_isa
 
 __all__ = ["ModelWeights", "linear_weights", "packed_of", "forget_packed", "bf16_tiles"]
 
-_ACTS = {"swiglu": 0, "tanh": 1, "gelu": 2}
+_ACTS = {"swiglu": 0, "tanh": 1, "gelu": 2, "geglu": 3}
 _LAYER_FIELDS = FORWARD_MATRICES + ("attn_norm", "mlp_norm", "q_norm", "k_norm", "q_bias",
-                                    "k_bias", "v_bias")
+                                    "k_bias", "v_bias", "attn_post_norm", "mlp_post_norm")
 _N_MATRICES = len(FORWARD_MATRICES)  # _LAYER_FIELDS[:_N_MATRICES]: in the weight dtype
+cdef enum:
+    _N_FIELDS = 16  # len(_LAYER_FIELDS): fs_layer_set's pointers
+
+
+def _rope_kinds(cfg):
+    """Each layer's RoPE tables (csrc/fs_model.h's FS_ROPE_*): 1 for a NoPE layer
+    (``nope_layers``), 2 for a local one (``local_layers``, their own base), else 0."""
+    nope, local = frozenset(cfg.nope_layers or ()), frozenset(cfg.local_layers or ())
+    return [1 if i in nope else 2 if i in local else 0 for i in range(cfg.n_layers)]
+
+
+def _needed(cfg):
+    """The indices into _LAYER_FIELDS a layer of config ``cfg`` must hold."""
+    return ([0, 1, 2, 3, 5, 6] + ([4] if cfg.activation in ("swiglu", "geglu") else [])
+            + ([7, 8] if cfg.norm == "rmsnorm" else []) + ([9, 10] if cfg.qk_norm else [])
+            + ([14, 15] if cfg.post_norms else []))
 
 
 cdef inline void *_ptr(object a) except? NULL:
@@ -287,7 +303,10 @@ cdef class ModelWeights:
         L = cfg.n_layers
         if len(model.layers) != L:
             raise ValueError(f"expected {L} layers, got {len(model.layers)}")
-        nope_layers = frozenset(cfg.nope_layers or ())  # layers without RoPE (SmolLM3)
+        ropes = _rope_kinds(cfg)  # none (SmolLM3's NoPE), the model's or the local tables
+        local_cos, local_sin = arr(model.rope_cos_local), arr(model.rope_sin_local)
+        if cfg.local_layers and (local_cos is None or local_cos.shape[0] < cfg.max_seq_len):
+            raise ValueError("model.rope_cos_local must cover max_seq_len positions")
         if self.is64:
             self.layers64 = <fs_layer_f64 *>calloc(L, sizeof(fs_layer_f64))
         elif self.half:
@@ -296,27 +315,24 @@ cdef class ModelWeights:
             self.layers32 = <fs_layer_f32 *>calloc(L, sizeof(fs_layer_f32))
         if self.layers64 == NULL and self.layers32 == NULL and self.layers16 == NULL:
             raise MemoryError()
-        cdef void *p[14]
+        cdef void *p[_N_FIELDS]
         cdef int i, j
         for i in range(L):
             lw = model.layers[i]
             for j, name in enumerate(_LAYER_FIELDS):
                 w = getattr(lw, name, None)
                 p[j] = _ptr(matrix(w) if j < _N_MATRICES else arr(w))
-            needed = [0, 1, 2, 3, 5, 6] + ([4] if d.act == 0 else []) \
-                + ([7, 8] if d.rmsnorm else []) + ([9, 10] if d.qk_norm else [])
-            for j in needed:
+            for j in _needed(cfg):
                 if p[j] == NULL:
                     raise ValueError(f"layer {i}: missing weight {_LAYER_FIELDS[j]}")
-            nope = i in nope_layers
             if self.is64:
-                fs_layer_set_f64(&self.layers64[i], p, nope)
+                fs_layer_set_f64(&self.layers64[i], p, ropes[i])
             elif self.half:
-                fs_layer_set_f32h(&self.layers16[i], p, nope)
+                fs_layer_set_f32h(&self.layers16[i], p, ropes[i])
             else:
-                fs_layer_set_f32(&self.layers32[i], p, nope)
+                fs_layer_set_f32(&self.layers32[i], p, ropes[i])
         head = matrix(model.head, (cfg.dim, cfg.vocab_size))  # read last, so packed last
-        for j, a in enumerate((embed, pos, head, fnorm, cos, sin)):
+        for j, a in enumerate((embed, pos, head, fnorm, cos, sin, local_cos, local_sin)):
             p[j] = _ptr(a)
         if self.is64:
             fs_model_set_f64(&self.m64, &self.dims, p, self.layers64)
@@ -336,9 +352,11 @@ cdef class ModelWeights:
         L = cfg.n_layers
         if len(model.layers) != L:
             raise ValueError(f"expected {L} layers, got {len(model.layers)}")
-        nope_layers = frozenset(cfg.nope_layers or ())
-        if d.rope and (model.rope_cos is None or model.rope_cos.shape[0] < cfg.max_seq_len):
-            raise ValueError("model.rope_cos must cover max_seq_len positions")
+        ropes = _rope_kinds(cfg)
+        for a, name in ((model.rope_cos, "rope_cos"), (model.rope_cos_local, "rope_cos_local")):
+            if (d.rope if name == "rope_cos" else cfg.local_layers) and (
+                    a is None or a.shape[0] < cfg.max_seq_len):
+                raise ValueError(f"model.{name} must cover max_seq_len positions")
         if d.rmsnorm and model.final_norm is None:
             raise ValueError("RMSNorm models need model.final_norm")
         if not d.rope and model.pos_embed is None:
@@ -353,7 +371,7 @@ cdef class ModelWeights:
         shapes = {"wq": (d.dim, HD), "wk": (d.dim, KD), "wv": (d.dim, KD), "wo": (HD, d.dim),
                   "w_gate": (d.dim, F), "w_up": (d.dim, F), "w_down": (F, d.dim)}
         self._qin = max(d.dim, HD, F)
-        cdef void *p[14]
+        cdef void *p[_N_FIELDS]
         cdef int i, j, q = 0
         for i in range(L + 1):
             lw = model.layers[i] if i < L else None
@@ -382,16 +400,16 @@ cdef class ModelWeights:
                 p[j] = &self.qmats[q]
                 q += 1
             if lw is not None:
-                for j in [0, 1, 2, 3, 5, 6] + ([4] if d.act == 0 else []) + (
-                        [7, 8] if d.rmsnorm else []) + ([9, 10] if d.qk_norm else []):
+                for j in _needed(cfg):
                     if p[j] == NULL:
                         raise ValueError(f"layer {i}: missing weight {_LAYER_FIELDS[j]}")
-                fs_layer_set_f32q(&self.layersq[i], p, i in nope_layers)
-        p[2] = p[1]  # embed, pos_embed, head, final_norm, rope_cos, rope_sin
+                fs_layer_set_f32q(&self.layersq[i], p, ropes[i])
+        p[2] = p[1]  # embed, pos_embed, head, final_norm, rope_cos, rope_sin and local ones
         p[1] = _ptr(_f32(model.pos_embed, keep))
         p[3] = _ptr(_f32(model.final_norm, keep))
-        p[4] = _ptr(_f32(model.rope_cos, keep))
-        p[5] = _ptr(_f32(model.rope_sin, keep))
+        for j, a in enumerate((model.rope_cos, model.rope_sin, model.rope_cos_local,
+                               model.rope_sin_local)):
+            p[4 + j] = _ptr(_f32(a, keep))
         fs_model_set_f32q(&self.mq, &self.dims, p, self.layersq)
         self.variant, self.mptr = FS_MV_F32Q, &self.mq
         self._keep, self._qkinds, self._qscratch = keep, sorted(kinds), None

@@ -16,7 +16,7 @@ __all__ = ["ModelConfig", "QUANT_WEIGHT_DTYPES", "freq_factors"]
 
 _NORMS = ("rmsnorm", "layernorm")
 _POSITIONALS = ("rope", "learned")
-_ACTIVATIONS = ("swiglu", "tanh", "gelu")
+_ACTIVATIONS = ("swiglu", "tanh", "gelu", "geglu")
 #: ``weight_dtype`` names of the quantized storage (GGUF's blocks of 32; docs/FORMATS.md).
 QUANT_WEIGHT_DTYPES = ("q8_0", "q4_0", "q4_1")
 #: Bytes per weight of each quantized storage (block bytes / 32).
@@ -103,6 +103,19 @@ class ModelConfig:
     keys RoPE does not turn (SmolLM3's NoPE layers, every fourth). Stored sorted and without
     repeats; None (default, and what an empty one becomes) turns every layer's. Not with a
     ``rope_attention_factor``, which RoPE's tables carry (those layers would lose it).
+
+    ``activation="geglu"`` gates like SwiGLU with GELU's tanh form instead of SiLU:
+    ``gelu_tanh(x @ w_gate) * (x @ w_up)`` (Gemma's). ``post_norms`` (RMSNorm only) adds
+    Gemma's sandwich norms: the attention's and the MLP's outputs pass through an RMSNorm of
+    their own (``attn_post_norm``, ``mlp_post_norm``) before they join the residual stream.
+
+    ``local_layers`` (rotary positions only; with ``local_rope_theta``): the layers, counted
+    from 0, whose RoPE turns with base ``local_rope_theta`` and without ``rope_freq_factors``
+    (the rest as the model's; a ``rope_attention_factor`` and ``rope_dims`` apply to both):
+    Gemma 3's sliding-window layers. fastspec attends over every position in them: a loader
+    caps ``max_seq_len`` at the window, where the two are the same. Stored sorted and without
+    repeats; None (default, and what an empty one becomes) has none, and then
+    ``local_rope_theta`` must be None. Not with ``nope_layers``.
     """
 
     vocab_size: int
@@ -128,6 +141,9 @@ class ModelConfig:
     rope_dims: int | None = None
     embedding_scale: float | None = None
     nope_layers: tuple[int, ...] | None = None
+    post_norms: bool = False
+    local_layers: tuple[int, ...] | None = None
+    local_rope_theta: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -197,19 +213,37 @@ class ModelConfig:
             scale = positive_number(self.embedding_scale, "embedding_scale")
             object.__setattr__(self, "embedding_scale", None if scale == 1 else scale)
         if self.nope_layers is not None:
-            self._check_nope_layers()
+            object.__setattr__(self, "nope_layers", self._layer_set("nope_layers"))
+        self._check_gemma()
         if self.nope_layers and self.rope_attention_factor is not None:
             raise ValueError("nope_layers with a rope_attention_factor: the factor is carried by "
                              "RoPE's tables, which NoPE layers do not use")
 
-    def _check_nope_layers(self) -> None:
+    def _layer_set(self, name: str) -> tuple[int, ...] | None:
+        """Field ``name`` (layer indices) sorted and without repeats; None for none."""
         if self.positional != "rope":
-            raise ValueError("nope_layers needs positional='rope'")
-        raw: Any = self.nope_layers  # any iterable of ints, checked here
+            raise ValueError(f"{name} needs positional='rope'")
+        raw: Any = getattr(self, name)  # any iterable of ints, checked here
         if isinstance(raw, (str, bytes)) or not hasattr(raw, "__iter__"):
-            raise ValueError(f"nope_layers must be a sequence of layer indices, got {raw!r}")
-        layers = sorted({check_index(i, "nope_layers", 0, self.n_layers - 1) for i in raw})
-        object.__setattr__(self, "nope_layers", tuple(layers) or None)
+            raise ValueError(f"{name} must be a sequence of layer indices, got {raw!r}")
+        layers = sorted({check_index(i, name, 0, self.n_layers - 1) for i in raw})
+        return tuple(layers) or None
+
+    def _check_gemma(self) -> None:
+        """Gemma's fields: the sandwich norms' family, the local layers and their base."""
+        if not isinstance(self.post_norms, bool):
+            raise ValueError(f"post_norms must be a bool, got {self.post_norms!r}")
+        if self.post_norms and self.norm != "rmsnorm":
+            raise ValueError("post_norms needs norm='rmsnorm'")
+        if self.local_layers is not None:
+            object.__setattr__(self, "local_layers", self._layer_set("local_layers"))
+        if (self.local_layers is None) != (self.local_rope_theta is None):
+            raise ValueError("local_layers and local_rope_theta go together (both or neither)")
+        if self.local_rope_theta is not None:
+            object.__setattr__(self, "local_rope_theta",
+                               positive_number(self.local_rope_theta, "local_rope_theta"))
+        if self.local_layers and self.nope_layers:
+            raise ValueError("local_layers with nope_layers is not supported")
 
     def _check_freq_factors(self) -> None:
         if self.positional != "rope":
@@ -268,13 +302,15 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         """Return the config as a JSON-serialisable dict (``weight_dtype``,
-        ``rope_freq_factors``, ``rope_attention_factor``, ``rope_dims``, ``embedding_scale``
-        and ``nope_layers`` only when set)."""
+        ``rope_freq_factors``, ``rope_attention_factor``, ``rope_dims``, ``embedding_scale``,
+        ``nope_layers``, ``post_norms``, ``local_layers`` and ``local_rope_theta`` only when
+        set)."""
         d = dataclasses.asdict(self)
         for key in ("weight_dtype", "rope_freq_factors", "rope_attention_factor", "rope_dims",
-                    "embedding_scale", "nope_layers"):
-            if d[key] is None:  # files of default models stay readable by older versions
-                del d[key]
+                    "embedding_scale", "nope_layers", "post_norms", "local_layers",
+                    "local_rope_theta"):
+            if d[key] in (None, False):  # files of default models stay readable by older
+                del d[key]  # versions
         return d
 
     @classmethod

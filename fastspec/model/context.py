@@ -105,11 +105,11 @@ class ContextForward:
             if runner is not None:
                 runner.context_kv(features, cache.k, cache.v, start, lo, hi)
             else:
-                cos, sin = self._rope_rows(start, n)
+                tables = self._rope_rows(slice(start, start + n))
                 layers = self._numpy_weights()[2]
                 for i in range(lo, hi):  # a NoPE layer's keys unturned
                     self._store_kv(features, layers[i], cache.k[i], cache.v[i], start,
-                                   *layer_rope(self.config.nope_layers, i, cos, sin))
+                                   *layer_rope(self.config, i, *tables))
             if advance:
                 cache.advance(n)
 

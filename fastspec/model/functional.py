@@ -198,6 +198,7 @@ def rotate_half_into(out: np.ndarray, x: np.ndarray, cos: np.ndarray, sin: np.nd
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh form: ``x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) / 2``."""
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
@@ -211,7 +212,12 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def layer_rope(nope_layers: tuple[int, ...] | None, i: int, cos, sin):
-    """``(cos, sin)`` for layer ``i``: ``(None, None)`` (no RoPE) for a NoPE layer (one of
-    ``ModelConfig.nope_layers``)."""
-    return (None, None) if nope_layers and i in nope_layers else (cos, sin)
+def layer_rope(config, i: int, cos, sin, local_cos=None, local_sin=None):
+    """``(cos, sin)`` for layer ``i`` of a model of ``config`` (a ``ModelConfig``):
+    ``(None, None)`` (no RoPE) for a NoPE layer (one of ``config.nope_layers``), the local
+    tables ``(local_cos, local_sin)`` for one of ``config.local_layers``, else ``(cos, sin)``."""
+    if config.nope_layers and i in config.nope_layers:
+        return None, None
+    if config.local_layers and i in config.local_layers:
+        return local_cos, local_sin
+    return cos, sin

@@ -21,13 +21,18 @@ __all__ = ["NumpyForward"]
 
 
 class NumpyForward:
-    """The layer stack in NumPy, for a class with ``config``, ``rope_cos``/``rope_sin``,
+    """The layer stack in NumPy, for a class with ``config``, ``rope_cos``/``rope_sin`` (and
+    ``rope_cos_local``/``rope_sin_local``),
     ``final_norm``, ``check_cache`` and ``_numpy_weights()`` (see :class:`~fastspec.Transformer`).
 
     The argument checks here are the NumPy path's; the compiled runner makes the same ones
     before its ``nogil`` section."""
 
     config: ModelConfig
+    rope_cos: np.ndarray | None
+    rope_sin: np.ndarray | None
+    rope_cos_local: np.ndarray | None
+    rope_sin_local: np.ndarray | None
 
     def _check_step(self, cache: KVCache, start: int, n: int,
                     hidden_layers: Iterable[int]) -> tuple[int, ...]:
@@ -58,25 +63,22 @@ class NumpyForward:
             raise ValueError(f"out must be a writable C-contiguous {dt} array of shape ({n}, {V})")
         return out
 
-    def _rope_rows(self, start: int, n: int):
-        if self.rope_cos is None:
-            return None, None
-        return self.rope_cos[start:start + n], self.rope_sin[start:start + n]
-
+    def _rope_rows(self, rows) -> tuple:
+        """``(cos, sin, local_cos, local_sin)``: the rows ``rows`` (a slice or positions) of
+        the RoPE tables and of the local ones (:func:`~fastspec.model.functional.layer_rope`
+        picks a layer's), None where the model has none."""
+        tables = (self.rope_cos, self.rope_sin, self.rope_cos_local, self.rope_sin_local)
+        return tuple(None if t is None else t[rows] for t in tables)
 
     def _layers_numpy(self, x, cache, start, causal, hidden_layers, out, positions=None,
                       tree_mask=None, logit_rows=None):
         n = x.shape[0]
-        if tree_mask is None or self.rope_cos is None:
-            cos, sin = self._rope_rows(start, n)
-        else:
-            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        tables = self._rope_rows(slice(start, start + n) if tree_mask is None else positions)
         _, head, layers = self._numpy_weights()
         hidden = {}
         for i, lw in enumerate(layers):
             x = self.layer_forward(x, lw, cache.k[i], cache.v[i], start,
-                                   *layer_rope(self.config.nope_layers, i, cos, sin), causal,
-                                   tree_mask)
+                                   *layer_rope(self.config, i, *tables), causal, tree_mask)
             if i in hidden_layers:
                 hidden[i] = x.copy()
         logits = self.norm(x, self.final_norm) @ head
@@ -128,12 +130,16 @@ class NumpyForward:
         else:  # each tree node sees the cache and its ancestors (tree_mask, n x n)
             a = kernels.tree_attention(np.ascontiguousarray(q), k_cache, v_cache, start + n,
                                        tree_mask)
-        x = x + a.reshape(n, -1) @ lw.wo
+        a = a.reshape(n, -1) @ lw.wo
+        x = x + (a if lw.attn_post_norm is None else self.norm(a, lw.attn_post_norm))
         h = self.norm(x, lw.mlp_norm)
         if c.activation == "swiglu":
             f = silu(h @ lw.w_gate) * (h @ lw.w_up)
+        elif c.activation == "geglu":
+            f = gelu_tanh(h @ lw.w_gate) * (h @ lw.w_up)
         elif c.activation == "tanh":
             f = np.tanh(h @ lw.w_up)
         else:
             f = gelu_tanh(h @ lw.w_up)
-        return x + f @ lw.w_down
+        f = f @ lw.w_down
+        return x + (f if lw.mlp_post_norm is None else self.norm(f, lw.mlp_post_norm))

@@ -24,9 +24,10 @@ class LayerWeights:
     """Weights of one decoder layer, linear maps in ``(in, out)`` layout (``x @ W``).
 
     Shapes: ``wq (dim, H*D)``, ``wk, wv (dim, Hkv*D)``, ``wo (H*D, dim)``, ``w_up (dim, F)``,
-    ``w_gate (dim, F)`` (SwiGLU only), ``w_down (F, dim)``, norms ``(dim,)`` (RMSNorm only),
-    ``q_norm, k_norm (D,)`` (QK-norm only), ``q_bias (H*D,)``, ``k_bias, v_bias (Hkv*D,)``
-    (``qkv_bias`` only: Qwen2). Absent weights are None.
+    ``w_gate (dim, F)`` (SwiGLU and GeGLU only), ``w_down (F, dim)``, norms ``(dim,)``
+    (RMSNorm only), ``q_norm, k_norm (D,)`` (QK-norm only), ``q_bias (H*D,)``, ``k_bias,
+    v_bias (Hkv*D,)`` (``qkv_bias`` only: Qwen2), ``attn_post_norm, mlp_post_norm (dim,)``
+    (``post_norms`` only: Gemma's sandwich norms). Absent weights are None.
     """
 
     wq: np.ndarray
@@ -43,6 +44,8 @@ class LayerWeights:
     q_bias: np.ndarray | None = None
     k_bias: np.ndarray | None = None
     v_bias: np.ndarray | None = None
+    attn_post_norm: np.ndarray | None = None
+    mlp_post_norm: np.ndarray | None = None
 
     def arrays(self) -> dict[str, np.ndarray]:
         """Return the present weights by field name."""
@@ -89,6 +92,10 @@ LAYER_WEIGHTS: tuple[WeightSpec, ...] = (
     WeightSpec("q_bias", "self_attn.q_proj.bias", lambda d, H, K, D, F: (H * D,), "bias"),
     WeightSpec("k_bias", "self_attn.k_proj.bias", lambda d, H, K, D, F: (K * D,), "bias"),
     WeightSpec("v_bias", "self_attn.v_proj.bias", lambda d, H, K, D, F: (K * D,), "bias"),
+    # Gemma's sandwich norms (fastspec's own keys: Gemma's post_attention_layernorm is not
+    # the pre-MLP norm that key names above)
+    WeightSpec("attn_post_norm", "post_attn_norm.weight", lambda d, H, K, D, F: (d,), "norm"),
+    WeightSpec("mlp_post_norm", "post_mlp_norm.weight", lambda d, H, K, D, F: (d,), "norm"),
 )
 _SPECS = {s.attr: s for s in LAYER_WEIGHTS}
 #: Fields stored in ``ModelConfig.weight_dtype`` (with the embedding and the head).
@@ -97,10 +104,13 @@ MATRICES: tuple[str, ...] = tuple(s.attr for s in LAYER_WEIGHTS if s.init == "ma
 FORWARD_MATRICES: tuple[str, ...] = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
-def layer_attrs(*, swiglu: bool, rmsnorm: bool, qk_norm: bool, qkv_bias: bool) -> tuple[str, ...]:
-    """Return the fields a layer of this family holds, in :data:`LAYER_WEIGHTS` order."""
+def layer_attrs(*, swiglu: bool, rmsnorm: bool, qk_norm: bool, qkv_bias: bool,
+                post_norms: bool = False) -> tuple[str, ...]:
+    """Return the fields a layer of this family holds, in :data:`LAYER_WEIGHTS` order
+    (``swiglu``: a gated MLP, SwiGLU or GeGLU)."""
     optional = {"w_gate": swiglu, "attn_norm": rmsnorm, "mlp_norm": rmsnorm, "q_norm": qk_norm,
-                "k_norm": qk_norm, "q_bias": qkv_bias, "k_bias": qkv_bias, "v_bias": qkv_bias}
+                "k_norm": qk_norm, "q_bias": qkv_bias, "k_bias": qkv_bias, "v_bias": qkv_bias,
+                "attn_post_norm": post_norms, "mlp_post_norm": post_norms}
     return tuple(s.attr for s in LAYER_WEIGHTS if optional.get(s.attr, True))
 
 

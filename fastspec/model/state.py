@@ -68,8 +68,8 @@ def _files(what: str) -> Callable:
 def layer_schema(c: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[str, ...]]:
     """Shapes and present fields of a layer of ``c`` (see :mod:`fastspec.model.schema`)."""
     return (layer_shapes(c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim),
-            layer_attrs(swiglu=c.activation == "swiglu", rmsnorm=c.norm == "rmsnorm",
-                        qk_norm=c.qk_norm, qkv_bias=c.qkv_bias))
+            layer_attrs(swiglu=c.activation in ("swiglu", "geglu"), rmsnorm=c.norm == "rmsnorm",
+                        qk_norm=c.qk_norm, qkv_bias=c.qkv_bias, post_norms=c.post_norms))
 
 
 #: Elements converted per block by :func:`_final`: bounds a tensor's temporaries. A block's

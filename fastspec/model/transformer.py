@@ -101,14 +101,18 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         self._check_shapes()
         if config.quantized:
             self._gather()
+        self.rope_cos = self.rope_sin = self.rope_cos_local = self.rope_sin_local = None
         if config.positional == "rope":
             self.rope_cos, self.rope_sin = rope_tables(config.max_seq_len, config.head_dim,
                                                        config.rope_theta, dt,
                                                        config.rope_freq_factors,
                                                        config.rope_attention_factor,
                                                        config.rope_dims)
-        else:
-            self.rope_cos = self.rope_sin = None
+        if config.local_layers:  # Gemma 3's sliding-window layers: their base, no divisors
+            self.rope_cos_local, self.rope_sin_local = rope_tables(
+                config.max_seq_len, int(config.head_dim or 0),
+                config.local_rope_theta or config.rope_theta, dt, None,
+                config.rope_attention_factor, config.rope_dims)
         self._runners = threading.local()
         self._packed_fc = None  # (fc, packed fc) of write_context_taps' compiled path
         self._wide = None  # 16-bit matrices widened for the NumPy path (see _numpy_weights)

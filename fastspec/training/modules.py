@@ -94,25 +94,46 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, dim, ffn_dim):
+    """A gated MLP: SwiGLU, or GeGLU (``geglu``: GELU's tanh form, Gemma's)."""
+
+    def __init__(self, dim, ffn_dim, geglu: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.up_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.down_proj = nn.Linear(ffn_dim, dim, bias=False)
+        self.geglu = geglu
 
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        g = self.gate_proj(x)
+        g = F.gelu(g, approximate="tanh") if self.geglu else F.silu(g)
+        return self.down_proj(g * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm layer; the target's and the DFlash drafter's have the same weights."""
+    """One pre-norm layer; the target's and the DFlash drafter's have the same weights.
+    ``post_norms``: Gemma's sandwich norms on the attention's and the MLP's outputs."""
 
-    def __init__(self, dim, n_heads, n_kv_heads, head_dim, ffn_dim, qk_norm, eps):
+    def __init__(self, dim, n_heads, n_kv_heads, head_dim, ffn_dim, qk_norm, eps,
+                 geglu: bool = False, post_norms: bool = False):
         super().__init__()
         self.input_layernorm = RMSNorm(dim, eps)
         self.self_attn = Attention(dim, n_heads, n_kv_heads, head_dim, qk_norm, eps)
         self.post_attention_layernorm = RMSNorm(dim, eps)
-        self.mlp = MLP(dim, ffn_dim)
+        self.mlp = MLP(dim, ffn_dim, geglu)
+        if post_norms:  # fastspec's keys (fastspec.model.schema)
+            self.post_attn_norm = RMSNorm(dim, eps)
+            self.post_mlp_norm = RMSNorm(dim, eps)
+        self.post_norms = post_norms
+
+    def add_attention(self, x, a):
+        """The residual stream ``x`` plus the attention's output ``a`` (normed by
+        ``post_attn_norm`` with sandwich norms)."""
+        return x + (self.post_attn_norm(a) if self.post_norms else a)
+
+    def add_mlp(self, x):
+        """The residual stream ``x`` plus the MLP's output on it."""
+        f = self.mlp(self.post_attention_layernorm(x))
+        return x + (self.post_mlp_norm(f) if self.post_norms else f)
 
 
 class _LlamaBody(nn.Module):
@@ -121,7 +142,8 @@ class _LlamaBody(nn.Module):
         self.embed_tokens = nn.Embedding(cfg["vocab_size"], cfg["dim"])
         self.layers = nn.ModuleList(
             DecoderLayer(cfg["dim"], cfg["n_heads"], cfg["n_kv_heads"], cfg["head_dim"],
-                         cfg["ffn_dim"], cfg["qk_norm"], cfg["norm_eps"])
+                         cfg["ffn_dim"], cfg["qk_norm"], cfg["norm_eps"],
+                         cfg.get("activation") == "geglu", bool(cfg.get("post_norms")))
             for _ in range(cfg["n_layers"])
         )
         self.norm = RMSNorm(cfg["dim"], cfg["norm_eps"])
@@ -140,9 +162,23 @@ class Transformer(nn.Module):
     def head_weight(self):
         return self.model.embed_tokens.weight if self.cfg["tie_embeddings"] else self.lm_head.weight
 
-    def turns(self, layer: int) -> bool:
-        """Whether RoPE turns layer ``layer``'s queries and keys (not a ``nope_layers`` one)."""
-        return layer not in (self.cfg.get("nope_layers") or ())
+    def rope_tables(self, pos):
+        """The RoPE tables of positions ``pos``: ``(cos, sin)`` of the model's base and of
+        ``local_rope_theta`` (None without ``local_layers``), for :meth:`layer_rope`."""
+        c = self.cfg
+        extra = (c.get("rope_attention_factor"), c.get("rope_dims"))
+        main = rope_cos_sin(pos, c["head_dim"], c["rope_theta"], c.get("rope_freq_factors"),
+                            *extra)
+        local = (rope_cos_sin(pos, c["head_dim"], c["local_rope_theta"], None, *extra)
+                 if c.get("local_layers") else None)
+        return main, local
+
+    def layer_rope(self, layer: int, tables):
+        """``(cos, sin)`` that turn layer ``layer``'s queries and keys (of
+        :meth:`rope_tables`), or None for a ``nope_layers`` one."""
+        if layer in (self.cfg.get("nope_layers") or ()):
+            return None
+        return tables[1] if layer in (self.cfg.get("local_layers") or ()) else tables[0]
 
     def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
         """Return the embedding rows of ``ids`` (B, T) -> (B, T, dim), times the config's
@@ -160,17 +196,14 @@ class Transformer(nn.Module):
         """
         B, T = ids.shape
         x = self.embed_ids(ids)
-        pos = torch.arange(start, start + T, device=ids.device)
-        cos, sin = rope_cos_sin(pos, self.cfg["head_dim"], self.cfg["rope_theta"],
-                                self.cfg.get("rope_freq_factors"),
-                                self.cfg.get("rope_attention_factor"),
-                                self.cfg.get("rope_dims"))
+        tables = self.rope_tables(torch.arange(start, start + T, device=ids.device))
         hidden = {}
         for li, layer in enumerate(self.model.layers):
             h = layer.input_layernorm(x)
             q, k, v = layer.self_attn.qkv(h)
-            if self.turns(li):
-                q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            turn = self.layer_rope(li, tables)
+            if turn is not None:
+                q, k = apply_rope(q, *turn), apply_rope(k, *turn)
             if cache is not None:
                 if len(cache) <= li:
                     cache.append([k, v])
@@ -187,8 +220,7 @@ class Transformer(nn.Module):
                 qi = torch.arange(S - T, S, device=ids.device)[:, None]
                 mask = torch.arange(S, device=ids.device)[None, :] <= qi
                 a = layer.self_attn.attend(q, k, v, mask=mask)
-            x = x + a
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer.add_mlp(layer.add_attention(x, a))
             if li in hidden_layers:
                 hidden[li] = x
         logits = None
@@ -243,8 +275,7 @@ class DFlash(nn.Module):
             kc = apply_rope(kc, ck, sk)
             k = torch.cat([kc, kb], dim=2)
             v = torch.cat([vc, vb], dim=2)
-            x = x + att.attend(q, k, v, mask=mask)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = layer.add_mlp(x + att.attend(q, k, v, mask=mask))
         return F.linear(self.norm(x), head_weight)
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from fastspec.training.data import dflash_rows, sample_anchors
-from fastspec.training.modules import apply_rope, autocast, rope_cos_sin
+from fastspec.training.modules import apply_rope, autocast
 
 __all__ = ["lm_loss", "distill_loss", "evaluate_bpb", "branch_greedy_labels",
            "dflash_packed_logits", "dflash_targets", "dflash_loss", "miss_anchors",
@@ -81,7 +81,6 @@ def branch_greedy_labels(target, seqs, anchors, logits, cache, block_size: int, 
     -------
     LongTensor of shape (Bt, m, block_size)
     """
-    cfg = target.cfg
     Bt, T = seqs.shape
     m = anchors.shape[1]
     labels = torch.empty((Bt, m, block_size), dtype=torch.long)
@@ -100,23 +99,22 @@ def branch_greedy_labels(target, seqs, anchors, logits, cache, block_size: int, 
     with torch.no_grad(), autocast(bf16):
         for k in range(2, block_size):
             pos = anchors + (k - 1)  # positions of `cur`
-            cos, sin = rope_cos_sin(pos, cfg["head_dim"], cfg["rope_theta"],
-                                    cfg.get("rope_freq_factors"),
-                                    cfg.get("rope_attention_factor"), cfg.get("rope_dims"))
-            cos, sin = cos[:, None], sin[:, None]  # (Bt, 1, m, D)
+            tables = tuple(None if t is None else (t[0][:, None], t[1][:, None])
+                           for t in target.rope_tables(pos))  # (Bt, 1, m, D) each
             x = target.embed_ids(cur)  # (Bt, m, dim)
             mask = torch.cat([win_mask] + [eye] * (k - 1), dim=2)[:, None]
             for li, layer in enumerate(target.model.layers):
                 h = layer.input_layernorm(x)
                 q, kk, vv = layer.self_attn.qkv(h)
-                if target.turns(li):
-                    q, kk = apply_rope(q, cos, sin), apply_rope(kk, cos, sin)
+                turn = target.layer_rope(li, tables)
+                if turn is not None:
+                    q, kk = apply_rope(q, *turn), apply_rope(kk, *turn)
                 new_k[li].append(kk)
                 new_v[li].append(vv)
                 K = torch.cat([cache[li][0].to(kk.dtype)] + new_k[li], dim=2)
                 V = torch.cat([cache[li][1].to(vv.dtype)] + new_v[li], dim=2)
-                x = x + layer.self_attn.attend(q, K, V, mask=mask)
-                x = x + layer.mlp(layer.post_attention_layernorm(x))
+                x = layer.add_mlp(layer.add_attention(x, layer.self_attn.attend(q, K, V,
+                                                                                 mask=mask)))
             lg = F.linear(target.model.norm(x), target.head_weight())
             cur = lg.float().argmax(-1)
             labels[:, :, k] = cur

@@ -1,0 +1,281 @@
+"""Google Gemma 3 (``Gemma3ForCausalLM`` folders, GGUF ``gemma3`` files): the text models.
+
+Gemma 3 is a decoder with QK-norm and four things a Llama has not, each a
+:class:`~fastspec.ModelConfig` field: GeGLU (``activation="geglu"``: GELU's tanh form gates the
+MLP), sandwich norms (``post_norms``: the attention's and the MLP's outputs pass through an
+RMSNorm of their own before they join the residual stream), token embeddings scaled by
+``sqrt(hidden_size)`` (``embedding_scale``, rounded to float32 as both transformers and
+llama.cpp compute it) and sliding-window layers whose RoPE turns with a base of their own
+(``local_layers``, ``local_rope_theta``; five of every six layers, 10000 against the global
+layers' 1e6; a linear RoPE scaling applies to the global layers only). fastspec attends over
+every position in the sliding-window layers and serves at most ``sliding_window`` positions
+(``max_seq_len``), where the two are the same: a key at distance ``sliding_window`` or more is
+the first one the window hides (transformers' and llama.cpp's rule).
+
+Gemma's RMSNorm multiplies by ``1 + w``: a folder's norm weights (every ``*norm.weight``) are
+read plus one (float64, one rounding; llama.cpp's converter writes them so into GGUF files)
+and written back minus one. The attention scale ``query_pre_attn_scalar ** -0.5`` runs as
+the RoPE attention factor ``(head_dim / query_pre_attn_scalar) ** 0.25`` when it is not
+``head_dim``'s (a GGUF file has no key: llama.cpp derives it, ``hidden_size / heads`` for the
+62-layer 27B, else ``head_dim``). A folder's layer norms have Gemma's names
+(``pre_feedforward_layernorm`` is the pre-MLP norm, ``post_attention_layernorm`` and
+``post_feedforward_layernorm`` the sandwich norms): :func:`folder_name` maps fastspec's keys
+onto them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from fastspec.formats.folded_tensor import FoldedTensor
+from fastspec.model.functional import positive_number
+
+__all__ = ["ARCHITECTURE", "GGUF_KEYS", "LLAMA_CPP_PATTERN", "is_gemma3", "global_rope",
+           "settings", "gguf_entries", "folder_name", "fastspec_name", "folder_norm",
+           "folder_state", "export_config", "gguf_keys"]
+
+#: The Hugging Face class of the text models (``model_type`` ``gemma3_text``).
+ARCHITECTURE = "Gemma3ForCausalLM"
+#: Every ``LLAMA_CPP_PATTERN``-th layer (5, 11, ...) is a global one: transformers' default
+#: ``sliding_window_pattern`` and llama.cpp's for a file without the pattern key.
+LLAMA_CPP_PATTERN = 6
+#: The ``gemma3.*`` GGUF keys beyond the common ones that the reader reads.
+GGUF_KEYS = ("attention.sliding_window", "rope.freq_base_swa",
+             "attention.sliding_window_pattern", "final_logit_softcapping")
+#: fastspec's layer keys -> a Gemma folder's (the rest are the same).
+_FOLDER_NAMES = {"post_attention_layernorm.weight": "pre_feedforward_layernorm.weight",
+                 "post_attn_norm.weight": "post_attention_layernorm.weight",
+                 "post_mlp_norm.weight": "post_feedforward_layernorm.weight"}
+_FROM_FOLDER = {v: k for k, v in _FOLDER_NAMES.items()}
+
+
+def is_gemma3(cfg: dict) -> bool:
+    """Whether a ``config.json`` dict is a Gemma 3 text model's."""
+    return ARCHITECTURE in (cfg.get("architectures") or ())
+
+
+def global_rope(cfg: dict) -> dict:
+    """``cfg`` with the global layers' RoPE parameters where :mod:`~fastspec.formats.hf_rope`
+    reads them: transformers 5 keeps one object per layer type in ``rope_parameters``."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:
+        return {**cfg, "rope_parameters": params["full_attention"]}
+    return cfg
+
+
+def _local_theta(cfg: dict) -> float:
+    params = cfg.get("rope_parameters")
+    local = params.get("sliding_attention") if isinstance(params, dict) else None
+    if isinstance(local, dict):
+        kind = local.get("rope_type", local.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"{ARCHITECTURE}: RoPE scaling {kind!r} of the sliding-window "
+                             "layers is not supported")
+        theta = local.get("rope_theta")
+    else:
+        theta = cfg.get("rope_local_base_freq")
+    return positive_number(10000.0 if theta is None else theta, "rope_local_base_freq")
+
+
+def _local_layers(cfg: dict, n_layers: int) -> tuple[int, ...]:
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern",
+                                                            LLAMA_CPP_PATTERN))
+        if type(pattern) is not int or pattern < 1:
+            raise ValueError(f"{ARCHITECTURE}: sliding_window_pattern must be a positive int, "
+                             f"got {pattern!r}")
+        return tuple(i for i in range(n_layers) if (i + 1) % pattern)
+    if (not isinstance(types, list) or len(types) != n_layers
+            or any(t not in ("sliding_attention", "full_attention") for t in types)):
+        raise ValueError(f"{ARCHITECTURE}: layer_types must list 'sliding_attention' or "
+                         f"'full_attention' for each of the {n_layers} layers, got {types!r}")
+    return tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+
+
+def settings(cfg: dict, head_dim: int, context: int) -> dict[str, Any]:
+    """Return the :class:`~fastspec.ModelConfig` fields that run a Gemma 3 ``config.json``
+    (besides a Llama's): the activation, sandwich norms, embedding scale, local layers and
+    their base, the attention factor (None for ``head_dim``'s scale) and ``max_seq_len``
+    (``context`` capped at ``sliding_window`` when a layer slides).
+
+    Raises
+    ------
+    ValueError
+        A feature fastspec does not run (another activation, soft-capping, biases,
+        bidirectional attention, another RoPE for the local layers) or a bad value (named).
+    """
+    act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ValueError(f"{ARCHITECTURE}: unsupported hidden_activation {act!r} (only "
+                         "gelu_pytorch_tanh, GeGLU)")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if cfg.get(key):
+            raise ValueError(f"{ARCHITECTURE}: {key}={cfg[key]!r} is not supported")
+    for key in ("attention_bias", "use_bidirectional_attention"):
+        if cfg.get(key):
+            raise ValueError(f"{ARCHITECTURE}: {key}=True is not supported")
+    n_layers, dim = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
+    local = _local_layers(cfg, n_layers)
+    if local:
+        window = cfg.get("sliding_window")
+        if type(window) is not int or window <= 0:
+            raise ValueError(f"{ARCHITECTURE}: sliding_window must be a positive int, got "
+                             f"{window!r}")
+        context = min(context, window)  # within the window, sliding is attending to all
+    scalar = positive_number(cfg.get("query_pre_attn_scalar", head_dim), "query_pre_attn_scalar")
+    return dict(activation="geglu", post_norms=True, qk_norm=True,
+                embedding_scale=float(np.float32(math.sqrt(dim))),
+                local_layers=local or None, local_rope_theta=_local_theta(cfg) if local else None,
+                rope_attention_factor=None if scalar == head_dim else (head_dim / scalar) ** 0.25,
+                max_seq_len=context)
+
+
+def gguf_entries(metadata: dict[str, Any], n_layers: int, dim: int, heads: int,
+                 head_dim: int) -> dict[str, Any]:
+    """Return the ``config.json`` entries of a ``gemma3`` GGUF file that a Llama's have not,
+    as llama.cpp reads the file: the sliding window and its layers (``sliding_window_pattern``,
+    a bool per layer or a period, else every sixth layer global), the local base
+    (``rope.freq_base_swa``, else 10000) and ``query_pre_attn_scalar`` (``dim / heads`` for 62
+    layers, else ``head_dim``).
+
+    Raises
+    ------
+    ValueError
+        A final logit soft-cap, or a pattern or window of the wrong type (named).
+    """
+    key = "gemma3."
+    if metadata.get(key + "final_logit_softcapping"):
+        raise ValueError(f"metadata key '{key}final_logit_softcapping' = "
+                         f"{metadata[key + 'final_logit_softcapping']!r} is not supported")
+    window = metadata.get(key + "attention.sliding_window", 0)
+    if type(window) is not int or window < 0:
+        raise ValueError(f"metadata key '{key}attention.sliding_window' must be a "
+                         f"non-negative int, got {window!r}")
+    pattern = metadata.get(key + "attention.sliding_window_pattern", LLAMA_CPP_PATTERN)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layers or any(type(p) is not bool for p in pattern):
+            raise ValueError(f"metadata key '{key}attention.sliding_window_pattern' must hold "
+                             f"a bool for each of the {n_layers} layers")
+        sliding = list(pattern)
+    elif type(pattern) is int and pattern >= 0:  # llama.cpp: 0 makes every layer slide
+        sliding = [pattern == 0 or i % pattern < pattern - 1 for i in range(n_layers)]
+    else:
+        raise ValueError(f"metadata key '{key}attention.sliding_window_pattern' must be a "
+                         f"bool array or a non-negative int, got {pattern!r}")
+    if not window:  # llama.cpp: no window, no sliding layers
+        sliding = [False] * n_layers
+    types = ["sliding_attention" if s else "full_attention" for s in sliding]
+    return {"architectures": [ARCHITECTURE], "hidden_activation": "gelu_pytorch_tanh",
+            "sliding_window": window or None, "layer_types": types,
+            "rope_local_base_freq": float(metadata.get(key + "rope.freq_base_swa", 10000.0)),
+            "query_pre_attn_scalar": dim // heads if n_layers == 62 else head_dim}
+
+
+def folder_name(name: str) -> str:
+    """A Gemma folder's name of fastspec's tensor ``name`` (the same but for three layer
+    norms: see the module)."""
+    if name.startswith("model.layers."):
+        prefix, leaf = name.rsplit(".", 2)[0], ".".join(name.rsplit(".", 2)[1:])
+        return f"{prefix}.{_FOLDER_NAMES.get(leaf, leaf)}"
+    return name
+
+
+def fastspec_name(name: str) -> str:
+    """fastspec's name of a Gemma folder's tensor ``name`` (:func:`folder_name` inverted)."""
+    if name.startswith("model.layers."):
+        prefix, leaf = name.rsplit(".", 2)[0], ".".join(name.rsplit(".", 2)[1:])
+        return f"{prefix}.{_FROM_FOLDER.get(leaf, leaf)}"
+    return name
+
+
+def folder_norm(tensor: Any, name: str) -> Any:
+    """A Gemma folder's tensor ``name`` as fastspec runs it: a norm weight plus one
+    (:class:`~fastspec.formats.folded_tensor.FoldedTensor`), any other as it is."""
+    if not name.endswith("norm.weight"):
+        return tensor
+    return FoldedTensor(tensor, shift=1.0, what=f"{name} plus one")
+
+
+def folder_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A Gemma model's ``state_dict()`` as its folder holds it: :func:`folder_name` s, norm
+    weights minus one (float64, one rounding: the weight read back plus one is the same)."""
+    out = {}
+    for name, a in state.items():
+        if name.endswith("norm.weight"):
+            a = (np.asarray(a, np.float64) - 1.0).astype(a.dtype)
+        out[folder_name(name)] = a
+    return out
+
+
+def export_config(c: Any) -> dict[str, Any]:
+    """The ``Gemma3ForCausalLM`` ``config.json`` entries of Gemma 3 config ``c`` (a
+    :class:`~fastspec.ModelConfig` with ``post_norms``) beyond a Llama's.
+
+    Raises
+    ------
+    ValueError
+        A model that is not Gemma 3's shape (GeGLU, QK-norm, sandwich norms, the embedding
+        scale of its width, no biases).
+    """
+    _check_shape(c)
+    local = set(c.local_layers or ())
+    factor = c.rope_attention_factor
+    scalar = c.head_dim / factor ** 4 if factor else c.head_dim
+    if not math.isclose(scalar, round(scalar), rel_tol=1e-9):  # transformers takes an int
+        raise ValueError(f"the RoPE attention factor {factor!r} is no integer "
+                         "query_pre_attn_scalar of a Gemma 3 config.json; save to .npz")
+    return {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": round(scalar),
+            "sliding_window": c.max_seq_len,
+            "layer_types": ["sliding_attention" if i in local else "full_attention"
+                            for i in range(c.n_layers)],
+            "rope_local_base_freq": c.local_rope_theta or 10000.0,
+            "final_logit_softcapping": None, "attn_logit_softcapping": None}
+
+
+def _check_shape(c: Any) -> None:
+    """Raise ValueError unless ``c`` is Gemma 3's shape (see :func:`export_config`)."""
+    scale = float(np.float32(math.sqrt(c.dim)))
+    if not (c.activation == "geglu" and c.qk_norm and c.post_norms and not c.qkv_bias
+            and c.embedding_scale == scale and not c.nope_layers and not c.rope_dims):
+        raise ValueError("only Gemma 3's shape (GeGLU, QK-norm, sandwich norms, an embedding "
+                         "scale of float32(sqrt(dim)), no biases) is written as Gemma 3; save "
+                         "to .npz instead")
+
+
+def gguf_keys(c: Any) -> dict[str, Any]:
+    """The ``gemma3.*`` keys (after the prefix) that write Gemma 3 config ``c`` for llama.cpp.
+
+    Raises
+    ------
+    ValueError
+        Local layers other than llama.cpp's every-sixth pattern, or an attention factor that
+        llama.cpp does not derive (see the module).
+    """
+    _check_shape(c)
+    if c.rope_freq_factors is not None and len(set(c.rope_freq_factors)) > 1:
+        raise ValueError("per-frequency RoPE factors (rope_freq_factors) are not written to a "
+                         "gemma3 file (llama.cpp reads none); save to .npz instead")
+    local = tuple(c.local_layers or ())
+    if local and local != tuple(i for i in range(c.n_layers) if (i + 1) % LLAMA_CPP_PATTERN):
+        raise ValueError(f"Gemma 3 local layers {local} are written to GGUF only as "
+                         "llama.cpp's pattern (every sixth layer global: 5, 11, ...)")
+    scalar = c.dim // c.n_heads if c.n_layers == 62 else c.head_dim
+    factor = None if scalar == c.head_dim else (c.head_dim / scalar) ** 0.25
+    if not _close(c.rope_attention_factor, factor):
+        raise ValueError("a Gemma 3 attention scale other than llama.cpp's (1 / sqrt(head_dim),"
+                         " or sqrt(heads / dim) at 62 layers) has no GGUF key")
+    keys: dict[str, Any] = {}
+    if local:
+        keys["attention.sliding_window"] = c.max_seq_len
+        keys["rope.freq_base_swa"] = c.local_rope_theta
+    return keys
+
+
+def _close(a: float | None, b: float | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=1e-12)

@@ -1,0 +1,302 @@
+"""Gemma 3: GeGLU, sandwich norms, sqrt(dim) embedding scale and sliding-window layers with a
+RoPE base of their own (:mod:`fastspec.formats.gemma3`). Checked against transformers'
+``Gemma3ForCausalLM`` and llama.cpp's ``gemma3``, each feature undone as a negative control."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import fastspec as fs
+from fastspec import ModelConfig, Transformer
+from fastspec.formats import gemma3
+from fastspec.formats.gguf_write import save_gguf
+from fastspec.formats.hf_folder import hf_config, save_hf
+
+from _helpers import GEMMA, hf_reference, llama_cpp_logits, transformers_logits
+
+IDS = np.random.default_rng(11).integers(0, 300, 90)
+#: Six layers: five local (RoPE base 100) and a global one (base 1e4, linear scaling 2), a
+#: query_pre_attn_scalar that is not head_dim's, a window beyond the 90 ids.
+TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            max_position_embeddings=256, rope_theta=10000.0, rope_local_base_freq=100.0,
+            rms_norm_eps=1e-6, query_pre_attn_scalar=24, sliding_window=128,
+            rope_scaling={"rope_type": "linear", "factor": 2.0}, pad_token_id=0)
+
+
+def _undone(model: Transformer, **changes) -> Transformer:
+    """The same weights with config fields changed (a feature undone)."""
+    layers = model.layers
+    if changes.get("post_norms") is False:
+        layers = [dataclasses.replace(lw, attn_post_norm=None, mlp_post_norm=None)
+                  for lw in layers]
+    return Transformer(model.config.replace(**changes), model.embed, layers, model.head,
+                       model.final_norm)
+
+
+CONTROLS = {"local RoPE": dict(local_layers=None, local_rope_theta=None),
+            "SwiGLU": dict(activation="swiglu"), "sandwich norms": dict(post_norms=False),
+            "embedding scale": dict(embedding_scale=None)}
+
+
+def _far(model: Transformer, ref: np.ndarray, tol: float = 1e-2) -> list[str]:
+    """The controls that are NOT farther than ``tol`` of the largest logit from ``ref``."""
+    near = []
+    for name, changes in CONTROLS.items():
+        got = _undone(model, **changes).forward(IDS).logits
+        if np.abs(got - ref).max() <= tol * np.abs(ref).max():
+            near.append(name)
+    return near
+
+
+@pytest.fixture(scope="module")
+def hf_gemma3(tmp_path_factory):
+    """(folder, transformers logits over IDS) of a random Gemma3ForCausalLM."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Gemma3TextConfig"):
+        pytest.skip("this transformers has no Gemma 3")
+    folder = tmp_path_factory.mktemp("gemma3")
+    return folder, hf_reference("Gemma3ForCausalLM", transformers.Gemma3TextConfig(**TINY),
+                                IDS, folder)
+
+
+@pytest.mark.hf
+def test_folder_matches_transformers(hf_gemma3):
+    folder, ref = hf_gemma3
+    ours = Transformer.load(folder)
+    c = ours.config
+    assert (c.local_layers, c.local_rope_theta, c.max_seq_len) == ((0, 1, 2, 3, 4), 100.0, 128)
+    assert c.rope_freq_factors == (2.0,) * 8 and c.embedding_scale == 8.0
+    np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4 * np.abs(ref).max())
+    assert _far(ours, ref) == []
+    plain = _undone(ours, rope_attention_factor=None)  # query_pre_attn_scalar's scale
+    assert np.abs(plain.forward(IDS).logits - ref).max() > 1e-2 * np.abs(ref).max()
+    minus = lambda a: None if a is None else a - 1  # noqa: E731
+    norms = ("attn_norm", "mlp_norm", "q_norm", "k_norm", "attn_post_norm", "mlp_post_norm")
+    ones = Transformer(c, ours.embed, [dataclasses.replace(lw, **{n: minus(getattr(lw, n))
+                                                                  for n in norms})
+                                       for lw in ours.layers], ours.head, ours.final_norm - 1)
+    # the norms read without Gemma's plus one
+    assert np.abs(ones.forward(IDS).logits - ref).max() > 1e-2 * np.abs(ref).max()
+
+
+@pytest.mark.hf
+def test_save_hf_is_read_back_by_transformers(hf_gemma3, tmp_path):
+    folder, ref = hf_gemma3
+    ours = Transformer.load(folder)
+    save_hf(ours, tmp_path / "out")
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert written["architectures"] == ["Gemma3ForCausalLM"]
+    got = transformers_logits(tmp_path / "out", IDS)
+    np.testing.assert_allclose(got, ref, atol=1e-4 * np.abs(ref).max())
+    again = Transformer.load(tmp_path / "out")
+    assert again.config == ours.config
+    np.testing.assert_array_equal(again.forward(IDS).logits, ours.forward(IDS).logits)
+
+
+def test_transformers_4_config_reads_as_5():
+    """A config.json of transformers 4 (rope_theta, rope_local_base_freq, rope_scaling,
+    sliding_window_pattern) maps as transformers 5's rope_parameters and layer_types do."""
+    legacy = dict(TINY, architectures=["Gemma3ForCausalLM"], sliding_window_pattern=3)
+    new = dict(legacy, layer_types=["sliding_attention", "sliding_attention", "full_attention"]
+               * 2, rope_parameters={
+                   "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+                   "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}})
+    for key in ("rope_theta", "rope_local_base_freq", "rope_scaling", "sliding_window_pattern"):
+        del new[key]
+    assert hf_config(legacy) == hf_config(new)
+    assert hf_config(legacy).local_layers == (0, 1, 3, 4)
+    # every layer global: no local tables, the context not capped
+    full = hf_config(dict(new, layer_types=["full_attention"] * 6))
+    assert (full.local_layers, full.local_rope_theta, full.max_seq_len) == (None, None, 256)
+    assert hf_config(dict(new, query_pre_attn_scalar=16)).rope_attention_factor is None
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
+    (dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+    (dict(hidden_activation="gelu"), "hidden_activation"),
+    (dict(use_bidirectional_attention=True), "use_bidirectional_attention"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(layer_types=["sliding_attention"] * 5), "layer_types"),
+    (dict(layer_types=["chunked_attention"] * 6), "layer_types"),
+    (dict(sliding_window=0), "sliding_window"),
+    (dict(rope_parameters={"sliding_attention": {"rope_type": "yarn", "factor": 2.0}},
+          rope_scaling=None), "sliding-window"),
+])
+def test_config_refuses_what_does_not_run(change, match):
+    with pytest.raises(ValueError, match=match):
+        hf_config(dict(TINY, architectures=["Gemma3ForCausalLM"], **change))
+
+
+def _gemma3_file(path, **kw):
+    pytest.importorskip("gguf")
+    from _gguf_writer import write_model
+    return write_model(path, arch="gemma3", dim=64, n_layers=7, n_heads=4, n_kv=2, head_dim=32,
+                       ffn=96, **kw)
+
+
+def test_gguf_matches_llama_cpp(tmp_path):
+    """llama.cpp's gemma3: layers 0-4 and 6 local (base 100 from rope.freq_base_swa), 5
+    global. llama.cpp's CPU GELU reads an fp16 table (its input rounded to fp16): 4.6e-4 of
+    the largest logit measured; each feature undone is more than 1e-2 off."""
+    pytest.importorskip("llama_cpp")
+    from gguf import GGMLQuantizationType as Q
+    path = tmp_path / "g.gguf"
+    _gemma3_file(path, types=(Q.F32,))
+    ours = Transformer.load(path)
+    c = ours.config
+    assert (c.local_layers, c.local_rope_theta, c.max_seq_len) == ((0, 1, 2, 3, 4, 6), 100.0,
+                                                                    512)
+    ref = llama_cpp_logits(path, IDS)
+    np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=2e-3 * np.abs(ref).max())
+    assert _far(ours, ref) == []
+
+
+def test_quantized_gguf_matches_llama_cpp(tmp_path):
+    """Q8_0 blocks run natively against llama.cpp's Q8_0 run: both quantize the activations, so
+    each is ~4% of the largest logit from its float run over 7 random layers, 2.9% from the
+    other measured; SwiGLU instead of GeGLU is 25%."""
+    pytest.importorskip("llama_cpp")
+    from gguf import GGMLQuantizationType as Q
+    path = tmp_path / "g.gguf"
+    _gemma3_file(path, types=(Q.Q8_0,))
+    ours = Transformer.load(path, weight_dtype="q8_0")
+    ref = llama_cpp_logits(path, IDS)
+    got = ours.forward(IDS).logits
+    np.testing.assert_allclose(got, ref, atol=5e-2 * np.abs(ref).max())
+    swiglu = _undone(ours, activation="swiglu").forward(IDS).logits
+    assert np.abs(swiglu - ref).max() > 1.5e-1 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("weight_dtype", [None, "q8_0"])
+def test_save_gguf_round_trip(tmp_path, weight_dtype):
+    pytest.importorskip("gguf")
+    from gguf import GGMLQuantizationType as Q
+    _gemma3_file(tmp_path / "g.gguf", types=(Q.F32, Q.Q8_0))
+    ours = Transformer.load(tmp_path / "g.gguf", weight_dtype=weight_dtype)
+    for source in (tmp_path / "g.gguf", None):  # without one, the writer's own keys alone
+        save_gguf(ours, tmp_path / "out.gguf", source=source)
+        back = Transformer.load(tmp_path / "out.gguf", weight_dtype=weight_dtype)
+        assert back.config == ours.config
+        np.testing.assert_array_equal(back.forward(IDS).logits, ours.forward(IDS).logits)
+
+
+def test_gguf_written_from_a_folder_runs_in_llama_cpp(hf_gemma3, tmp_path):
+    """transformers' model, read from its folder and written as GGUF (the tokenizer keys of a
+    test file), is llama.cpp's too: the two reference implementations agree through
+    fastspec's reader and writer (GELU's fp16 table apart)."""
+    pytest.importorskip("llama_cpp")
+    from gguf import GGMLQuantizationType as Q
+    folder, ref = hf_gemma3
+    model = Transformer.load(folder)
+    # llama.cpp's own pattern (every sixth layer global) and attention scale: TINY's layers
+    # are; its query_pre_attn_scalar is not, so that factor is dropped on both sides
+    plain = _undone(model, rope_attention_factor=None)
+    _gemma3_file(tmp_path / "tok.gguf", types=(Q.F32,))
+    save_gguf(plain, tmp_path / "out.gguf", source=tmp_path / "tok.gguf")
+    got = llama_cpp_logits(tmp_path / "out.gguf", IDS)
+    want = plain.forward(IDS).logits
+    np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max())
+    eps = float(np.float32(plain.config.norm_eps))  # a GGUF key holds a float32
+    assert Transformer.load(tmp_path / "out.gguf").config == plain.config.replace(norm_eps=eps)
+
+
+def test_gguf_entries_follow_llama_cpp():
+    """The layer pattern (a bool per layer, a period, 0 = all local, none without a window),
+    the local base and the 27B attention rule, as llama.cpp reads a gemma3 file."""
+    meta = {"gemma3.attention.sliding_window": 512}
+    types = gemma3.gguf_entries(meta, 7, 64, 4, 16)["layer_types"]
+    assert [i for i, t in enumerate(types) if t == "full_attention"] == [5]
+    flags = [True, False, True]
+    e = gemma3.gguf_entries(dict(meta, **{"gemma3.attention.sliding_window_pattern": flags,
+                                          "gemma3.rope.freq_base_swa": 50.0}), 3, 64, 4, 16)
+    assert e["layer_types"][1] == "full_attention" and e["rope_local_base_freq"] == 50.0
+    e = gemma3.gguf_entries(dict(meta, **{"gemma3.attention.sliding_window_pattern": 0}),
+                            3, 64, 4, 16)
+    assert set(e["layer_types"]) == {"sliding_attention"}
+    assert set(gemma3.gguf_entries({}, 7, 64, 4, 16)["layer_types"]) == {"full_attention"}
+    assert gemma3.gguf_entries(meta, 62, 5376, 32, 128)["query_pre_attn_scalar"] == 168
+    assert gemma3.gguf_entries(meta, 61, 5376, 32, 128)["query_pre_attn_scalar"] == 128
+    for bad in ({"gemma3.final_logit_softcapping": 30.0},
+                {"gemma3.attention.sliding_window_pattern": [True]},
+                {"gemma3.attention.sliding_window_pattern": "6"},
+                {"gemma3.attention.sliding_window": -1}):
+        with pytest.raises(ValueError, match="gemma3"):
+            gemma3.gguf_entries(dict(meta, **bad), 3, 64, 4, 16)
+
+
+def _model(**changes) -> Transformer:
+    c = ModelConfig(vocab_size=64, dim=64, n_layers=6, n_heads=4, n_kv_heads=2, head_dim=16,
+                    ffn_dim=96, qk_norm=True, **{**GEMMA, "max_seq_len": 128, **changes})
+    return Transformer.random(c, seed=3)
+
+
+def test_writers_refuse_what_they_cannot_say(tmp_path):
+    pytest.importorskip("gguf")
+    with pytest.raises(ValueError, match="every sixth"):  # local layer 0 only
+        save_gguf(_model(embedding_scale=8.0), tmp_path / "x.gguf")
+    sixth = dict(local_layers=(0, 1, 2, 3, 4), embedding_scale=8.0)
+    with pytest.raises(ValueError, match="attention scale"):
+        save_gguf(_model(**sixth, rope_attention_factor=1.2), tmp_path / "x.gguf")
+    with pytest.raises(ValueError, match="per-frequency"):
+        save_gguf(_model(**sixth, rope_freq_factors=(1.0, 2.0) * 4), tmp_path / "x.gguf")
+    save_gguf(_model(**sixth), tmp_path / "ok.gguf")  # the shape llama.cpp runs
+    for bad in (dict(embedding_scale=2.5), dict(activation="swiglu", embedding_scale=8.0)):
+        with pytest.raises(ValueError, match="Gemma 3's shape"):
+            save_hf(_model(**bad), tmp_path / "x")
+
+
+@pytest.mark.parametrize("weight_dtype", [None, "float64", "float16", "bfloat16", "q8_0"])
+def test_every_runner_runs_the_features(backend, weight_dtype):
+    """Each storage's runner and the NumPy twin compute the same model (bf16 and q8_0 within
+    their rounding), and each feature undone changes it."""
+    model = _model(weight_dtype=weight_dtype, dtype="float64" if weight_dtype == "float64"
+                   else "float32")
+    got = model.forward(IDS % 64).logits
+    near = []
+    for name, changes in CONTROLS.items():
+        other = _undone(model, **changes).forward(IDS % 64).logits
+        if np.abs(other - got).max() <= 1e-2 * np.abs(got).max():
+            near.append(name)
+    assert near == []
+    with fs.using_backend("numpy"):
+        model.invalidate()
+        twin = model.forward(IDS % 64).logits
+    tol = 5e-3 if weight_dtype in ("bfloat16", "q8_0") else 1e-5
+    np.testing.assert_allclose(got, twin, atol=tol * np.abs(twin).max())
+
+
+def test_context_kv_turns_local_layers_with_their_tables():
+    """DFlash's K/V injection path (``write_context_kv``) turns a local layer's keys with the
+    local tables on both backends."""
+    model = _model()
+    feats = np.random.default_rng(0).normal(size=(5, 64)).astype(np.float32)
+    caches = {}
+    for name in fs.available_backends():
+        with fs.using_backend(name):
+            for m in (model, _undone(model, local_layers=None, local_rope_theta=None)):
+                m.invalidate()
+                cache = m.new_cache()
+                cache.advance(3)  # positions 3.. : RoPE turns them
+                m.write_context_kv(feats, cache)
+                caches[name, m is model] = cache.k[0].copy()
+    for name in fs.available_backends():
+        np.testing.assert_allclose(caches[name, True], caches["numpy", True], rtol=1e-5,
+                                   atol=1e-5)
+        assert np.abs(caches[name, True] - caches[name, False]).max() > 1e-2
+
+
+def test_speculative_decoding_equals_vanilla():
+    """Greedy speculative decoding of a Gemma-shaped target equals vanilla decoding, for the
+    draft-model, n-gram and DFlash drafters."""
+    target = _model(max_seq_len=160)
+    dflash = fs.DFlashModel.random(fs.DFlashConfig(block_size=4, mask_token_id=0), target,
+                                   seed=0)
+    prompt = list(IDS[:30] % 64) * 2
+    vanilla = fs.generate(target, prompt, 40).tokens
+    draft = Transformer.random(target.config.replace(n_layers=1), seed=3)
+    for drafter in (fs.DFlashDrafter(dflash), fs.NgramDrafter(max_ngram=3),
+                    fs.DraftModelDrafter(draft)):
+        assert fs.speculative_generate(target, drafter, prompt, 40, gamma=3).tokens == vanilla
