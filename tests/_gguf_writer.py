@@ -138,7 +138,8 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
         w.add_value_length(head_dim)
     if arch == "gemma3":  # layers 5, 11, ... global (llama.cpp's pattern), the others local
         w.add_sliding_window(512)  # with their own RoPE base (Gemma's is 1e4 against 1e6)
-        w.add_key_value("gemma3.rope.freq_base_swa", 100.0, gguf.GGUFValueType.FLOAT32)
+        if "gemma3.rope.local.freq_base" not in (metadata or {}):  # else Ollama's key
+            w.add_key_value("gemma3.rope.freq_base_swa", 100.0, gguf.GGUFValueType.FLOAT32)
     if arch == "phi3":
         w.add_tokenizer_model("llama")
         w.add_token_list(tokens)

@@ -35,7 +35,7 @@ def _undone(model: Transformer, **changes) -> Transformer:
                        model.final_norm)
 
 
-CONTROLS = {"local RoPE": dict(local_layers=None, local_rope_theta=None),
+CONTROLS = {"local RoPE": dict(local_layers=None, local_rope_theta=None, sliding_window=None),
             "SwiGLU": dict(activation="swiglu"), "sandwich norms": dict(post_norms=False),
             "embedding scale": dict(embedding_scale=None)}
 
@@ -66,7 +66,8 @@ def test_folder_matches_transformers(hf_gemma3):
     folder, ref = hf_gemma3
     ours = Transformer.load(folder)
     c = ours.config
-    assert (c.local_layers, c.local_rope_theta, c.max_seq_len) == ((0, 1, 2, 3, 4), 100.0, 128)
+    assert (c.local_layers, c.local_rope_theta, c.max_seq_len, c.sliding_window) == (
+        (0, 1, 2, 3, 4), 100.0, 128, 128)
     assert c.rope_freq_factors == (2.0,) * 8 and c.embedding_scale == 8.0
     np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4 * np.abs(ref).max())
     assert _far(ours, ref) == []
@@ -111,6 +112,14 @@ def test_transformers_4_config_reads_as_5():
     full = hf_config(dict(new, layer_types=["full_attention"] * 6))
     assert (full.local_layers, full.local_rope_theta, full.max_seq_len) == (None, None, 256)
     assert hf_config(dict(new, query_pre_attn_scalar=16)).rope_attention_factor is None
+    # Gemma3TextConfig's defaults where config.json says nothing: scalar 256, global base 1e6
+    bare = {k: v for k, v in new.items() if k not in ("query_pre_attn_scalar",
+                                                        "rope_parameters")}
+    c = hf_config(bare)
+    assert c.rope_attention_factor == pytest.approx((16 / 256) ** 0.25)
+    assert (c.rope_theta, c.local_rope_theta) == (1e6, 1e4)
+    with pytest.raises(ValueError, match="exceeds sliding_window"):  # full attention past it
+        c.replace(max_seq_len=256)
 
 
 @pytest.mark.parametrize("change, match", [
@@ -124,10 +133,15 @@ def test_transformers_4_config_reads_as_5():
     (dict(sliding_window=0), "sliding_window"),
     (dict(rope_parameters={"sliding_attention": {"rope_type": "yarn", "factor": 2.0}},
           rope_scaling=None), "sliding-window"),
+    (dict(rope_scaling={"rope_type": "longrope", "factor": 2.0, "short_factor": [1.0] * 8,
+                        "long_factor": [1.0] * 8}), "longrope"),
+    (dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}), "yarn"),
+    ({"hidden_size": None}, "hidden_size"),
 ])
 def test_config_refuses_what_does_not_run(change, match):
+    cfg = dict(TINY, architectures=["Gemma3ForCausalLM"], **change)
     with pytest.raises(ValueError, match=match):
-        hf_config(dict(TINY, architectures=["Gemma3ForCausalLM"], **change))
+        hf_config({k: v for k, v in cfg.items() if v is not None or k != "hidden_size"})
 
 
 def _gemma3_file(path, **kw):
@@ -152,6 +166,26 @@ def test_gguf_matches_llama_cpp(tmp_path):
     ref = llama_cpp_logits(path, IDS)
     np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=2e-3 * np.abs(ref).max())
     assert _far(ours, ref) == []
+
+
+def test_27b_attention_rule_matches_llama_cpp(tmp_path):
+    """llama.cpp scales a 62-layer gemma3 file's scores by sqrt(heads / dim) (the 27B's
+    query_pre_attn_scalar), not 1 / sqrt(head_dim); saved back, the file says the same."""
+    pytest.importorskip("llama_cpp")
+    from gguf import GGMLQuantizationType as Q
+    path = tmp_path / "g.gguf"
+    from _gguf_writer import write_model
+    write_model(path, arch="gemma3", dim=64, n_layers=62, n_heads=4, n_kv=2, head_dim=32,
+                ffn=64, types=(Q.F32,))
+    ours = Transformer.load(path)
+    assert ours.config.rope_attention_factor == pytest.approx((32 / 16) ** 0.25)
+    ref = llama_cpp_logits(path, IDS[:40])
+    np.testing.assert_allclose(ours.forward(IDS[:40]).logits, ref,
+                               atol=2e-3 * np.abs(ref).max())
+    plain = _undone(ours, rope_attention_factor=None).forward(IDS[:40]).logits
+    assert np.abs(plain - ref).max() > 1e-1 * np.abs(ref).max()
+    save_gguf(ours, tmp_path / "out.gguf")
+    assert Transformer.load(tmp_path / "out.gguf").config == ours.config
 
 
 def test_quantized_gguf_matches_llama_cpp(tmp_path):
@@ -203,6 +237,32 @@ def test_gguf_written_from_a_folder_runs_in_llama_cpp(hf_gemma3, tmp_path):
     assert Transformer.load(tmp_path / "out.gguf").config == plain.config.replace(norm_eps=eps)
 
 
+def test_ollama_file_reads_as_llama_cpp_s(tmp_path):
+    """Ollama's converter names the local base ``rope.local.freq_base`` and its files of the
+    larger models hold a vision tower (``v.*``, ``mm.*`` tensors, ``vision.*`` keys): the
+    text model is the one a llama.cpp file of the same weights holds. Its ``v.*`` tensor is a
+    vision one only in a gemma3 file."""
+    from gguf import GGMLQuantizationType as Q, GGUFValueType as V
+    _gemma3_file(tmp_path / "llama.gguf", types=(Q.F32,))
+    vision = {"v.blk.0.attn_q.weight": np.ones((8, 8), np.float32),
+              "mm.input_projection.weight": np.ones((8, 8), np.float32)}
+    keys = {"gemma3.rope.local.freq_base": (100.0, V.FLOAT32),
+            "gemma3.vision.block_count": (1, V.UINT32), "gemma3.mm.tokens_per_image": (256,
+                                                                                     V.UINT32)}
+    _gemma3_file(tmp_path / "ollama.gguf", types=(Q.F32,), metadata=keys, extra=vision)
+    ours, want = Transformer.load(tmp_path / "ollama.gguf"), Transformer.load(
+        tmp_path / "llama.gguf")
+    assert ours.config == want.config and ours.config.local_rope_theta == 100.0
+    np.testing.assert_array_equal(ours.forward(IDS).logits, want.forward(IDS).logits)
+    from _gguf_writer import write_model
+    write_model(tmp_path / "q.gguf", arch="qwen3", dim=64, ffn=96, types=(Q.F32,), extra=vision)
+    with pytest.raises(ValueError, match="unexpected tensor 'v.blk.0.attn_q.weight'"):
+        Transformer.load(tmp_path / "q.gguf")
+    meta = {"gemma3.attention.sliding_window": 512, "gemma3.rope.global.freq_base": 5e5}
+    assert gemma3.gguf_entries(meta, 7, 64, 4, 16)["rope_theta"] == 5e5
+    assert gemma3.gguf_entries({}, 7, 64, 4, 16)["rope_theta"] == 1e6  # Gemma's, Ollama's
+
+
 def test_gguf_entries_follow_llama_cpp():
     """The layer pattern (a bool per layer, a period, 0 = all local, none without a window),
     the local base and the 27B attention rule, as llama.cpp reads a gemma3 file."""
@@ -246,6 +306,26 @@ def test_writers_refuse_what_they_cannot_say(tmp_path):
     for bad in (dict(embedding_scale=2.5), dict(activation="swiglu", embedding_scale=8.0)):
         with pytest.raises(ValueError, match="Gemma 3's shape"):
             save_hf(_model(**bad), tmp_path / "x")
+    with pytest.raises(ValueError, match="per-frequency"):
+        save_hf(_model(**sixth, rope_freq_factors=(1.0, 2.0) * 4), tmp_path / "x")
+    # local RoPE layers without Gemma's sandwich norms: no architecture says them
+    plain = Transformer.random(ModelConfig(vocab_size=64, dim=64, n_layers=2, n_heads=4,
+                                           local_layers=(0,), local_rope_theta=100.0))
+    for save in (save_gguf, save_hf):
+        with pytest.raises(ValueError, match="local_layers"):
+            save(plain, tmp_path / "y.gguf")
+
+
+def test_source_window_keys_are_not_copied(tmp_path):
+    """A model saved with a gemma3 source file states its own window, pattern and bases: the
+    source's are not copied (an all-global model stays all global)."""
+    pytest.importorskip("gguf")
+    from gguf import GGMLQuantizationType as Q
+    _gemma3_file(tmp_path / "g.gguf", types=(Q.F32,))
+    ours = Transformer.load(tmp_path / "g.gguf")
+    flat = _undone(ours, local_layers=None, local_rope_theta=None, sliding_window=None)
+    save_gguf(flat, tmp_path / "out.gguf", source=tmp_path / "g.gguf")
+    assert Transformer.load(tmp_path / "out.gguf").config == flat.config
 
 
 @pytest.mark.parametrize("weight_dtype", [None, "float64", "float16", "bfloat16", "q8_0"])
@@ -276,7 +356,8 @@ def test_context_kv_turns_local_layers_with_their_tables():
     caches = {}
     for name in fs.available_backends():
         with fs.using_backend(name):
-            for m in (model, _undone(model, local_layers=None, local_rope_theta=None)):
+            for m in (model, _undone(model, local_layers=None, local_rope_theta=None,
+                                     sliding_window=None)):
                 m.invalidate()
                 cache = m.new_cache()
                 cache.advance(3)  # positions 3.. : RoPE turns them

@@ -30,20 +30,30 @@ from typing import Any
 import numpy as np
 
 from fastspec.formats.folded_tensor import FoldedTensor
+from fastspec.formats.hf_rope import linear_factor, rope_theta
 from fastspec.model.functional import positive_number
 
-__all__ = ["ARCHITECTURE", "GGUF_KEYS", "LLAMA_CPP_PATTERN", "is_gemma3", "global_rope",
-           "settings", "gguf_entries", "folder_name", "fastspec_name", "folder_norm",
-           "folder_state", "export_config", "gguf_keys"]
+__all__ = ["ARCHITECTURE", "GGUF_KEYS", "VISION_KEYS", "VISION_TENSORS", "LLAMA_CPP_PATTERN",
+           "global_rope", "settings", "gguf_entries", "folder_name", "fastspec_name",
+           "folder_norm", "folder_state", "export_config", "gguf_keys"]
 
 #: The Hugging Face class of the text models (``model_type`` ``gemma3_text``).
 ARCHITECTURE = "Gemma3ForCausalLM"
 #: Every ``LLAMA_CPP_PATTERN``-th layer (5, 11, ...) is a global one: transformers' default
 #: ``sliding_window_pattern`` and llama.cpp's for a file without the pattern key.
 LLAMA_CPP_PATTERN = 6
-#: The ``gemma3.*`` GGUF keys beyond the common ones that the reader reads.
-GGUF_KEYS = ("attention.sliding_window", "rope.freq_base_swa",
-             "attention.sliding_window_pattern", "final_logit_softcapping")
+#: The ``gemma3.*`` GGUF keys beyond the common ones that the reader reads (Ollama's
+#: converter names the bases ``rope.local.freq_base`` and ``rope.global.freq_base``).
+GGUF_KEYS = ("attention.sliding_window", "rope.freq_base_swa", "rope.local.freq_base",
+             "rope.global.freq_base", "attention.sliding_window_pattern",
+             "final_logit_softcapping")
+#: Prefixes of a ``gemma3`` file's keys (after ``gemma3.``) and tensors that belong to the
+#: vision tower and its projector (Ollama's files of the 4B and larger models hold them):
+#: fastspec runs the text model and leaves them unread.
+VISION_KEYS = ("vision.", "mm.")
+VISION_TENSORS = ("v.", "mm.")
+#: The RoPE types of the global layers that run (:func:`global_rope`).
+_GLOBAL_ROPE = ("default", "linear", "llama3")
 #: fastspec's layer keys -> a Gemma folder's (the rest are the same).
 _FOLDER_NAMES = {"post_attention_layernorm.weight": "pre_feedforward_layernorm.weight",
                  "post_attn_norm.weight": "post_attention_layernorm.weight",
@@ -51,18 +61,27 @@ _FOLDER_NAMES = {"post_attention_layernorm.weight": "pre_feedforward_layernorm.w
 _FROM_FOLDER = {v: k for k, v in _FOLDER_NAMES.items()}
 
 
-def is_gemma3(cfg: dict) -> bool:
-    """Whether a ``config.json`` dict is a Gemma 3 text model's."""
-    return ARCHITECTURE in (cfg.get("architectures") or ())
-
-
 def global_rope(cfg: dict) -> dict:
     """``cfg`` with the global layers' RoPE parameters where :mod:`~fastspec.formats.hf_rope`
-    reads them: transformers 5 keeps one object per layer type in ``rope_parameters``."""
+    reads them (transformers 5 keeps one object per layer type in ``rope_parameters``), and
+    ``Gemma3TextConfig``'s global base, 1e6, where it gives none.
+
+    Raises
+    ------
+    ValueError
+        A RoPE type of the global layers other than default, linear and llama3 (YaRN,
+        LongRoPE: their attention factors are not run here).
+    """
     params = cfg.get("rope_parameters")
     if isinstance(params, dict) and "full_attention" in params:
-        return {**cfg, "rope_parameters": params["full_attention"]}
-    return cfg
+        cfg = {**cfg, "rope_parameters": params["full_attention"]}
+    rope_theta(cfg, _GLOBAL_ROPE)  # the type checked
+    return cfg if _has_theta(cfg) else {**cfg, "rope_theta": 1e6}
+
+
+def _has_theta(cfg: dict) -> bool:
+    params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    return cfg.get("rope_theta") is not None or params.get("rope_theta") is not None
 
 
 def _local_theta(cfg: dict) -> float:
@@ -97,8 +116,9 @@ def _local_layers(cfg: dict, n_layers: int) -> tuple[int, ...]:
 
 def settings(cfg: dict, head_dim: int, context: int) -> dict[str, Any]:
     """Return the :class:`~fastspec.ModelConfig` fields that run a Gemma 3 ``config.json``
-    (besides a Llama's): the activation, sandwich norms, embedding scale, local layers and
-    their base, the attention factor (None for ``head_dim``'s scale) and ``max_seq_len``
+    (besides a Llama's): the activation, sandwich norms, embedding scale, local layers, their
+    base and window, the attention factor (None for ``head_dim``'s scale;
+    ``query_pre_attn_scalar`` defaults to 256, as ``Gemma3TextConfig``) and ``max_seq_len``
     (``context`` capped at ``sliding_window`` when a layer slides).
 
     Raises
@@ -119,16 +139,18 @@ def settings(cfg: dict, head_dim: int, context: int) -> dict[str, Any]:
             raise ValueError(f"{ARCHITECTURE}: {key}=True is not supported")
     n_layers, dim = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"])
     local = _local_layers(cfg, n_layers)
+    window = None
     if local:
         window = cfg.get("sliding_window")
         if type(window) is not int or window <= 0:
             raise ValueError(f"{ARCHITECTURE}: sliding_window must be a positive int, got "
                              f"{window!r}")
         context = min(context, window)  # within the window, sliding is attending to all
-    scalar = positive_number(cfg.get("query_pre_attn_scalar", head_dim), "query_pre_attn_scalar")
+    scalar = positive_number(cfg.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar")
     return dict(activation="geglu", post_norms=True, qk_norm=True,
                 embedding_scale=float(np.float32(math.sqrt(dim))),
                 local_layers=local or None, local_rope_theta=_local_theta(cfg) if local else None,
+                sliding_window=window,
                 rope_attention_factor=None if scalar == head_dim else (head_dim / scalar) ** 0.25,
                 max_seq_len=context)
 
@@ -137,9 +159,10 @@ def gguf_entries(metadata: dict[str, Any], n_layers: int, dim: int, heads: int,
                  head_dim: int) -> dict[str, Any]:
     """Return the ``config.json`` entries of a ``gemma3`` GGUF file that a Llama's have not,
     as llama.cpp reads the file: the sliding window and its layers (``sliding_window_pattern``,
-    a bool per layer or a period, else every sixth layer global), the local base
-    (``rope.freq_base_swa``, else 10000) and ``query_pre_attn_scalar`` (``dim / heads`` for 62
-    layers, else ``head_dim``).
+    a bool per layer or a period, else every sixth layer global), the bases (global:
+    ``rope.freq_base``, else Ollama's ``rope.global.freq_base``, else Gemma's 1e6; local:
+    ``rope.freq_base_swa``, else Ollama's ``rope.local.freq_base``, else 10000) and
+    ``query_pre_attn_scalar`` (``dim / heads`` for 62 layers, else ``head_dim``).
 
     Raises
     ------
@@ -168,9 +191,15 @@ def gguf_entries(metadata: dict[str, Any], n_layers: int, dim: int, heads: int,
     if not window:  # llama.cpp: no window, no sliding layers
         sliding = [False] * n_layers
     types = ["sliding_attention" if s else "full_attention" for s in sliding]
+    bases = {}
+    for name, keys, default in (
+            ("rope_theta", ("rope.freq_base", "rope.global.freq_base"), 1e6),
+            ("rope_local_base_freq", ("rope.freq_base_swa", "rope.local.freq_base"), 1e4)):
+        found = [k for k in keys if key + k in metadata]
+        bases[name] = positive_number(metadata[key + found[0]] if found else default,
+                                      f"metadata key '{key}{(found or keys)[0]}'")
     return {"architectures": [ARCHITECTURE], "hidden_activation": "gelu_pytorch_tanh",
-            "sliding_window": window or None, "layer_types": types,
-            "rope_local_base_freq": float(metadata.get(key + "rope.freq_base_swa", 10000.0)),
+            "sliding_window": window or None, "layer_types": types, **bases,
             "query_pre_attn_scalar": dim // heads if n_layers == 62 else head_dim}
 
 
@@ -201,7 +230,8 @@ def folder_norm(tensor: Any, name: str) -> Any:
 
 def folder_state(state: dict[str, Any]) -> dict[str, Any]:
     """A Gemma model's ``state_dict()`` as its folder holds it: :func:`folder_name` s, norm
-    weights minus one (float64, one rounding: the weight read back plus one is the same)."""
+    weights minus one (float64, rounded once to the array's dtype: exact for weights in
+    [0.5, 2], within an ulp of 1 read back otherwise)."""
     out = {}
     for name, a in state.items():
         if name.endswith("norm.weight"):
@@ -221,6 +251,9 @@ def export_config(c: Any) -> dict[str, Any]:
         scale of its width, no biases).
     """
     _check_shape(c)
+    if c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None:
+        raise ValueError("per-frequency RoPE factors (rope_freq_factors) have no Gemma 3 "
+                         "config.json form here; save to .npz instead")
     local = set(c.local_layers or ())
     factor = c.rope_attention_factor
     scalar = c.head_dim / factor ** 4 if factor else c.head_dim
@@ -229,7 +262,7 @@ def export_config(c: Any) -> dict[str, Any]:
                          "query_pre_attn_scalar of a Gemma 3 config.json; save to .npz")
     return {"hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
             "query_pre_attn_scalar": round(scalar),
-            "sliding_window": c.max_seq_len,
+            "sliding_window": c.sliding_window or c.max_seq_len,
             "layer_types": ["sliding_attention" if i in local else "full_attention"
                             for i in range(c.n_layers)],
             "rope_local_base_freq": c.local_rope_theta or 10000.0,
@@ -256,7 +289,7 @@ def gguf_keys(c: Any) -> dict[str, Any]:
         llama.cpp does not derive (see the module).
     """
     _check_shape(c)
-    if c.rope_freq_factors is not None and len(set(c.rope_freq_factors)) > 1:
+    if c.rope_freq_factors is not None and linear_factor(c.rope_freq_factors) is None:
         raise ValueError("per-frequency RoPE factors (rope_freq_factors) are not written to a "
                          "gemma3 file (llama.cpp reads none); save to .npz instead")
     local = tuple(c.local_layers or ())
@@ -270,7 +303,7 @@ def gguf_keys(c: Any) -> dict[str, Any]:
                          " or sqrt(heads / dim) at 62 layers) has no GGUF key")
     keys: dict[str, Any] = {}
     if local:
-        keys["attention.sliding_window"] = c.max_seq_len
+        keys["attention.sliding_window"] = c.sliding_window or c.max_seq_len
         keys["rope.freq_base_swa"] = c.local_rope_theta
     return keys
 

@@ -143,8 +143,9 @@ class GGUFFile:
             return
         if leaf in granite.GGUF_KEYS and key.startswith("granite."):
             return  # hf_config reads them with granite.gguf_multipliers
-        if leaf in gemma3.GGUF_KEYS and key.startswith("gemma3."):
-            return  # hf_config reads them with gemma3.gguf_entries
+        if key.startswith("gemma3.") and (leaf in gemma3.GGUF_KEYS
+                                          or leaf.startswith(gemma3.VISION_KEYS)):
+            return  # hf_config reads them with gemma3.gguf_entries; the vision tower unread
         if leaf.startswith("rope.scal"):
             return  # hf_config reads them with gguf_rope.rope_scaling, which refuses the rest
         if leaf in ("expert_count", "expert_used_count") and value == 0:
@@ -217,6 +218,7 @@ class GGUFFile:
             **self._granite(arch, head_dim),
             # llama.cpp turns no RoPE in every fourth layer of a smollm3 file (no key says so)
             **({"no_rope_layer_interval": 4} if arch == "smollm3" else {}),
+            # (after rope_theta: a gemma3 file's default base is Gemma's 1e6)
             **(self._gemma3(heads, head_dim) if arch == "gemma3" else {}),
         }
 
@@ -270,8 +272,7 @@ class GGUFFile:
             config = config.replace(
                 weight_dtype=weight_dtype,
                 rope_freq_factors=freq_factors(rope, rotated, config.rope_freq_factors),
-                rope_attention_factor=granite.with_attention(
-                    attention_factor(self.metadata, arch), hf, hf["head_dim"]),
+                rope_attention_factor=self._attention_factor(config, hf),
                 max_seq_len=rope_context(self.metadata, arch, self._tensors, config.max_seq_len))
         except ValueError as exc:
             if str(exc).startswith(str(self.path)):
@@ -280,16 +281,30 @@ class GGUFFile:
         self._check_tensors(config)
         return config
 
+    def _attention_factor(self, config: ModelConfig, hf: dict[str, Any]) -> float | None:
+        """The file's RoPE attention factor (``rope.scaling.attn_factor``, Granite's attention
+        scale), times a gemma3 file's (``config``'s: its 27B attention rule)."""
+        factor = granite.with_attention(attention_factor(self.metadata, str(self.architecture)),
+                                        hf, hf["head_dim"])
+        if self.architecture != "gemma3" or config.rope_attention_factor is None:
+            return factor
+        return config.rope_attention_factor * (factor or 1.0)
+
     def _model_tensors(self, config: ModelConfig) -> dict[str, Any]:
         """The file's tensors with a phi3 file's fused ones split (:func:`split_fused`)."""
         if self.architecture == "phi3" and self._parts is self._tensors:
             self._parts = split_fused(self._tensors, config)
         return self._parts
 
+    def _vision(self, name: str) -> bool:
+        """Whether tensor ``name`` is a ``gemma3`` file's vision tower's (left unread)."""
+        return self.architecture == "gemma3" and name.startswith(gemma3.VISION_TENSORS)
+
     def own_weight_dtype(self, dtype: str | None = None) -> str | None:
         """The ``weight_dtype`` keeping the file's own storage (``"auto"``; headers only):
         :func:`~fastspec.formats.gguf_quant.own_weight_dtype`."""
-        return own_weight_dtype(self._tensors.values(), dtype)
+        return own_weight_dtype([t for n, t in self._tensors.items() if not self._vision(n)],
+                                dtype)
 
     def _check_tensors(self, c: ModelConfig) -> None:
         wanted = {gguf_tensor_name(hf): shape for hf, shape in hf_shapes(c).items()}
@@ -299,7 +314,8 @@ class GGUFFile:
             raise self._error(f"missing tensors {missing[:5]}{more} (a {self.architecture} "
                               f"model of {c.n_layers} layers needs them)")
         allowed = _ROPE_TENSORS.get(str(self.architecture), ())  # as llama.cpp
-        unexpected = [g for g in self._parts if g not in wanted and g not in allowed]
+        unexpected = [g for g in self._parts if g not in wanted and g not in allowed
+                      and not self._vision(g)]
         if unexpected:
             raise self._error(f"unexpected tensor {unexpected[0]!r}: not part of a "
                               f"{self.architecture} model fastspec runs")
@@ -337,8 +353,8 @@ class GGUFFile:
         order = (None if not config.rope_dims
                  else rotary_order(config.rope_dims, int(config.head_dim or 0)))
         for name, t in self._model_tensors(config).items():
-            if name in _ROPE_TENSORS.get(str(self.architecture), ()):  # the config's factors
-                continue
+            if name in _ROPE_TENSORS.get(str(self.architecture), ()) or self._vision(name):
+                continue  # the config's factors; a vision tower fastspec does not run
             hf = TOP.get(name)
             head_rows = None
             if hf is None:

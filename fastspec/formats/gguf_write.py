@@ -66,6 +66,9 @@ def architecture_of(model: "Transformer", source_arch: str | None = None) -> str
     if c.post_norms:  # Gemma 3's sandwich norms: its shape, llama.cpp's layer pattern
         gemma3.gguf_keys(c)
         return "gemma3"
+    if c.local_layers:
+        raise ValueError("local RoPE layers (local_layers) are written to GGUF only as Gemma "
+                         "3's, with its sandwich norms; save to .npz instead")
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
         raise ValueError("only Llama-family models (RMSNorm, RoPE, SwiGLU) and Gemma 3 can be "
                          f"written as GGUF; this one is {c.norm}/{c.positional}/{c.activation}")
@@ -135,7 +138,8 @@ def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
 
 def _copy_metadata(w: Any, source: Path, skip: set[str], arch: str) -> None:
     """Copy every key of GGUF file ``source`` that is not in ``skip`` nor the writer's own (nor
-    a RoPE scaling key: the model's own divisors are written instead; nor a key of another
+    a RoPE scaling key: the model's own divisors are written instead; nor a gemma3 file's
+    window, layer pattern and bases, which the model's config states; nor a key of another
     architecture than ``arch``, the one written)."""
     gguf = gguf_package()
     reader = gguf.GGUFReader(source, mode="r")
@@ -143,8 +147,10 @@ def _copy_metadata(w: Any, source: Path, skip: set[str], arch: str) -> None:
     field = reader.fields.get("general.architecture")
     src_arch = str(field.contents()) if field is not None else arch
     for key, field in reader.fields.items():
+        leaf = key.split(".", 1)[-1]
         if (key.startswith("GGUF.") or key in skip or key in _OWN_KEYS
-                or key.split(".", 1)[-1].startswith("rope.scal")
+                or leaf.startswith("rope.scal")
+                or (key.startswith("gemma3.") and leaf in gemma3.GGUF_KEYS)  # the model's own
                 or (src_arch != arch and key.startswith(src_arch + "."))):
             continue
         vtype = field.types[0]

@@ -52,13 +52,22 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
     Raises
     ------
     ValueError
-        For an unknown architecture or a feature fastspec does not implement (named).
+        For an unknown architecture, a feature fastspec does not implement or a missing size
+        (named).
     """
     archs = cfg.get("architectures") or []
     arch = next((a for a in archs if a in _ARCHITECTURES), None)
     if arch is None:
         raise ValueError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                          f"supported: {sorted(_ARCHITECTURES)}")
+    try:
+        return _config(cfg, arch, dtype)
+    except KeyError as exc:  # a size the architecture needs
+        raise ValueError(f"{arch}: config.json has no {exc}") from None
+
+
+def _config(cfg: dict, arch: str, dtype: str) -> ModelConfig:
+    """:func:`hf_config` of architecture ``arch`` (a KeyError: a missing size)."""
     family = _ARCHITECTURES[arch]
     act = cfg.get("hidden_act", "silu")
     if act not in ("silu", "swish") and family != "gemma3":  # Gemma's: gemma3.settings
@@ -116,6 +125,9 @@ def hf_export_config(c: ModelConfig) -> dict:
     if c.post_norms:
         return _config_dict(c, gemma3.ARCHITECTURE, "gemma3_text", linear_factor(
             c.rope_freq_factors)) | gemma3.export_config(c)
+    if c.local_layers:
+        raise ValueError("local RoPE layers (local_layers) are written to a config.json only "
+                         "as Gemma 3's, with its sandwich norms; save to .npz instead")
     if (c.norm, c.positional, c.activation) != ("rmsnorm", "rope", "swiglu"):
         raise ValueError("only Llama-family models (rmsnorm, rope, swiglu) can be exported to a "
                          f"Hugging Face folder, got {c.norm}/{c.positional}/{c.activation}; "

@@ -54,6 +54,7 @@ _LAYER_FIELDS = FORWARD_MATRICES + ("attn_norm", "mlp_norm", "q_norm", "k_norm",
 _N_MATRICES = len(FORWARD_MATRICES)  # _LAYER_FIELDS[:_N_MATRICES]: in the weight dtype
 cdef enum:
     _N_FIELDS = 16  # len(_LAYER_FIELDS): fs_layer_set's pointers
+assert len(_LAYER_FIELDS) == _N_FIELDS
 
 
 def _rope_kinds(cfg):

@@ -112,10 +112,12 @@ class ModelConfig:
     ``local_layers`` (rotary positions only; with ``local_rope_theta``): the layers, counted
     from 0, whose RoPE turns with base ``local_rope_theta`` and without ``rope_freq_factors``
     (the rest as the model's; a ``rope_attention_factor`` and ``rope_dims`` apply to both):
-    Gemma 3's sliding-window layers. fastspec attends over every position in them: a loader
-    caps ``max_seq_len`` at the window, where the two are the same. Stored sorted and without
-    repeats; None (default, and what an empty one becomes) has none, and then
-    ``local_rope_theta`` must be None. Not with ``nope_layers``.
+    Gemma 3's sliding-window layers. Stored sorted and without repeats; None (default, and
+    what an empty one becomes) has none, and then ``local_rope_theta`` must be None. Not with
+    ``nope_layers``. ``sliding_window`` (with ``local_layers``; None: none) is their window:
+    a key that many positions back or more is hidden from them. fastspec attends over every
+    position, so ``max_seq_len`` may not exceed it (where the two are the same; loaders cap
+    the context at the window).
     """
 
     vocab_size: int
@@ -144,6 +146,7 @@ class ModelConfig:
     post_norms: bool = False
     local_layers: tuple[int, ...] | None = None
     local_rope_theta: float | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
@@ -244,6 +247,14 @@ class ModelConfig:
                                positive_number(self.local_rope_theta, "local_rope_theta"))
         if self.local_layers and self.nope_layers:
             raise ValueError("local_layers with nope_layers is not supported")
+        if self.sliding_window is not None:
+            if not self.local_layers:
+                raise ValueError("sliding_window needs local_layers (the layers it applies to)")
+            check_index(self.sliding_window, "sliding_window", 1, 2**31 - 1)
+            if self.max_seq_len > self.sliding_window:
+                raise ValueError(f"max_seq_len {self.max_seq_len} exceeds sliding_window "
+                                 f"{self.sliding_window}: fastspec attends over every position "
+                                 "(the same within the window only)")
 
     def _check_freq_factors(self) -> None:
         if self.positional != "rope":
@@ -303,14 +314,14 @@ class ModelConfig:
     def to_dict(self) -> dict:
         """Return the config as a JSON-serialisable dict (``weight_dtype``,
         ``rope_freq_factors``, ``rope_attention_factor``, ``rope_dims``, ``embedding_scale``,
-        ``nope_layers``, ``post_norms``, ``local_layers`` and ``local_rope_theta`` only when
-        set)."""
+        ``nope_layers``, ``post_norms``, ``local_layers``, ``local_rope_theta`` and
+        ``sliding_window`` only when set)."""
         d = dataclasses.asdict(self)
         for key in ("weight_dtype", "rope_freq_factors", "rope_attention_factor", "rope_dims",
                     "embedding_scale", "nope_layers", "post_norms", "local_layers",
-                    "local_rope_theta"):
-            if d[key] in (None, False):  # files of default models stay readable by older
-                del d[key]  # versions
+                    "local_rope_theta", "sliding_window"):
+            if d[key] is None or d[key] is False:  # files of default models stay readable
+                del d[key]  # by older versions
         return d
 
     @classmethod

@@ -212,7 +212,7 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def layer_rope(config, i: int, cos, sin, local_cos=None, local_sin=None):
+def layer_rope(config, i: int, cos, sin, local_cos, local_sin):
     """``(cos, sin)`` for layer ``i`` of a model of ``config`` (a ``ModelConfig``):
     ``(None, None)`` (no RoPE) for a NoPE layer (one of ``config.nope_layers``), the local
     tables ``(local_cos, local_sin)`` for one of ``config.local_layers``, else ``(cos, sin)``."""
