@@ -112,12 +112,13 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
                 ffn: int = 512, vocab: int = 300, types=TYPES, tied: bool | None = None,
                 metadata: dict | None = None, skip: tuple[str, ...] = (),
                 reshape: dict | None = None,
-                extra: dict | None = None) -> dict[str, np.ndarray]:
+                extra: dict | None = None, drop: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Write a random ``arch`` model to ``path``; return its weights (HF names, float32).
 
-    ``metadata`` adds or overrides keys (``{key: (value, GGUFValueType)}``), ``skip`` leaves
-    tensors out, ``reshape`` gives tensors other shapes (both by GGUF name), ``extra`` adds
-    arrays as they are (their dtype is their GGUF type): bad files.
+    ``metadata`` adds keys (``{key: (value, GGUFValueType)}``; one the writer sets too must be
+    in ``drop``, the keys left out), ``skip`` leaves tensors out, ``reshape`` gives tensors
+    other shapes (both by GGUF name), ``extra`` adds arrays as they are (their dtype is their
+    GGUF type): bad files.
     Row lengths must be multiples of 256 for the K-quant and most IQ types.
     """
     rng = np.random.default_rng(seed)
@@ -128,6 +129,8 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
     else:
         tokens, merges = vocabulary(vocab)
     w = gguf.GGUFWriter(str(path), arch)
+    add_key_value = w.add_key_value  # every add_* method goes through it: drop the writer's
+    w.add_key_value = lambda key, *a, **k: None if key in drop else add_key_value(key, *a, **k)
     # llama.cpp looks a "<|end|>" token up in a file whose name says phi3: not in these tokens
     w.add_name("test-model" if arch == "phi3" else f"test-{arch}")
     add_hparams(w, dim, n_layers, ffn, n_heads, n_kv, len(tokens))
@@ -138,8 +141,7 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
         w.add_value_length(head_dim)
     if arch == "gemma3":  # layers 5, 11, ... global (llama.cpp's pattern), the others local
         w.add_sliding_window(512)  # with their own RoPE base (Gemma's is 1e4 against 1e6)
-        if "gemma3.rope.local.freq_base" not in (metadata or {}):  # else Ollama's key
-            w.add_key_value("gemma3.rope.freq_base_swa", 100.0, gguf.GGUFValueType.FLOAT32)
+        w.add_key_value("gemma3.rope.freq_base_swa", 100.0, gguf.GGUFValueType.FLOAT32)
     if arch == "phi3":
         w.add_tokenizer_model("llama")
         w.add_token_list(tokens)
@@ -155,7 +157,7 @@ def write_model(path: str | Path, arch: str = "qwen2", seed: int = 0, dim: int =
     w.add_eos_token_id(2)
     w.add_chat_template(CHATML)
     for key, (value, vtype) in (metadata or {}).items():
-        w.add_key_value(key, value, vtype)
+        add_key_value(key, value, vtype)
 
     weights: dict[str, np.ndarray] = {}
     count = 0

@@ -249,11 +249,16 @@ def test_ollama_file_reads_as_llama_cpp_s(tmp_path):
     keys = {"gemma3.rope.local.freq_base": (100.0, V.FLOAT32),
             "gemma3.vision.block_count": (1, V.UINT32), "gemma3.mm.tokens_per_image": (256,
                                                                                      V.UINT32)}
-    _gemma3_file(tmp_path / "ollama.gguf", types=(Q.F32,), metadata=keys, extra=vision)
+    _gemma3_file(tmp_path / "ollama.gguf", types=(Q.F32,), metadata=keys, extra=vision,
+                 drop=("gemma3.rope.freq_base_swa",))
     ours, want = Transformer.load(tmp_path / "ollama.gguf"), Transformer.load(
         tmp_path / "llama.gguf")
     assert ours.config == want.config and ours.config.local_rope_theta == 100.0
     np.testing.assert_array_equal(ours.forward(IDS).logits, want.forward(IDS).logits)
+    save_gguf(ours, tmp_path / "out.gguf", source=tmp_path / "ollama.gguf")  # no tower: no keys
+    from fastspec.formats.gguf import read_metadata
+    assert not [k for k in read_metadata(tmp_path / "out.gguf")
+                if k.startswith(("gemma3.vision.", "gemma3.mm."))]
     from _gguf_writer import write_model
     write_model(tmp_path / "q.gguf", arch="qwen3", dim=64, ffn=96, types=(Q.F32,), extra=vision)
     with pytest.raises(ValueError, match="unexpected tensor 'v.blk.0.attn_q.weight'"):
@@ -261,6 +266,39 @@ def test_ollama_file_reads_as_llama_cpp_s(tmp_path):
     meta = {"gemma3.attention.sliding_window": 512, "gemma3.rope.global.freq_base": 5e5}
     assert gemma3.gguf_entries(meta, 7, 64, 4, 16)["rope_theta"] == 5e5
     assert gemma3.gguf_entries({}, 7, 64, 4, 16)["rope_theta"] == 1e6  # Gemma's, Ollama's
+
+
+def test_ollama_corrections(tmp_path):
+    """Ollama's files as Ollama loads them (a window shorter than the context): its 1B's
+    soft-cap of 30 is none, and the 4B/12B/27B (34/48/62 layers) without RoPE scaling keys nor
+    an epsilon get the linear scaling 8 of their global layers and eps 1e-6."""
+    from gguf import GGMLQuantizationType as Q, GGUFValueType as V
+    from _gguf_writer import write_model
+    ollama = {"gemma3.final_logit_softcapping": (30.0, V.FLOAT32),
+              "gemma3.attention.sliding_window": (256, V.UINT32),
+              "gemma3.rope.global.freq_base": (1e4, V.FLOAT32),
+              "gemma3.rope.local.freq_base": (100.0, V.FLOAT32)}
+    ollama_keys = ("gemma3.attention.sliding_window", "gemma3.rope.freq_base",
+                   "gemma3.rope.freq_base_swa")
+    small = dict(dim=32, n_heads=2, n_kv=1, head_dim=32, ffn=32, types=(Q.F32,))
+    write_model(tmp_path / "o1b.gguf", "gemma3", n_layers=26, metadata=ollama,
+                drop=ollama_keys, **small)
+    write_model(tmp_path / "l1b.gguf", "gemma3", n_layers=26, **small)  # llama.cpp's keys
+    ours, want = (Transformer.load(tmp_path / f) for f in ("o1b.gguf", "l1b.gguf"))
+    assert (ours.config.sliding_window, want.config.sliding_window) == (256, 512)
+    np.testing.assert_array_equal(ours.forward(IDS).logits, want.forward(IDS).logits)
+    write_model(tmp_path / "o7.gguf", "gemma3", n_layers=7, metadata=ollama, drop=ollama_keys,
+                **small)
+    with pytest.raises(ValueError, match="final_logit_softcapping"):  # not the 1B's
+        Transformer.load(tmp_path / "o7.gguf")
+    eps = ("gemma3.attention.layer_norm_rms_epsilon",)
+    del ollama["gemma3.final_logit_softcapping"]
+    write_model(tmp_path / "o4b.gguf", "gemma3", n_layers=34, metadata=ollama,
+                drop=ollama_keys + eps, **small)
+    c = Transformer.load(tmp_path / "o4b.gguf").config
+    assert c.rope_freq_factors == (8.0,) * 16 and c.norm_eps == 1e-6
+    write_model(tmp_path / "w4b.gguf", "gemma3", n_layers=34, drop=eps, **small)  # no window
+    assert Transformer.load(tmp_path / "w4b.gguf").config.rope_freq_factors is None  # < ctx
 
 
 def test_gguf_entries_follow_llama_cpp():
@@ -367,6 +405,17 @@ def test_context_kv_turns_local_layers_with_their_tables():
         np.testing.assert_allclose(caches[name, True], caches["numpy", True], rtol=1e-5,
                                    atol=1e-5)
         assert np.abs(caches[name, True] - caches[name, False]).max() > 1e-2
+
+
+def test_trainer_refuses_a_sequence_past_the_window(tmp_path):
+    """The torch target attends over every position: training past a Gemma target's window
+    would distil from another model than fastspec runs."""
+    pytest.importorskip("torch")
+    from fastspec.training.loops import _frozen_target
+    _model(max_seq_len=64, sliding_window=64).save(tmp_path / "t.npz")
+    _frozen_target(tmp_path / "t.npz", 64)
+    with pytest.raises(ValueError, match="sliding_window 64"):
+        _frozen_target(tmp_path / "t.npz", 65)
 
 
 def test_speculative_decoding_equals_vanilla():

@@ -101,9 +101,9 @@ def _trained_vocab(spm: bool):
 
 
 def write_tokenizer_gguf(path: Path, model: str = "gpt2", pre: str | None = "qwen2",
-                         arch: str = "qwen2", space_prefix: bool = True, **extra) -> Path:
+                         arch: str = "qwen2", space_prefix: bool | None = True, **extra) -> Path:
     """A GGUF file holding only a tokenizer (and the few keys a config reader needs;
-    ``space_prefix``: SentencePiece's ``add_space_prefix``)."""
+    ``space_prefix``: SentencePiece's ``add_space_prefix``, None for no key)."""
     tokens, types, merges_or_scores = _trained_vocab(spm=model == "llama")
     w = gguf.GGUFWriter(str(path), arch)
     add_hparams(w, 64, 1, 128, 2, 2, len(tokens))
@@ -122,7 +122,8 @@ def write_tokenizer_gguf(path: Path, model: str = "gpt2", pre: str | None = "qwe
         w.add_eos_token_id(2)
         w.add_unk_token_id(0)
         w.add_add_bos_token(True)
-        w.add_add_space_prefix(space_prefix)
+        if space_prefix is not None:
+            w.add_add_space_prefix(space_prefix)
     w.add_token_list(tokens)
     w.add_token_types(types)
     for key, value in extra.items():
@@ -222,6 +223,17 @@ def test_spm_without_space_prefix_equals_llama_cpp(tmp_path):
            if ref.tokenize(s.encode("utf-8"), add_bos=tok.adds_bos, special=True)
            != tok.encode_prompt(s)]
     assert bad == []
+
+
+def test_gemma3_without_space_prefix_key_prepends_none(tmp_path):
+    """Ollama's gemma3 files have no ``add_space_prefix``: Gemma's tokenizer prepends no
+    space (Ollama's does not either); another architecture keeps llama.cpp's default."""
+    def ids(arch, prefix):
+        path = write_tokenizer_gguf(tmp_path / f"{arch}{prefix}.gguf", "llama", None, arch,
+                                    space_prefix=prefix)
+        return HFTokenizer.from_gguf_metadata(gguf_metadata(path)).encode("a b")
+    assert ids("gemma3", None) == ids("gemma3", False) != ids("gemma3", True)
+    assert ids("llama", None) == ids("llama", True)
 
 
 # -- SmolLM2 (pre = smollm): llama.cpp splits digits off first; transformers does not -------

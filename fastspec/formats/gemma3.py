@@ -4,8 +4,8 @@ Gemma 3 is a decoder with QK-norm and four things a Llama has not, each a
 :class:`~fastspec.ModelConfig` field: GeGLU (``activation="geglu"``: GELU's tanh form gates the
 MLP), sandwich norms (``post_norms``: the attention's and the MLP's outputs pass through an
 RMSNorm of their own before they join the residual stream), token embeddings scaled by
-``sqrt(hidden_size)`` (``embedding_scale``, rounded to float32 as both transformers and
-llama.cpp compute it) and sliding-window layers whose RoPE turns with a base of their own
+``sqrt(hidden_size)`` (``embedding_scale``, rounded to float32 as llama.cpp and a float32
+transformers model compute it) and sliding-window layers whose RoPE turns with a base of their own
 (``local_layers``, ``local_rope_theta``; five of every six layers, 10000 against the global
 layers' 1e6; a linear RoPE scaling applies to the global layers only). fastspec attends over
 every position in the sliding-window layers and serves at most ``sliding_window`` positions
@@ -80,11 +80,14 @@ def global_rope(cfg: dict) -> dict:
 
 
 def _has_theta(cfg: dict) -> bool:
+    """Whether a ``config.json`` names its (global) RoPE base."""
     params = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     return cfg.get("rope_theta") is not None or params.get("rope_theta") is not None
 
 
 def _local_theta(cfg: dict) -> float:
+    """The sliding-window layers' RoPE base (transformers 5's ``rope_parameters``, else 4's
+    ``rope_local_base_freq``, else 10000)."""
     params = cfg.get("rope_parameters")
     local = params.get("sliding_attention") if isinstance(params, dict) else None
     if isinstance(local, dict):
@@ -99,6 +102,8 @@ def _local_theta(cfg: dict) -> float:
 
 
 def _local_layers(cfg: dict, n_layers: int) -> tuple[int, ...]:
+    """The sliding-window layers (``layer_types``, else every ``sliding_window_pattern``-th
+    layer global)."""
     types = cfg.get("layer_types")
     if types is None:
         pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern",
@@ -155,6 +160,10 @@ def settings(cfg: dict, head_dim: int, context: int) -> dict[str, Any]:
                 max_seq_len=context)
 
 
+#: Layer counts of the 1B and of the 4B, 12B and 27B, for Ollama's corrections of its files.
+_OLLAMA_1B, _OLLAMA_SCALED = 26, (34, 48, 62)
+
+
 def gguf_entries(metadata: dict[str, Any], n_layers: int, dim: int, heads: int,
                  head_dim: int) -> dict[str, Any]:
     """Return the ``config.json`` entries of a ``gemma3`` GGUF file that a Llama's have not,
@@ -164,19 +173,31 @@ def gguf_entries(metadata: dict[str, Any], n_layers: int, dim: int, heads: int,
     ``rope.freq_base_swa``, else Ollama's ``rope.local.freq_base``, else 10000) and
     ``query_pre_attn_scalar`` (``dim / heads`` for 62 layers, else ``head_dim``).
 
+    Ollama's converter made files that Ollama corrects as it loads them, and so does this
+    reader (for a file whose window is shorter than its context, by its layer count): the 1B's
+    ``final_logit_softcapping`` of 30 is none (Gemma 3 has none), and the 4B, 12B and 27B
+    without RoPE scaling keys get the linear scaling 8 of their global layers.
+
     Raises
     ------
     ValueError
-        A final logit soft-cap, or a pattern or window of the wrong type (named).
+        A final logit soft-cap (but the 1B's), or a pattern or window of the wrong type
+        (named).
     """
     key = "gemma3."
-    if metadata.get(key + "final_logit_softcapping"):
-        raise ValueError(f"metadata key '{key}final_logit_softcapping' = "
-                         f"{metadata[key + 'final_logit_softcapping']!r} is not supported")
     window = metadata.get(key + "attention.sliding_window", 0)
     if type(window) is not int or window < 0:
         raise ValueError(f"metadata key '{key}attention.sliding_window' must be a "
                          f"non-negative int, got {window!r}")
+    corrected = 0 < window < metadata.get(key + "context_length", 0)  # Ollama's test
+    softcap = metadata.get(key + "final_logit_softcapping")
+    if softcap and not (corrected and n_layers == _OLLAMA_1B):
+        raise ValueError(f"metadata key '{key}final_logit_softcapping' = {softcap!r} is not "
+                         "supported")
+    scaling: dict[str, Any] = {}
+    if corrected and n_layers in _OLLAMA_SCALED and not any(
+            k.startswith(key + "rope.scal") for k in metadata):
+        scaling["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}
     pattern = metadata.get(key + "attention.sliding_window_pattern", LLAMA_CPP_PATTERN)
     if isinstance(pattern, list):
         if len(pattern) != n_layers or any(type(p) is not bool for p in pattern):
@@ -199,7 +220,7 @@ def gguf_entries(metadata: dict[str, Any], n_layers: int, dim: int, heads: int,
         bases[name] = positive_number(metadata[key + found[0]] if found else default,
                                       f"metadata key '{key}{(found or keys)[0]}'")
     return {"architectures": [ARCHITECTURE], "hidden_activation": "gelu_pytorch_tanh",
-            "sliding_window": window or None, "layer_types": types, **bases,
+            "sliding_window": window or None, "layer_types": types, **bases, **scaling,
             "query_pre_attn_scalar": dim // heads if n_layers == 62 else head_dim}
 
 

@@ -211,7 +211,9 @@ class GGUFFile:
             "head_dim": head_dim, "partial_rotary_factor": rotated / head_dim,
             "max_position_embeddings": context,
             # float32 in the file (1e-5 -> 9.9999997e-06): kept as read, as transformers does
-            "rms_norm_eps": float(self._key(f"{arch}.attention.layer_norm_rms_epsilon", float)),
+            # (Ollama's gemma3 files of the 4B and larger have none: Ollama's 1e-6)
+            "rms_norm_eps": float(self._key(f"{arch}.attention.layer_norm_rms_epsilon", float,
+                                            1e-6 if arch == "gemma3" else None)),
             "rope_theta": float(self._key(f"{arch}.rope.freq_base", float, 10000.0)),
             "rope_scaling": scaling,
             "tie_word_embeddings": "output.weight" not in self._tensors, "hidden_act": "silu",

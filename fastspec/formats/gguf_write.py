@@ -139,7 +139,8 @@ def _hparams(w: Any, arch: str, model: "Transformer") -> set[str]:
 def _copy_metadata(w: Any, source: Path, skip: set[str], arch: str) -> None:
     """Copy every key of GGUF file ``source`` that is not in ``skip`` nor the writer's own (nor
     a RoPE scaling key: the model's own divisors are written instead; nor a gemma3 file's
-    window, layer pattern and bases, which the model's config states; nor a key of another
+    window, layer pattern, bases and soft-cap, which the model's config states, nor its vision
+    tower's keys, whose tensors are not written; nor a key of another
     architecture than ``arch``, the one written)."""
     gguf = gguf_package()
     reader = gguf.GGUFReader(source, mode="r")
@@ -150,7 +151,8 @@ def _copy_metadata(w: Any, source: Path, skip: set[str], arch: str) -> None:
         leaf = key.split(".", 1)[-1]
         if (key.startswith("GGUF.") or key in skip or key in _OWN_KEYS
                 or leaf.startswith("rope.scal")
-                or (key.startswith("gemma3.") and leaf in gemma3.GGUF_KEYS)  # the model's own
+                or (key.startswith("gemma3.") and (  # the model's own, no vision tower
+                    leaf in gemma3.GGUF_KEYS or leaf.startswith(gemma3.VISION_KEYS)))
                 or (src_arch != arch and key.startswith(src_arch + "."))):
             continue
         vtype = field.types[0]

@@ -46,6 +46,11 @@ _ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
 
 # --- config mapping ----------------------------------------------------------------------
 
+#: The sizes every architecture's ``config.json`` must give.
+_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+          "num_attention_heads")
+
+
 def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
     """Map a Hugging Face ``config.json`` dict to a :class:`ModelConfig`.
 
@@ -60,14 +65,9 @@ def hf_config(cfg: dict, dtype: str = "float32") -> ModelConfig:
     if arch is None:
         raise ValueError(f"unsupported architecture {archs or cfg.get('model_type')!r}; "
                          f"supported: {sorted(_ARCHITECTURES)}")
-    try:
-        return _config(cfg, arch, dtype)
-    except KeyError as exc:  # a size the architecture needs
-        raise ValueError(f"{arch}: config.json has no {exc}") from None
-
-
-def _config(cfg: dict, arch: str, dtype: str) -> ModelConfig:
-    """:func:`hf_config` of architecture ``arch`` (a KeyError: a missing size)."""
+    missing = [k for k in _SIZES if k not in cfg]
+    if missing:
+        raise ValueError(f"{arch}: config.json has no {', '.join(missing)}")
     family = _ARCHITECTURES[arch]
     act = cfg.get("hidden_act", "silu")
     if act not in ("silu", "swish") and family != "gemma3":  # Gemma's: gemma3.settings

@@ -265,7 +265,9 @@ def _spm_model(tk, meta: dict[str, Any], tokens: list[str], vocab: dict[str, int
     tok = tk.Tokenizer(_bpe(
         tk, vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True,
         unk_token=tokens[unk_id] if unk_id is not None else None))
-    add_space = _flag(meta, "add_space_prefix", True)
+    # llama.cpp's default, but Gemma's tokenizer prepends no space (llama.cpp's converter
+    # writes the key false; Ollama's gemma3 files lack it and Ollama prepends none)
+    add_space = _flag(meta, "add_space_prefix", meta.get("general.architecture") != "gemma3")
     tok.pre_tokenizer = tk.pre_tokenizers.Metaspace(
         replacement="\u2581", prepend_scheme="first" if add_space else "never", split=False)
     steps = [tk.decoders.Replace("\u2581", " "), tk.decoders.ByteFallback(), tk.decoders.Fuse()]

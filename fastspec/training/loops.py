@@ -181,9 +181,19 @@ def train_target(args, data=None) -> None:
     _lm_run(args, budget, prog, opt, model, cfg, val, step_fn)
 
 
-def _frozen_target(path):
-    """Load the target ``.npz`` for distillation or DFlash training: eval mode, no gradients."""
+def _frozen_target(path, seq: int):
+    """Load the target ``.npz`` for distillation or DFlash training: eval mode, no gradients.
+
+    Raises
+    ------
+    ValueError
+        ``seq`` beyond a target's ``sliding_window`` (Gemma 3's: the torch target attends
+        over every position, the same within the window only).
+    """
     target, tcfg = load_transformer_npz(path)
+    window = tcfg.get("sliding_window")
+    if window is not None and seq > window:
+        raise ValueError(f"--seq {seq} exceeds the target's sliding_window {window}")
     target.eval()
     for p in target.parameters():
         p.requires_grad_(False)
@@ -193,7 +203,7 @@ def _frozen_target(path):
 def train_draft(args, data=None) -> None:
     """Train the 1-layer draft model by distillation (arguments: ``fastspec train draft``)."""
     budget, prog = _setup(args)
-    target, tcfg = _frozen_target(args.target)
+    target, tcfg = _frozen_target(args.target, args.seq)
     cfg = model_config(dim=args.dim, n_layers=args.layers, n_heads=args.heads,
                        n_kv_heads=args.kv_heads, ffn_dim=args.ffn_dim,
                        max_seq_len=tcfg["max_seq_len"], qk_norm=args.qk_norm,
@@ -247,7 +257,7 @@ def _episodes(args, target, rng, train_tok, val_tok, prog):
 def train_dflash(args, data=None) -> None:
     """Train the DFlash drafter on the target's greedy continuations (``fastspec train dflash``)."""
     budget, prog = _setup(args)
-    target, tcfg = _frozen_target(args.target)
+    target, tcfg = _frozen_target(args.target, args.seq)
     dcfg = dflash_config(tcfg, n_layers=args.layers, block_size=args.block_size,
                          tap_layers=args.tap_layers or None)
     dmodel = build_dflash(dcfg, tcfg, seed=args.seed)
