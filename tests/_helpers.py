@@ -283,23 +283,30 @@ def llama_cpp_logits(path, ids, n_ctx: int = 256) -> np.ndarray:
     return np.asarray(m.scores[:len(ids)], dtype=np.float64)
 
 
-def hf_reference(cls_name: str, config, ids, folder: Path, seed: int = 0) -> np.ndarray:
-    """Build transformers' ``cls_name`` from ``config`` (a transformers config) with seeded
-    random weights widened by 0.05 normal noise (the default init is tiny: every weight then
-    matters), save it to ``folder`` and return its float64 logits over ``ids``. Skips the test
-    without torch and transformers, or without the class."""
+def hf_reference(cls_name: str, config: dict, ids, folder: Path | None = None, seed: int = 0,
+                 weights: dict | None = None) -> np.ndarray:
+    """Build transformers' ``cls_name`` from ``config`` (its config class's keyword arguments)
+    and return its float64 logits over ``ids``. Its weights: ``weights`` (Hugging Face names; a
+    tied ``lm_head`` may be left out), else seeded random ones widened by 0.05 normal noise (the
+    default init is tiny: every weight then matters); saved to ``folder`` when given. Skips
+    the test without torch and transformers, or without the class."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     cls = getattr(transformers, cls_name, None)
     if cls is None:
         pytest.skip(f"this transformers has no {cls_name}")
     torch.manual_seed(seed)
-    model = cls(config).eval()
+    model = cls(cls.config_class(**config)).eval()
     with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
+        if weights is None:
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        else:
+            model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in weights.items()},
+                                  strict=False)
         ref = model(torch.tensor(np.asarray(ids)[None])).logits[0].double().numpy()
-    model.save_pretrained(folder)
+    if folder is not None:
+        model.save_pretrained(folder)
     return ref
 
 

@@ -13,7 +13,7 @@ from fastspec.formats.gguf_write import save_gguf
 pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as Q  # noqa: E402
 
-from _helpers import llama_cpp_logits  # noqa: E402
+from _helpers import hf_reference, llama_cpp_logits  # noqa: E402
 from _gguf_writer import write_model  # noqa: E402
 
 IDS = np.random.default_rng(3).integers(0, 300, 100)
@@ -63,23 +63,14 @@ def test_matches_llama_cpp(tmp_path, arch, extra):
 @pytest.mark.hf
 def test_ernie_matches_transformers(tmp_path):
     """transformers' ERNIE 4.5 rotates interleaved pairs: the file's rows are its own."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    if not hasattr(transformers, "Ernie4_5ForCausalLM"):
-        pytest.skip("this transformers has no ERNIE 4.5")
     path = tmp_path / "e.gguf"
     weights = _file(path, "ernie4_5", types=(Q.Q8_0, Q.F16, Q.Q4_1, Q.F32))
     ours = Transformer.load(path)
-    cfg = transformers.Ernie4_5Config(
-        vocab_size=ours.config.vocab_size, hidden_size=64, intermediate_size=96,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True, use_bias=False,
-        max_position_embeddings=512)
-    model = transformers.Ernie4_5ForCausalLM(cfg).eval()
-    model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in weights.items()},
-                          strict=False)  # lm_head: tied
-    with torch.no_grad():
-        ref = model(torch.tensor(IDS[None])).logits[0].double().numpy()
+    cfg = dict(vocab_size=ours.config.vocab_size, hidden_size=64, intermediate_size=96,
+               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True, use_bias=False,
+               max_position_embeddings=512)
+    ref = hf_reference("Ernie4_5ForCausalLM", cfg, IDS, weights=weights)  # lm_head: tied
     np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4 * np.abs(ref).max())
     assert _far(_as(path, "exaone"), ref)
 

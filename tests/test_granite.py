@@ -44,9 +44,7 @@ def _without(model: Transformer, final_norm=None, **changes) -> Transformer:
 def hf_granite(tmp_path_factory):
     """(folder, transformers logits over IDS): a random GraniteForCausalLM saved by
     transformers, its weights widened so that every one matters."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.GraniteConfig(**TINY, **MULTIPLIERS, rms_norm_eps=EPS,
-                                     tie_word_embeddings=True)
+    cfg = dict(**TINY, **MULTIPLIERS, rms_norm_eps=EPS, tie_word_embeddings=True)
     folder = tmp_path_factory.mktemp("granite")
     return folder, hf_reference("GraniteForCausalLM", cfg, IDS, folder)
 
@@ -101,17 +99,10 @@ FILE_KEYS = dict(embedding_scale=12.0, residual_scale=0.22, attention__scale=0.0
 @pytest.mark.parametrize("types", [(Q.F32,), (Q.Q8_0, Q.F16, Q.Q4_0, Q.BF16, Q.Q4_1)])
 def test_gguf_matches_transformers(tmp_path, types):
     """The file's keys are transformers' multipliers; its q/k rows are permuted as llama's."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     weights = _granite_file(tmp_path / "g.gguf", types, **FILE_KEYS)
     ours = Transformer.load(tmp_path / "g.gguf")
-    cfg = transformers.GraniteConfig(**TINY, **MULTIPLIERS, rms_norm_eps=1e-6,
-                                     tie_word_embeddings=True)
-    model = transformers.GraniteForCausalLM(cfg).eval()
-    model.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in weights.items()},
-                          strict=False)  # lm_head: tied
-    with torch.no_grad():
-        ref = model(torch.tensor(IDS[None])).logits[0].double().numpy()
+    cfg = dict(**TINY, **MULTIPLIERS, rms_norm_eps=1e-6, tie_word_embeddings=True)
+    ref = hf_reference("GraniteForCausalLM", cfg, IDS, weights=weights)  # lm_head: tied
     np.testing.assert_allclose(ours.forward(IDS).logits, ref, atol=1e-4 * np.abs(ref).max())
     assert _far(_without(ours, embedding_scale=None, rope_attention_factor=None), ref)
 
@@ -314,9 +305,8 @@ def test_writers_refuse_what_granite_cannot_hold(tmp_path, kw):
 def test_equal_embedding_and_residual_multipliers_are_written_back(tmp_path):
     """With m_e == m_r there is no embedding scale, but the attention factor and the folded
     epsilon make it a Granite still: written as one, transformers computes the same."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.GraniteConfig(**TINY, embedding_multiplier=0.5, residual_multiplier=0.5,
-                                     attention_multiplier=0.03, rms_norm_eps=EPS)
+    cfg = dict(**TINY, embedding_multiplier=0.5, residual_multiplier=0.5,
+               attention_multiplier=0.03, rms_norm_eps=EPS)
     ref = hf_reference("GraniteForCausalLM", cfg, IDS, tmp_path / "in", seed=1)
     ours = Transformer.load(tmp_path / "in")
     assert ours.config.embedding_scale is None and ours.config.norm_eps == pytest.approx(EPS / .25)

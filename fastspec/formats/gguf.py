@@ -177,6 +177,7 @@ class GGUFFile:
             if key.startswith(arch + "."):
                 self._check_arch_key(key, value, context)
         dim = self._key(f"{arch}.embedding_length", int)
+        layers = self._key(f"{arch}.block_count", int)
         heads = self._key(f"{arch}.attention.head_count", int)
         kv_heads = self._key(f"{arch}.attention.head_count_kv", int, heads)
         # llama.cpp: the head size is key_length, else dim / heads; RoPE turns
@@ -206,7 +207,7 @@ class GGUFFile:
         return {
             "architectures": [ARCHITECTURES[arch]], "model_type": arch, "vocab_size": vocab,
             "hidden_size": dim, "intermediate_size": self._key(f"{arch}.feed_forward_length", int),
-            "num_hidden_layers": self._key(f"{arch}.block_count", int),
+            "num_hidden_layers": layers,
             "num_attention_heads": heads, "num_key_value_heads": kv_heads,
             "head_dim": head_dim, "partial_rotary_factor": rotated / head_dim,
             "max_position_embeddings": context,
@@ -221,14 +222,12 @@ class GGUFFile:
             # llama.cpp turns no RoPE in every fourth layer of a smollm3 file (no key says so)
             **({"no_rope_layer_interval": 4} if arch == "smollm3" else {}),
             # (after rope_theta: a gemma3 file's default base is Gemma's 1e6)
-            **(self._gemma3(heads, head_dim) if arch == "gemma3" else {}),
+            **(self._gemma3(layers, dim, heads, head_dim) if arch == "gemma3" else {}),
         }
 
-    def _gemma3(self, heads: int, head_dim: int) -> dict[str, Any]:
+    def _gemma3(self, layers: int, dim: int, heads: int, head_dim: int) -> dict[str, Any]:
         try:
-            return gemma3.gguf_entries(self.metadata, self._key("gemma3.block_count", int),
-                                       self._key("gemma3.embedding_length", int), heads,
-                                       head_dim)
+            return gemma3.gguf_entries(self.metadata, layers, dim, heads, head_dim)
         except ValueError as exc:
             raise self._error(str(exc)) from None
 

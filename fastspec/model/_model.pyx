@@ -75,16 +75,14 @@ cdef int _last_rows(bint logits, object logit_rows, Py_ssize_t n) except -2:
     return <int>logit_rows
 
 
-cdef inline void _scale64(double *x, size_t count, double scale) noexcept nogil:
-    """Multiply ``count`` values by ``scale`` in place (nothing for 1: the embedding scale)."""
-    cdef size_t i
-    if scale != 1.0:
-        for i in range(count):
-            x[i] = x[i] * scale
+ctypedef fused _real:
+    float
+    double
 
 
-cdef inline void _scale32(float *x, size_t count, float scale) noexcept nogil:
-    """float32 :func:`_scale64`: one rounding a value, as NumPy's ``x * float32(scale)``."""
+cdef inline void _scale(_real *x, size_t count, _real scale) noexcept nogil:
+    """Multiply ``count`` values by ``scale`` in place (nothing for 1: the embedding scale);
+    one rounding a value in the values' type, as NumPy's ``x * dtype(scale)``."""
     cdef size_t i
     if scale != 1.0:
         for i in range(count):
@@ -263,7 +261,7 @@ cdef class TransformerRunner:
             with nogil:
                 if mode == MODE_IDS:
                     fs_embed_f64(&self.w.m64, <const int64_t *>sp, n, start, pp, c.s64.x)
-                    _scale64(c.s64.x, <size_t>n * self.dims.dim, self._emb_scale)
+                    _scale(c.s64.x, <size_t>n * self.dims.dim, self._emb_scale)
                 else:
                     memcpy(c.s64.x, sp, <size_t>n * self.dims.dim * sizeof(double))
                 fs_layers_f64(&self.w.m64, &c.s64, n, start, causal, <double *>c.k,
@@ -277,7 +275,7 @@ cdef class TransformerRunner:
                 if mode == MODE_IDS:
                     fs_model_embed(self.w.variant, self.w.mptr, <const int64_t *>sp, n, start,
                                    pp, c.s32.x)
-                    _scale32(c.s32.x, <size_t>n * self.dims.dim, <float>self._emb_scale)
+                    _scale(c.s32.x, <size_t>n * self.dims.dim, <float>self._emb_scale)
                 else:
                     memcpy(c.s32.x, sp, <size_t>n * self.dims.dim * sizeof(float))
                 fs_model_layers(self.w.variant, self.w.mptr, &c.s32, n, start, causal,
