@@ -33,6 +33,37 @@ static inline int fs_attn_row(int kv, int t, int group, int n, int n_heads, int 
     return causal ? length - n + i + 1 : length;
 }
 
+/* First key a query at position pos sees through a sliding window of `window` keys (0: no
+ * window): keys (pos - window, pos] are seen. */
+static inline int fs_attn_lo(int pos, int window)
+{
+    return window > 0 && pos >= window ? pos - window + 1 : 0;
+}
+
+/* Position of query i of a call: its cache row for a chain, the context length plus its
+ * depth (its ancestors before it, mask row sum - 1) for a tree node. */
+static inline int fs_attn_pos(int i, int n, int length, const uint8_t *mask)
+{
+    if (!mask)
+        return length - n + i;
+    int seen = 0;
+    for (int t = 0; t < n; t++)
+        seen += mask[(size_t)i * n + t] != 0;
+    return length - n + seen - 1;
+}
+
+/* Whether the window hides a key from some query of the call (else the call runs as one
+ * without a window: the same bits). */
+static int fs_attn_cuts(int n, int length, const uint8_t *mask, int window)
+{
+    if (window <= 0 || length <= window)
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (fs_attn_lo(fs_attn_pos(i, n, length, mask), window) > 0)
+            return 1;
+    return 0;
+}
+
 /* Tree mask: s[j - j0] <- -inf (a zero weight after the softmax) for every key j in [j0, j1)
  * that the row does not see: key j >= base is node j - base, seen iff mrow[j - base]; the
  * context keys, below base, are always seen. */
@@ -205,13 +236,41 @@ typedef struct {
     const float *q, *k, *v, *kt;
     float *out;
     int n, n_heads, head_dim, capacity, length, causal, group, per_kv, nblocks, nchunks;
+    int window; /* > 0: a sliding window that cuts the call (blocks of one query each) */
     size_t kt_stride;
     float scale;
 } fs_f32_job;
 
+/* The blocks of a call the sliding window cuts: block b holds rows [g0, g0 + FS_F32_ROWS) of
+ * the heads of query i on kv head kv (b = (i * n_kv_heads + kv) * per_kv + g0 / FS_F32_ROWS),
+ * its keys and values from the window's first key: a query's rows are computed as in a call
+ * of that query alone. */
+static void fs_f32_window_blocks(const fs_f32_job *j, int b_lo, int b_hi)
+{
+    int n_kv_heads = j->n_heads / j->group;
+    for (int b = b_lo; b < b_hi; b++) {
+        int i = b / j->per_kv / n_kv_heads, kv = b / j->per_kv % n_kv_heads;
+        int g0 = b % j->per_kv * FS_F32_ROWS;
+        int pos = j->length - j->n + i, lo = fs_attn_lo(pos, j->window);
+        size_t at[FS_F32_ROWS], shift = (size_t)lo * j->head_dim;
+        int count[FS_F32_ROWS];
+        int rows = j->group - g0 < FS_F32_ROWS ? j->group - g0 : FS_F32_ROWS;
+        for (int r = 0; r < rows; r++) {
+            at[r] = ((size_t)i * j->n_heads + kv * j->group + g0 + r) * j->head_dim;
+            count[r] = pos + 1 - lo;
+        }
+        fs_f32_run_block(j->block, j->q, j->k + shift, j->v + shift, j->out, at, count, rows,
+                         kv, j->capacity, j->head_dim, j->scale, 0, NULL, NULL, 0, 0);
+    }
+}
+
 static void fs_f32_blocks(const fs_f32_job *j, int b_lo, int b_hi)
 {
     int rows_per_kv = j->n * j->group;
+    if (j->window > 0) {
+        fs_f32_window_blocks(j, b_lo, b_hi);
+        return;
+    }
     for (int b = b_lo; b < b_hi; b++) {
         int kv = b / j->per_kv, t0 = (b % j->per_kv) * FS_F32_ROWS;
         size_t at[FS_F32_ROWS];
@@ -238,7 +297,7 @@ static void fs_f32_chunk(void *ctx, int c)
  * count. */
 static void fs_attention_f32_tiled(const float *q, const float *k, const float *v, float *out,
                                    int n, int n_heads, int n_kv_heads, int head_dim,
-                                   int capacity, int length, int causal)
+                                   int capacity, int length, int causal, int window)
 {
     fs_f32_job j;
     j.block = fs_disp->attn_f32;
@@ -246,15 +305,20 @@ static void fs_attention_f32_tiled(const float *q, const float *k, const float *
     j.n = n; j.n_heads = n_heads; j.head_dim = head_dim; j.capacity = capacity;
     j.length = length; j.causal = causal;
     j.group = n_heads / n_kv_heads;
-    j.per_kv = (n * j.group + FS_F32_ROWS - 1) / FS_F32_ROWS;
-    j.nblocks = n_kv_heads * j.per_kv;
+    /* a window is the causal calls' (the callers refuse it otherwise) */
+    j.window = causal && fs_attn_cuts(n, length, NULL, window) ? window : 0;
+    /* blocks of a kv head (of a query and kv head with a window) */
+    j.per_kv = ((j.window ? 1 : n) * j.group + FS_F32_ROWS - 1) / FS_F32_ROWS;
+    j.nblocks = (j.window ? n : 1) * n_kv_heads * j.per_kv;
     j.scale = (float)(1.0 / sqrt((double)head_dim));
     /* cost of a block ~ its multiply-adds: up to FS_F32_ROWS rows x keys x head_dim x 2 */
-    double macs = 2.0 * n * n_heads * (double)length * head_dim;
+    double keys = j.window ? (length < window ? length : window) : length;
+    double macs = 2.0 * n * n_heads * keys * head_dim;
     j.nchunks = fs_attn_parallel(macs) ? fs_pool_chunks(j.nblocks, (size_t)(macs / j.nblocks), 1)
                                        : 1;
-    j.kt = fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length, n * j.group,
-                             j.nchunks, &j.kt_stride);
+    j.kt_stride = 0;
+    j.kt = j.window ? NULL : fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length,
+                                               n * j.group, j.nchunks, &j.kt_stride);
     if (j.nchunks <= 1)
         fs_f32_blocks(&j, 0, j.nblocks);
     else
@@ -277,7 +341,7 @@ typedef struct {
     const float *q, *k, *v, *kt;
     float *out;
     const uint8_t *mask;
-    int n, n_heads, n_kv_heads, head_dim, capacity, length, nchunks;
+    int n, n_heads, n_kv_heads, head_dim, capacity, length, window, nchunks;
     size_t kt_stride;
     float scale;
 } fs_f32_tree_job;
@@ -291,6 +355,9 @@ static void fs_f32_tree_nodes(const fs_f32_tree_job *j, int i_lo, int i_hi, int3
         for (int t = 0; t < n; t++)
             if (j->mask[(size_t)i * n + t])
                 anc[seen++] = t;
+        /* a sliding window (seen <= window): the context keys from its first one */
+        int lo = fs_attn_lo(base + seen - 1, j->window);
+        const float *k = j->k + (size_t)lo * j->head_dim, *v = j->v + (size_t)lo * j->head_dim;
         for (int kv = 0; kv < j->n_kv_heads; kv++)
             for (int g0 = 0; g0 < group; g0 += FS_F32_ROWS) {
                 size_t at[FS_F32_ROWS];
@@ -298,11 +365,11 @@ static void fs_f32_tree_nodes(const fs_f32_tree_job *j, int i_lo, int i_hi, int3
                 int rows = group - g0 < FS_F32_ROWS ? group - g0 : FS_F32_ROWS;
                 for (int r = 0; r < rows; r++) {
                     at[r] = ((size_t)i * j->n_heads + kv * group + g0 + r) * j->head_dim;
-                    count[r] = base + seen;
+                    count[r] = base - lo + seen;
                 }
-                fs_f32_run_block(j->block, j->q, j->k, j->v, j->out, at, count, rows, kv,
-                                 j->capacity, j->head_dim, j->scale, base, anc, j->kt,
-                                 j->kt_stride, base);
+                fs_f32_run_block(j->block, j->q, k, v, j->out, at, count, rows, kv,
+                                 j->capacity, j->head_dim, j->scale, base - lo, anc,
+                                 j->kt, j->kt_stride, base);
             }
     }
 }
@@ -317,20 +384,25 @@ static void fs_f32_tree_chunk(void *ctx, int c)
 
 static void fs_attention_f32_tree(const float *q, const float *k, const float *v, float *out,
                                   int n, int n_heads, int n_kv_heads, int head_dim,
-                                  int capacity, int length, const uint8_t *mask, int32_t *anc)
+                                  int capacity, int length, const uint8_t *mask, int window,
+                                  int32_t *anc)
 {
     fs_f32_tree_job j;
     j.block = fs_disp->attn_f32;
     j.q = q; j.k = k; j.v = v; j.out = out; j.mask = mask;
     j.n = n; j.n_heads = n_heads; j.n_kv_heads = n_kv_heads; j.head_dim = head_dim;
     j.capacity = capacity; j.length = length;
+    j.window = fs_attn_cuts(n, length, mask, window) ? window : 0;
     j.scale = (float)(1.0 / sqrt((double)head_dim));
-    double macs = 2.0 * n * n_heads * (double)length * head_dim;
+    double keys = j.window ? (length < window ? length : window) : length;
+    double macs = 2.0 * n * n_heads * keys * head_dim;
     j.nchunks = fs_attn_parallel(macs) && n <= FS_ATTN_TREE_POOL_MAX
                 ? fs_pool_chunks(n, (size_t)(macs / n), 1) : 1;
-    /* the context keys, below the nodes, are every node's */
-    j.kt = fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length - n,
-                             n * (n_heads / n_kv_heads), j.nchunks, &j.kt_stride);
+    /* the context keys, below the nodes, are every node's (without a window that cuts) */
+    j.kt_stride = 0;
+    j.kt = j.window ? NULL : fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length - n,
+                                               n * (n_heads / n_kv_heads), j.nchunks,
+                                               &j.kt_stride);
     if (j.nchunks <= 1)
         fs_f32_tree_nodes(&j, 0, n, anc);
     else
@@ -343,51 +415,50 @@ static void fs_attention_f32_tree(const float *q, const float *k, const float *v
 
 void fs_attention_f64(const double *q, const double *k, const double *v, double *out,
                              int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
-                             int length, int causal, double *scratch)
+                             int length, int causal, int window, double *scratch)
 {
     fs_attention_dbl_f64(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
-                         causal, NULL, scratch);
+                         causal, NULL, window, scratch);
 }
 
 /* float32: the tiled float kernel where the head size allows it (the choice depends on
  * head_dim only, never on n, so decode and verification agree bit for bit). */
 void fs_attention_f32(const float *q, const float *k, const float *v, float *out,
                              int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
-                             int length, int causal, double *scratch)
+                             int length, int causal, int window, double *scratch)
 {
 #if FS_HAVE_VEC
     if (fs_f32_supported(head_dim)) {
         fs_attention_f32_tiled(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity,
-                               length, causal);
+                               length, causal, window);
         return;
     }
 #endif
     fs_attention_dbl_f32(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
-                         causal, NULL, scratch);
+                         causal, NULL, window, scratch);
 }
 
 void fs_attention_masked_f32(const float *q, const float *k, const float *v, float *out,
                                     int n, int n_heads, int n_kv_heads, int head_dim,
                                     int capacity, int length, const uint8_t *mask,
-                                    double *scratch)
+                                    int window, double *scratch)
 {
 #if FS_HAVE_VEC
     if (fs_f32_supported(head_dim)) {  /* n ints of the caller's >= length doubles */
         fs_attention_f32_tree(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
-                              mask, (int32_t *)scratch);
+                              mask, window, (int32_t *)scratch);
         return;
     }
 #endif
     fs_attention_dbl_f32(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length, 0,
-                         mask, scratch);
+                         mask, window, scratch);
 }
 
 void fs_attention_masked_f64(const double *q, const double *k, const double *v,
                                     double *out, int n, int n_heads, int n_kv_heads,
                                     int head_dim, int capacity, int length,
-                                    const uint8_t *mask, double *scratch)
+                                    const uint8_t *mask, int window, double *scratch)
 {
     fs_attention_dbl_f64(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length, 0,
-                         mask, scratch);
+                         mask, window, scratch);
 }
-

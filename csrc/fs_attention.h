@@ -11,6 +11,16 @@
  *   Preconditions (checked by the caller, never here): 1 <= n <= length <= capacity,
  *   n_heads % n_kv_heads == 0, head_dim >= 1, all arrays C-contiguous. Cannot fail.
  *
+ * Sliding window: window > 0 (causal calls and trees; ignored otherwise, and refused by every
+ * caller) hides every key at window positions or more before the query's: query i of a chain
+ * (position p = length - n + i) sees
+ * keys (p - window, p]; a tree node at depth d (position length - n + d) sees the context keys
+ * from length - n + d + 1 - window and its ancestors, every one of which must lie inside the
+ * window (d < window: checked by the caller). window = 0: none. A call the window cuts
+ * computes each query as a call of that query alone would (its keys from the window's
+ * first), so a position's output is the same bits alone or inside a block; a call it does not
+ * cut is the call without a window.
+ *
  * Numerics: float64 inputs, and float32 inputs whose head_dim is not a multiple of 16 (or is
  * over 128), go through the template fs_attention_dbl.inc: scores, softmax and the weighted
  * sum of values accumulated in double. Other float32 inputs use the tiled float kernel of
@@ -28,10 +38,10 @@
 
 void fs_attention_f32(const float *q, const float *k, const float *v, float *out, int n,
                       int n_heads, int n_kv_heads, int head_dim, int capacity, int length,
-                      int causal, double *scratch);
+                      int causal, int window, double *scratch);
 void fs_attention_f64(const double *q, const double *k, const double *v, double *out, int n,
                       int n_heads, int n_kv_heads, int head_dim, int capacity, int length,
-                      int causal, double *scratch);
+                      int causal, int window, double *scratch);
 
 /* Tree attention: the n queries are tree nodes at cache rows length - n + i; query i sees
  * every context key [0, length - n) and the node keys length - n + j with
@@ -44,9 +54,9 @@ void fs_attention_f64(const double *q, const double *k, const double *v, double 
  * rounding of the float64 formula, not bit-identical to a decode step. */
 void fs_attention_masked_f32(const float *q, const float *k, const float *v, float *out,
                              int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
-                             int length, const uint8_t *mask, double *scratch);
+                             int length, const uint8_t *mask, int window, double *scratch);
 void fs_attention_masked_f64(const double *q, const double *k, const double *v, double *out,
                              int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
-                             int length, const uint8_t *mask, double *scratch);
+                             int length, const uint8_t *mask, int window, double *scratch);
 
 #endif /* FS_ATTENTION_H */

@@ -51,6 +51,7 @@ size_t fs_scratch_row(const fs_dims *d);
         const T *bq, *bk, *bv;                                                                 \
         const T *attn_post_norm, *mlp_post_norm; /* Gemma's sandwich norms, or NULL */         \
         int rope; /* FS_ROPE_*: the tables that turn the layer's q and k */                    \
+        int window; /* > 0: its attention's sliding window (Gemma 3's local layers) */         \
     } fs_layer_##SFX;                                                                          \
     typedef struct {                                                                           \
         fs_dims d;                                                                             \
@@ -80,7 +81,7 @@ size_t fs_scratch_row(const fs_dims *d);
 
 /* The entry points of one variant (fs_model.inc documents them). */
 #define FS_MODEL_DECLARE(SFX, T, TSFX)                                                         \
-    void fs_layer_set_##SFX(fs_layer_##SFX *L, void *const *p, int rope);                      \
+    void fs_layer_set_##SFX(fs_layer_##SFX *L, void *const *p, int rope, int window);          \
     void fs_model_set_##SFX(fs_model_##SFX *m, const fs_dims *d, void *const *p,               \
                             const fs_layer_##SFX *layers);                                     \
     void fs_embed_##SFX(const fs_model_##SFX *m, const int64_t *ids, int n, int pos0,          \

@@ -7,10 +7,10 @@ RMSNorm of their own before they join the residual stream), token embeddings sca
 ``sqrt(hidden_size)`` (``embedding_scale``, rounded to float32 as llama.cpp and a float32
 transformers model compute it) and sliding-window layers whose RoPE turns with a base of their own
 (``local_layers``, ``local_rope_theta``; five of every six layers, 10000 against the global
-layers' 1e6; a linear RoPE scaling applies to the global layers only). fastspec attends over
-every position in the sliding-window layers and serves at most ``sliding_window`` positions
-(``max_seq_len``), where the two are the same: a key at distance ``sliding_window`` or more is
-the first one the window hides (transformers' and llama.cpp's rule).
+layers' 1e6; a linear RoPE scaling applies to the global layers only). The sliding-window
+layers attend over the last ``sliding_window`` positions (``ModelConfig.sliding_window``): a
+key at distance ``sliding_window`` or more is the first one the window hides (transformers'
+and llama.cpp's rule); the context (``max_seq_len``) is the model's.
 
 Gemma's RMSNorm multiplies by ``1 + w``: a folder's norm weights (every ``*norm.weight``) are
 read plus one (float64, one rounding; llama.cpp's converter writes them so into GGUF files)
@@ -124,7 +124,7 @@ def settings(cfg: dict, head_dim: int, context: int) -> dict[str, Any]:
     (besides a Llama's): the activation, sandwich norms, embedding scale, local layers, their
     base and window, the attention factor (None for ``head_dim``'s scale;
     ``query_pre_attn_scalar`` defaults to 256, as ``Gemma3TextConfig``) and ``max_seq_len``
-    (``context`` capped at ``sliding_window`` when a layer slides).
+    (``context``).
 
     Raises
     ------
@@ -150,7 +150,6 @@ def settings(cfg: dict, head_dim: int, context: int) -> dict[str, Any]:
         if type(window) is not int or window <= 0:
             raise ValueError(f"{ARCHITECTURE}: sliding_window must be a positive int, got "
                              f"{window!r}")
-        context = min(context, window)  # within the window, sliding is attending to all
     scalar = positive_number(cfg.get("query_pre_attn_scalar", 256), "query_pre_attn_scalar")
     return dict(activation="geglu", post_norms=True, qk_norm=True,
                 embedding_scale=float(np.float32(math.sqrt(dim))),

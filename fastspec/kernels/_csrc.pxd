@@ -83,9 +83,9 @@ cdef extern from "fs_model.h" nogil:
     ctypedef struct fs_model_f32h:
         pass
 
-    void fs_layer_set_f32(fs_layer_f32 *L, void **p, int rope)
-    void fs_layer_set_f64(fs_layer_f64 *L, void **p, int rope)
-    void fs_layer_set_f32h(fs_layer_f32h *L, void **p, int rope)
+    void fs_layer_set_f32(fs_layer_f32 *L, void **p, int rope, int window)
+    void fs_layer_set_f64(fs_layer_f64 *L, void **p, int rope, int window)
+    void fs_layer_set_f32h(fs_layer_f32h *L, void **p, int rope, int window)
     void fs_model_set_f32(fs_model_f32 *m, const fs_dims *d, void **p, const fs_layer_f32 *layers)
     void fs_model_set_f64(fs_model_f64 *m, const fs_dims *d, void **p, const fs_layer_f64 *layers)
     void fs_model_set_f32h(fs_model_f32h *m, const fs_dims *d, void **p,
@@ -133,7 +133,7 @@ cdef extern from "fs_model.h" nogil:
         pass
     ctypedef struct fs_model_f32q:
         pass
-    void fs_layer_set_f32q(fs_layer_f32q *L, void **p, int rope)
+    void fs_layer_set_f32q(fs_layer_f32q *L, void **p, int rope, int window)
     void fs_model_set_f32q(fs_model_f32q *m, const fs_dims *d, void **p,
                            const fs_layer_f32q *layers)
     # the float-compute variants behind one entry point each (FS_MV_*, the model struct)
@@ -194,16 +194,18 @@ cdef extern from "fs_model.h" nogil:
 cdef extern from "fs_attention.h" nogil:
     void fs_attention_f32(const float *q, const float *k, const float *v, float *out,
                           int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
-                          int length, int causal, double *scratch)
+                          int length, int causal, int window, double *scratch)
     void fs_attention_f64(const double *q, const double *k, const double *v, double *out,
                           int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
-                          int length, int causal, double *scratch)
+                          int length, int causal, int window, double *scratch)
     void fs_attention_masked_f32(const float *q, const float *k, const float *v, float *out,
                                  int n, int n_heads, int n_kv_heads, int head_dim,
-                                 int capacity, int length, const uint8_t *mask, double *scratch)
+                                 int capacity, int length, const uint8_t *mask, int window,
+                                 double *scratch)
     void fs_attention_masked_f64(const double *q, const double *k, const double *v,
                                  double *out, int n, int n_heads, int n_kv_heads, int head_dim,
-                                 int capacity, int length, const uint8_t *mask, double *scratch)
+                                 int capacity, int length, const uint8_t *mask, int window,
+                                 double *scratch)
 
 
 cdef extern from "fs_kernels.h" nogil:

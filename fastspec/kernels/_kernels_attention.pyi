@@ -17,6 +17,7 @@ def attention(
     length: int,
     causal: bool = ...,
     out: Optional[_FloatArray] = ...,
+    window: Optional[int] = ...,
 ) -> _FloatArray: ...
 def cache_write(cache: _FloatArray, new: _FloatArray, start: int) -> None: ...
 def tree_attention(
@@ -26,5 +27,6 @@ def tree_attention(
     length: int,
     tree_mask: npt.NDArray[np.bool_],
     out: Optional[_FloatArray] = ...,
+    window: Optional[int] = ...,
 ) -> _FloatArray: ...
 def compact_kv(k: _FloatArray, v: _FloatArray, start: int, rows: npt.NDArray[np.int64]) -> None: ...

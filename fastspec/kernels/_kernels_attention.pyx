@@ -18,6 +18,7 @@ from fastspec.kernels.checks import (
     check_cache_write_args,
     check_compact_kv_args,
     check_tree_mask,
+    check_window,
 )
 
 from fastspec.kernels._csrc cimport (
@@ -40,17 +41,19 @@ cdef void _attention_run(const floating[:, :, ::1] q,      # IN  (n, H, D)
                          const floating[:, :, ::1] k,      # IN  (H_kv, C, D)
                          const floating[:, :, ::1] v,      # IN  (H_kv, C, D)
                          floating[:, :, ::1] out,          # OUT (n, H, D)
-                         int length, bint causal,
+                         int length, bint causal, int window,
                          double *scratch) noexcept:        # TMP (length,)
     with nogil:
         if floating is float:
             fs_attention_f32(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
                              <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
-                             <int>q.shape[2], <int>k.shape[1], length, causal, scratch)
+                             <int>q.shape[2], <int>k.shape[1], length, causal, window,
+                             scratch)
         else:
             fs_attention_f64(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
                              <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
-                             <int>q.shape[2], <int>k.shape[1], length, causal, scratch)
+                             <int>q.shape[2], <int>k.shape[1], length, causal, window,
+                             scratch)
 
 
 cdef bint _fast_attention_args(q, k, v, length, out):
@@ -78,7 +81,7 @@ cdef object _int_sized_out(q, k_cache, out):
     return np.empty(q.shape, dtype=q.dtype) if out is None else out
 
 
-def attention(q, k_cache, v_cache, length, causal=True, out=None):
+def attention(q, k_cache, v_cache, length, causal=True, out=None, window=None):
     """Scaled dot-product attention of ``n`` queries over the first ``length`` cached keys.
 
     Parameters
@@ -94,6 +97,9 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
         If True, query ``i`` sees keys ``< length - n + i + 1``; otherwise every key.
     out : ndarray of shape (n, n_heads, head_dim), optional
         Caller-owned, writable, C-contiguous output of the same dtype.
+    window : int, optional
+        A sliding window (causal only): query ``i``, at position ``p = length - n + i``, sees
+        the keys ``(p - window, p]``. None: every earlier key.
 
     Returns
     -------
@@ -101,6 +107,7 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
     """
     if not _fast_attention_args(q, k_cache, v_cache, length, out):
         check_attention_args(q, k_cache, v_cache, length, out)
+    cdef int win = 0 if window is None else check_window(window, causal)
     out = _int_sized_out(q, k_cache, out)
     cdef int n_valid = length
     cdef bint is_causal = bool(causal)
@@ -108,9 +115,9 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
         return out
     cdef double *scratch = <double *>thread_scratch(n_valid * sizeof(double))
     if q.dtype == np.float32:
-        _attention_run[float](q, k_cache, v_cache, out, n_valid, is_causal, scratch)
+        _attention_run[float](q, k_cache, v_cache, out, n_valid, is_causal, win, scratch)
     else:
-        _attention_run[double](q, k_cache, v_cache, out, n_valid, is_causal, scratch)
+        _attention_run[double](q, k_cache, v_cache, out, n_valid, is_causal, win, scratch)
     return out
 
 
@@ -163,21 +170,22 @@ cdef void _tree_attention_run(const floating[:, :, ::1] q,        # IN  (n, H, D
                               const floating[:, :, ::1] v,        # IN  (H_kv, C, D)
                               const uint8_t[:, ::1] mask,         # IN  (n, n) ancestors
                               floating[:, :, ::1] out,            # OUT (n, H, D)
-                              int length, double *scratch) noexcept:  # TMP (length,)
+                              int length, int window,
+                              double *scratch) noexcept:  # TMP (length,)
     with nogil:
         if floating is float:
             fs_attention_masked_f32(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
                                     <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
                                     <int>q.shape[2], <int>k.shape[1], length, &mask[0, 0],
-                                    scratch)
+                                    window, scratch)
         else:
             fs_attention_masked_f64(&q[0, 0, 0], &k[0, 0, 0], &v[0, 0, 0], &out[0, 0, 0],
                                     <int>q.shape[0], <int>q.shape[1], <int>k.shape[0],
                                     <int>q.shape[2], <int>k.shape[1], length, &mask[0, 0],
-                                    scratch)
+                                    window, scratch)
 
 
-def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
+def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None, window=None):
     """Attention of ``n`` tree nodes: each sees the cached context and its own ancestors.
 
     Parameters
@@ -192,6 +200,10 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
         ``tree_mask[i, j]``: node ``i`` sees node ``j`` (its ancestors and itself). The
         diagonal must be True.
     out : ndarray of shape (n, n_heads, head_dim), optional
+    window : int, optional
+        A sliding window: node ``i``, at position ``length - n + d`` (``d``, its depth: the
+        nodes it sees but itself), sees the context keys from ``length - n + d + 1 - window``
+        on and its ancestors, every one of which must lie inside it (``d < window``).
 
     Returns
     -------
@@ -200,6 +212,7 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
     check_attention_args(q, k_cache, v_cache, length, out)
     n = q.shape[0]
     check_tree_mask(tree_mask, n)
+    cdef int win = check_window(window, True, tree_mask)
     out = _int_sized_out(q, k_cache, out)
     cdef int n_valid = length
     if q.shape[1] == 0 or q.shape[2] == 0:
@@ -208,9 +221,9 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
     mask = np.ascontiguousarray(tree_mask).view(np.uint8)
     cdef double *s = <double *>thread_scratch(n_valid * sizeof(double))
     if q.dtype == np.float32:
-        _tree_attention_run[float](q, k_cache, v_cache, mask, out, n_valid, s)
+        _tree_attention_run[float](q, k_cache, v_cache, mask, out, n_valid, win, s)
     else:
-        _tree_attention_run[double](q, k_cache, v_cache, mask, out, n_valid, s)
+        _tree_attention_run[double](q, k_cache, v_cache, mask, out, n_valid, win, s)
     return out
 
 

@@ -22,6 +22,7 @@ from fastspec.kernels.checks import (
     check_tokens,
     check_tree_mask,
     check_uniforms,
+    check_window,
 )
 
 __all__ = [
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-def attention(q, k_cache, v_cache, length, causal=True, out=None):
+def attention(q, k_cache, v_cache, length, causal=True, out=None, window=None):
     """Scaled dot-product attention of ``n`` queries over the first ``length`` cached keys.
 
     Parameters
@@ -53,16 +54,29 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None):
         If True, query ``i`` sees keys ``< length - n + i + 1``; otherwise every key.
     out : ndarray of shape (n, n_heads, head_dim), optional
         Caller-owned, writable, C-contiguous output of the same dtype.
+    window : int, optional
+        A sliding window (causal only): query ``i``, at position ``p = length - n + i``, sees
+        the keys ``(p - window, p]``. None: every earlier key.
 
     Returns
     -------
     out : ndarray of shape (n, n_heads, head_dim)
     """
     n, n_heads, head_dim, n_kv_heads = check_attention_args(q, k_cache, v_cache, length, out)
+    window = check_window(window, causal)
     visible = None
     if causal:
-        visible = np.arange(length)[None, :] <= (length - n + np.arange(n))[:, None]
+        positions = length - n + np.arange(n)
+        visible = _window(np.arange(length)[None, :] <= positions[:, None], positions, window)
     return _attend(q, k_cache, v_cache, length, visible, out)
+
+
+def _window(visible, positions, window):
+    """``visible`` (n, keys) without the keys at ``window`` positions or more before each
+    query's position (``positions``, (n,)); ``window`` 0: as it is."""
+    if window:
+        visible &= np.arange(visible.shape[1])[None, :] > (positions - window)[:, None]
+    return visible
 
 
 def _attend(q, k_cache, v_cache, length, visible, out):
@@ -87,7 +101,7 @@ def _attend(q, k_cache, v_cache, length, visible, out):
     return out
 
 
-def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
+def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None, window=None):
     """Attention of ``n`` tree nodes: each sees the cached context and its own ancestors.
 
     Parameters
@@ -102,6 +116,10 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
         ``tree_mask[i, j]``: node ``i`` sees node ``j`` (its ancestors and itself;
         :func:`fastspec.decoding.tree.ancestor_mask`). The diagonal must be True.
     out : ndarray of shape (n, n_heads, head_dim), optional
+    window : int, optional
+        A sliding window: node ``i``, at position ``length - n + d`` (``d``, its depth: the
+        nodes it sees but itself), sees the context keys from ``length - n + d + 1 - window``
+        on and its ancestors, every one of which must lie inside it (``d < window``).
 
     Returns
     -------
@@ -109,9 +127,11 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None):
     """
     n, n_heads, head_dim, n_kv_heads = check_attention_args(q, k_cache, v_cache, length, out)
     check_tree_mask(tree_mask, n)
+    window = check_window(window, True, tree_mask)
     visible = np.ones((n, length), dtype=bool)
     visible[:, length - n:] = tree_mask
-    return _attend(q, k_cache, v_cache, length, visible, out)
+    positions = length - n + np.count_nonzero(tree_mask, axis=1) - 1
+    return _attend(q, k_cache, v_cache, length, _window(visible, positions, window), out)
 
 
 def compact_kv(k, v, start, rows):

@@ -89,6 +89,22 @@ def check_attention_args(q, k_cache, v_cache, length, out):
     return n, n_heads, head_dim, n_kv_heads
 
 
+def check_window(window, causal=True, tree_mask=None):
+    """Validate a sliding ``window`` of :func:`attention` (causal only) or
+    :func:`tree_attention` (every node's ancestors inside it); return it as an int, 0 for
+    None (no window)."""
+    if window is None:
+        return 0
+    window = check_index(window, "window", 1, 2**31 - 1)
+    if not causal:
+        raise ValueError("a sliding window needs causal attention")
+    if tree_mask is not None:
+        deepest = int(np.count_nonzero(tree_mask, axis=1).max())
+        if deepest > window:
+            raise ValueError(f"a tree node sees {deepest} nodes, more than the window {window}")
+    return window
+
+
 def check_probs_out(out, logits):
     """Check ``out`` can receive ``probs(logits)``: C-contiguous, writable, of ``logits``' shape
     and dtype, and not overlapping it (rows are read while earlier rows are written)."""

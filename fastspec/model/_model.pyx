@@ -118,6 +118,7 @@ cdef class TransformerRunner:
     cdef size_t _dcap
     cdef int _typenum
     cdef double _emb_scale  # config.embedding_scale, 1.0 for none
+    cdef bint _windowed  # some layer attends over a sliding window: causal steps only
     cdef readonly object dtype
 
     def __cinit__(self):
@@ -131,6 +132,7 @@ cdef class TransformerRunner:
         self._typenum = cnp.NPY_FLOAT64 if self.is64 else cnp.NPY_FLOAT32
         scale = model.config.embedding_scale
         self._emb_scale = 1.0 if scale is None else scale
+        self._windowed = bool(model.config.sliding_window and model.config.local_layers)
         self.hidden_ptrs = <void **>calloc(self.dims.n_layers, sizeof(void *))
         if self.hidden_ptrs == NULL:
             raise MemoryError()
@@ -230,6 +232,8 @@ cdef class TransformerRunner:
         # positions: int32 (n,), tree_mask: uint8 (n, n), both checked by _tree_args; logits
         # of the last `last` rows (-1: all, 0: none; the caller checked it is at most n)
         cdef int n = <int>src.shape[0]
+        if self._windowed and not causal:
+            raise ValueError("a model with a sliding_window runs causal steps only")
         if last < 0:
             last = n
         cdef bint logits = last > 0

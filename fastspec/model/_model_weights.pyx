@@ -64,6 +64,12 @@ def _rope_kinds(cfg):
     return [1 if i in nope else 2 if i in local else 0 for i in range(cfg.n_layers)]
 
 
+def _windows(cfg):
+    """Each layer's sliding window (``sliding_window`` for the ``local_layers``), 0: none."""
+    local = frozenset(cfg.local_layers or ()) if cfg.sliding_window else frozenset()
+    return [cfg.sliding_window if i in local else 0 for i in range(cfg.n_layers)]
+
+
 def _needed(cfg):
     """The indices into _LAYER_FIELDS a layer of config ``cfg`` must hold."""
     return ([0, 1, 2, 3, 5, 6] + ([4] if cfg.activation in ("swiglu", "geglu") else [])
@@ -305,6 +311,7 @@ cdef class ModelWeights:
         if len(model.layers) != L:
             raise ValueError(f"expected {L} layers, got {len(model.layers)}")
         ropes = _rope_kinds(cfg)  # none (SmolLM3's NoPE), the model's or the local tables
+        windows = _windows(cfg)
         local_cos, local_sin = arr(model.rope_cos_local), arr(model.rope_sin_local)
         if cfg.local_layers and (local_cos is None or local_cos.shape[0] < cfg.max_seq_len):
             raise ValueError("model.rope_cos_local must cover max_seq_len positions")
@@ -327,11 +334,11 @@ cdef class ModelWeights:
                 if p[j] == NULL:
                     raise ValueError(f"layer {i}: missing weight {_LAYER_FIELDS[j]}")
             if self.is64:
-                fs_layer_set_f64(&self.layers64[i], p, ropes[i])
+                fs_layer_set_f64(&self.layers64[i], p, ropes[i], windows[i])
             elif self.half:
-                fs_layer_set_f32h(&self.layers16[i], p, ropes[i])
+                fs_layer_set_f32h(&self.layers16[i], p, ropes[i], windows[i])
             else:
-                fs_layer_set_f32(&self.layers32[i], p, ropes[i])
+                fs_layer_set_f32(&self.layers32[i], p, ropes[i], windows[i])
         head = matrix(model.head, (cfg.dim, cfg.vocab_size))  # read last, so packed last
         for j, a in enumerate((embed, pos, head, fnorm, cos, sin, local_cos, local_sin)):
             p[j] = _ptr(a)
@@ -353,7 +360,7 @@ cdef class ModelWeights:
         L = cfg.n_layers
         if len(model.layers) != L:
             raise ValueError(f"expected {L} layers, got {len(model.layers)}")
-        ropes = _rope_kinds(cfg)
+        ropes, windows = _rope_kinds(cfg), _windows(cfg)
         for a, name in ((model.rope_cos, "rope_cos"), (model.rope_cos_local, "rope_cos_local")):
             if (d.rope if name == "rope_cos" else cfg.local_layers) and (
                     a is None or a.shape[0] < cfg.max_seq_len):
@@ -404,7 +411,7 @@ cdef class ModelWeights:
                 for j in _needed(cfg):
                     if p[j] == NULL:
                         raise ValueError(f"layer {i}: missing weight {_LAYER_FIELDS[j]}")
-                fs_layer_set_f32q(&self.layersq[i], p, ropes[i])
+                fs_layer_set_f32q(&self.layersq[i], p, ropes[i], windows[i])
         p[2] = p[1]  # embed, pos_embed, head, final_norm, rope_cos, rope_sin and local ones
         p[1] = _ptr(_f32(model.pos_embed, keep))
         p[3] = _ptr(_f32(model.final_norm, keep))

@@ -115,9 +115,8 @@ class ModelConfig:
     Gemma 3's sliding-window layers. Stored sorted and without repeats; None (default, and
     what an empty one becomes) has none, and then ``local_rope_theta`` must be None. Not with
     ``nope_layers``. ``sliding_window`` (with ``local_layers``; None: none) is their window:
-    a key that many positions back or more is hidden from them. fastspec attends over every
-    position, so ``max_seq_len`` may not exceed it (where the two are the same; loaders cap
-    the context at the window).
+    a key that many positions back or more is hidden from them (``max_seq_len`` may exceed
+    it: their attention reads the window's keys only).
     """
 
     vocab_size: int
@@ -251,10 +250,6 @@ class ModelConfig:
             if not self.local_layers:
                 raise ValueError("sliding_window needs local_layers (the layers it applies to)")
             check_index(self.sliding_window, "sliding_window", 1, 2**31 - 1)
-            if self.max_seq_len > self.sliding_window:
-                raise ValueError(f"max_seq_len {self.max_seq_len} exceeds sliding_window "
-                                 f"{self.sliding_window}: fastspec attends over every position "
-                                 "(the same within the window only)")
 
     def _check_freq_factors(self) -> None:
         if self.positional != "rope":

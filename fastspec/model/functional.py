@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 __all__ = ["rms_norm", "layer_norm", "rope_tables", "llama3_freq_factors", "apply_rope",
-           "rotate_half_into", "gelu_tanh", "silu", "linear", "layer_rope"]
+           "rotate_half_into", "gelu_tanh", "silu", "linear", "layer_rope", "layer_window"]
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray | None, eps: float) -> np.ndarray:
@@ -221,3 +221,12 @@ def layer_rope(config, i: int, cos, sin, local_cos, local_sin):
     if config.local_layers and i in config.local_layers:
         return local_cos, local_sin
     return cos, sin
+
+
+def layer_window(config, i: int) -> int | None:
+    """The sliding window of layer ``i``'s attention for a model of ``config`` (a
+    ``ModelConfig``): ``config.sliding_window`` for one of ``config.local_layers``, else None
+    (every earlier position)."""
+    if config.sliding_window and i in (config.local_layers or ()):
+        return int(config.sliding_window)
+    return None

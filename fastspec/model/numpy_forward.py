@@ -13,8 +13,8 @@ import numpy as np
 from fastspec import kernels
 from fastspec.kernels.cache import KVCache
 from fastspec.model.config import ModelConfig
-from fastspec.model.functional import (apply_rope, gelu_tanh, layer_norm, layer_rope, linear,
-                                       rms_norm, silu)
+from fastspec.model.functional import (apply_rope, gelu_tanh, layer_norm, layer_rope,
+                                       layer_window, linear, rms_norm, silu)
 from fastspec.model.schema import LayerWeights
 
 __all__ = ["NumpyForward"]
@@ -78,7 +78,8 @@ class NumpyForward:
         hidden = {}
         for i, lw in enumerate(layers):
             x = self.layer_forward(x, lw, cache.k[i], cache.v[i], start,
-                                   *layer_rope(self.config, i, *tables), causal, tree_mask)
+                                   *layer_rope(self.config, i, *tables), causal, tree_mask,
+                                   layer_window(self.config, i))
             if i in hidden_layers:
                 hidden[i] = x.copy()
         logits = self.norm(x, self.final_norm) @ head
@@ -109,11 +110,12 @@ class NumpyForward:
         kernels.cache_write(v_cache, np.ascontiguousarray(v), start)
 
     def layer_forward(self, x, lw: LayerWeights, k_cache, v_cache, start, cos, sin, causal=True,
-                      tree_mask=None):
+                      tree_mask=None, window=None):
         """One decoder layer on ``x`` (n, dim) at positions ``start ..``; returns the new x.
 
         Writes the new keys/values into ``k_cache``/``v_cache`` (n_kv_heads, C, head_dim) at
-        ``start ..`` and attends over positions ``[0, start + n)``. ``lw`` holds matrices in the
+        ``start ..`` and attends over positions ``[0, start + n)`` (those of a sliding ``window``
+        when given: :func:`fastspec.kernels.attention`). ``lw`` holds matrices in the
         compute dtype (for float16 weights: an entry of ``_numpy_weights()[2]``).
         """
         c = self.config
@@ -126,10 +128,11 @@ class NumpyForward:
             q = apply_rope(q, cos, sin)
         self._store_kv(h, lw, k_cache, v_cache, start, cos, sin)
         if tree_mask is None:
-            a = kernels.attention(np.ascontiguousarray(q), k_cache, v_cache, start + n, causal)
+            a = kernels.attention(np.ascontiguousarray(q), k_cache, v_cache, start + n, causal,
+                                  window=window)
         else:  # each tree node sees the cache and its ancestors (tree_mask, n x n)
             a = kernels.tree_attention(np.ascontiguousarray(q), k_cache, v_cache, start + n,
-                                       tree_mask)
+                                       tree_mask, window=window)
         a = a.reshape(n, -1) @ lw.wo
         x = x + (a if lw.attn_post_norm is None else self.norm(a, lw.attn_post_norm))
         h = self.norm(x, lw.mlp_norm)

@@ -215,7 +215,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         hidden_layers : iterable of int
             Layers whose outputs to return (``-1`` is the last layer).
         causal : bool, default True
-            False lets every new position attend to all new positions (and the cache).
+            False lets every new position attend to all new positions (and the cache); not
+            with a ``sliding_window``.
         out : ndarray of shape (n, vocab_size), optional
             Caller-owned, C-contiguous logits buffer of the model dtype, reused across steps
             (shape (logit_rows, vocab_size) with ``logit_rows``).
@@ -245,6 +246,8 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         if type(cache) is not KVCache:
             self.check_cache(cache)
         positions = tree_mask = None
+        if not causal and self.config.sliding_window:
+            raise ValueError("a model with a sliding_window runs causal steps only")
         if tree_parents is not None:
             positions, tree_mask = self._tree_layout(ids, cache, tree_parents, causal)
         claimed = cache.acquire()
@@ -467,6 +470,10 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         depths = check_parents(tree_parents, n, MAX_TREE_NODES + 1, room, "tree_parents")
         if np.array_equal(depths, np.arange(1, n + 1)):
             return None, None
+        window = self.config.sliding_window
+        if window and int(depths.max()) > window:  # a node's ancestors inside its window
+            raise ValueError(f"a tree node sees {int(depths.max())} nodes, more than the "
+                             f"sliding window {window}")
         return cache.length + depths - 1, ancestor_mask(tree_parents)
 
     @property
