@@ -312,8 +312,7 @@ static void fs_attention_f32_tiled(const float *q, const float *k, const float *
     j.nblocks = (j.window ? n : 1) * n_kv_heads * j.per_kv;
     j.scale = (float)(1.0 / sqrt((double)head_dim));
     /* cost of a block ~ its multiply-adds: up to FS_F32_ROWS rows x keys x head_dim x 2 */
-    double keys = j.window ? (length < window ? length : window) : length;
-    double macs = 2.0 * n * n_heads * keys * head_dim;
+    double macs = 2.0 * n * n_heads * (double)(j.window ? window : length) * head_dim;
     j.nchunks = fs_attn_parallel(macs) ? fs_pool_chunks(j.nblocks, (size_t)(macs / j.nblocks), 1)
                                        : 1;
     j.kt_stride = 0;
@@ -394,8 +393,7 @@ static void fs_attention_f32_tree(const float *q, const float *k, const float *v
     j.capacity = capacity; j.length = length;
     j.window = fs_attn_cuts(n, length, mask, window) ? window : 0;
     j.scale = (float)(1.0 / sqrt((double)head_dim));
-    double keys = j.window ? (length < window ? length : window) : length;
-    double macs = 2.0 * n * n_heads * keys * head_dim;
+    double macs = 2.0 * n * n_heads * (double)(j.window ? window : length) * head_dim;
     j.nchunks = fs_attn_parallel(macs) && n <= FS_ATTN_TREE_POOL_MAX
                 ? fs_pool_chunks(n, (size_t)(macs / n), 1) : 1;
     /* the context keys, below the nodes, are every node's (without a window that cuts) */

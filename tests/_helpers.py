@@ -4,6 +4,7 @@ Test modules import from here, never from each other.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shutil
@@ -168,6 +169,25 @@ def random_rows(rng, rows, vocab, dtype, zeros=0.3):
 #: scale.
 GEMMA = dict(activation="geglu", post_norms=True, local_layers=(0,), local_rope_theta=100.0,
              embedding_scale=2.5)
+#: transformers' Gemma3ForCausalLM config of the Gemma 3 tests: six layers, five local (RoPE base
+#: 100) and a global one (base 1e4, linear scaling 2), a query_pre_attn_scalar that is not
+#: head_dim's, a window of 128.
+GEMMA3_HF = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 max_position_embeddings=256, rope_theta=10000.0, rope_local_base_freq=100.0,
+                 rms_norm_eps=1e-6, query_pre_attn_scalar=24, sliding_window=128,
+                 rope_scaling={"rope_type": "linear", "factor": 2.0}, pad_token_id=0)
+
+
+def undone(model: fs.Transformer, **changes) -> fs.Transformer:
+    """The same weights with config fields changed (a feature undone; ``post_norms=False``
+    drops the sandwich norms' weights too)."""
+    layers = model.layers
+    if changes.get("post_norms") is False:
+        layers = [dataclasses.replace(lw, attn_post_norm=None, mlp_post_norm=None)
+                  for lw in layers]
+    return fs.Transformer(model.config.replace(**changes), model.embed, layers, model.head,
+                          model.final_norm)
 MODEL_CONFIGS = {
     "llama-gqa": dict(vocab_size=77, dim=48, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=100,
                       max_seq_len=96),

@@ -13,26 +13,12 @@ from fastspec.formats import gemma3
 from fastspec.formats.gguf_write import save_gguf
 from fastspec.formats.hf_folder import hf_config, save_hf
 
-from _helpers import GEMMA, hf_reference, llama_cpp_logits, transformers_logits
+from _helpers import (GEMMA, GEMMA3_HF, hf_reference, llama_cpp_logits, transformers_logits,
+                      undone as _undone)
 
 IDS = np.random.default_rng(11).integers(0, 300, 90)
-#: Six layers: five local (RoPE base 100) and a global one (base 1e4, linear scaling 2), a
-#: query_pre_attn_scalar that is not head_dim's, a window beyond the 90 ids.
-TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            max_position_embeddings=256, rope_theta=10000.0, rope_local_base_freq=100.0,
-            rms_norm_eps=1e-6, query_pre_attn_scalar=24, sliding_window=128,
-            rope_scaling={"rope_type": "linear", "factor": 2.0}, pad_token_id=0)
-
-
-def _undone(model: Transformer, **changes) -> Transformer:
-    """The same weights with config fields changed (a feature undone)."""
-    layers = model.layers
-    if changes.get("post_norms") is False:
-        layers = [dataclasses.replace(lw, attn_post_norm=None, mlp_post_norm=None)
-                  for lw in layers]
-    return Transformer(model.config.replace(**changes), model.embed, layers, model.head,
-                       model.final_norm)
+#: The window (128) beyond the 90 ids.
+TINY = GEMMA3_HF
 
 
 CONTROLS = {"local RoPE": dict(local_layers=None, local_rope_theta=None, sliding_window=None),

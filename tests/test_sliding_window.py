@@ -12,16 +12,12 @@ from fastspec.formats.hf_folder import hf_config
 from fastspec.kernels import _reference
 from fastspec.kernels.tree_shape import ancestor_mask, chain_parents
 
-from _helpers import MODEL_CONFIGS, RTOL, assert_close_rel, hf_reference, llama_cpp_logits
+from _helpers import (GEMMA3_HF, MODEL_CONFIGS, RTOL, assert_close_rel, hf_reference,
+                      llama_cpp_logits, undone as _undone)
 
 I = np.int64
-#: transformers' Gemma3ForCausalLM of tests/test_gemma3.py (layers 0-4 local, 5 global) with a
-#: window of 8 inside a context of 256.
-TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=6,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            max_position_embeddings=256, rope_theta=10000.0, rope_local_base_freq=100.0,
-            rms_norm_eps=1e-6, query_pre_attn_scalar=24, sliding_window=8,
-            rope_scaling={"rope_type": "linear", "factor": 2.0}, pad_token_id=0)
+#: transformers' Gemma3ForCausalLM of the Gemma 3 tests, a window of 8 in a context of 256.
+TINY = dict(GEMMA3_HF, sliding_window=8)
 IDS = np.random.default_rng(11).integers(0, 300, 40)
 
 
@@ -201,12 +197,6 @@ def gemma(seed=3, **over):
     cfg = ModelConfig(**{**MODEL_CONFIGS["gemma3"], "local_layers": (0, 2), "sliding_window": 6,
                          "max_seq_len": 96, **over})
     return Transformer.random(cfg, seed=seed)
-
-
-def _undone(model, **changes):
-    """The same weights with config fields changed (a feature undone)."""
-    return Transformer(model.config.replace(**changes), model.embed, model.layers, model.head,
-                       model.final_norm)
 
 
 def test_model_block_equals_decode_steps(backend):

@@ -107,7 +107,7 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None, window=None):
     """
     if not _fast_attention_args(q, k_cache, v_cache, length, out):
         check_attention_args(q, k_cache, v_cache, length, out)
-    cdef int win = 0 if window is None else check_window(window, causal)
+    cdef int win = check_window(window, causal)
     out = _int_sized_out(q, k_cache, out)
     cdef int n_valid = length
     cdef bint is_causal = bool(causal)

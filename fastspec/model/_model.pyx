@@ -132,7 +132,7 @@ cdef class TransformerRunner:
         self._typenum = cnp.NPY_FLOAT64 if self.is64 else cnp.NPY_FLOAT32
         scale = model.config.embedding_scale
         self._emb_scale = 1.0 if scale is None else scale
-        self._windowed = bool(model.config.sliding_window and model.config.local_layers)
+        self._windowed = bool(model.config.sliding_window)
         self.hidden_ptrs = <void **>calloc(self.dims.n_layers, sizeof(void *))
         if self.hidden_ptrs == NULL:
             raise MemoryError()

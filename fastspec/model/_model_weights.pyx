@@ -41,6 +41,7 @@ from fastspec.kernels._isa cimport share_table
 
 from fastspec.kernels._isa import bf16_tiles
 from fastspec.kernels.arena import WeightArena
+from fastspec.model.functional import layer_window
 from fastspec.model.schema import FORWARD_MATRICES
 
 cnp.import_array()
@@ -65,9 +66,8 @@ def _rope_kinds(cfg):
 
 
 def _windows(cfg):
-    """Each layer's sliding window (``sliding_window`` for the ``local_layers``), 0: none."""
-    local = frozenset(cfg.local_layers or ()) if cfg.sliding_window else frozenset()
-    return [cfg.sliding_window if i in local else 0 for i in range(cfg.n_layers)]
+    """Each layer's sliding window (functional.layer_window), 0: none."""
+    return [layer_window(cfg, i) or 0 for i in range(cfg.n_layers)]
 
 
 def _needed(cfg):

@@ -246,8 +246,6 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         if type(cache) is not KVCache:
             self.check_cache(cache)
         positions = tree_mask = None
-        if not causal and self.config.sliding_window:
-            raise ValueError("a model with a sliding_window runs causal steps only")
         if tree_parents is not None:
             positions, tree_mask = self._tree_layout(ids, cache, tree_parents, causal)
         claimed = cache.acquire()
