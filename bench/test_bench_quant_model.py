@@ -13,6 +13,11 @@ the Zen 3 machines' path) is measured.
 All figures are ratios measured in one run; the machine is shared, so read medians and
 repeat. Run: ``taskset -c 1 pytest bench/test_bench_quant_model.py --benchmark-only -s``
 (FASTSPEC_BENCH_THREADS=1,2 for thread counts; about 3 minutes at one thread).
+
+``test_quant_long_context`` times the real file's decode step and verify_8 / verify_16 after
+64, 1024 and 4096 cached positions (native path, the first thread count): past a few hundred
+positions a step reads more K/V cache (float32) than weights, and a verified block's attention
+is float32 multiply-adds over every cached key for each of its rows.
 """
 import os
 
@@ -83,3 +88,30 @@ def test_quant_decode_and_verify(benchmark, name, kind, threads, isa):
           + " ".join(f"{k}:{row[f'verify_{k}_steps']:.2f}" for k in (2, 4, 8, 16))
           + f" steps (load {row['load_average']:.1f})")
     benchmark.pedantic(lambda: row["decode_step_s"], rounds=1)
+
+
+CONTEXTS = (64, 1024, 4096)
+
+
+@pytest.mark.parametrize("kind", ("q4_1", "q8_0"))
+def test_quant_long_context(benchmark, kind):
+    fs.kernels.set_threads(THREADS[0])
+    model = _model("SmolLM2-135M", kind)
+    benchmark.group = f"quant SmolLM2-135M {kind} long context"
+    rows = {}
+    for context in CONTEXTS:
+        d = decode_vs_stream(model, context=context, pairs=8)
+        v = verify_costs(model, ks=(1, 8, 16), context=context, rounds=5)
+        rows[context] = {"decode_step_s": d["decode_step_s"], "step_bytes": d["step_bytes"],
+                         "fraction_of_stream_bound": d["fraction_of_stream_bound"],
+                         "verify_8_steps": v["verify_8_steps"],
+                         "verify_16_steps": v["verify_16_steps"]}
+        print(f"\nSmolLM2-135M {kind} threads={THREADS[0]} context {context}: decode "
+              f"{1e3 * d['decode_step_s']:.2f} ms ({d['step_bytes'] / 1e6:.0f} MB, "
+              f"{d['fraction_of_stream_bound']:.2f} of the stream bound); verify_8 "
+              f"{v['verify_8_steps']:.2f}, verify_16 {v['verify_16_steps']:.2f} steps")
+    benchmark.extra_info.update({"kind": kind, "threads": THREADS[0],
+                                 "path": fs.kernels.isa_info()["selected"],
+                                 "load_average": os.getloadavg()[0],
+                                 "contexts": {str(c): r for c, r in rows.items()}})
+    benchmark.pedantic(lambda: rows, rounds=1)
