@@ -75,7 +75,7 @@ def decode_vs_stream(model: Transformer, context: int = 64, pairs: int = 12) -> 
     model.step(prompt, cache)
     tok = np.array([1])
     c = model.config
-    kv = 2 * c.n_layers * c.n_kv_heads * (context + 1) * c.head_dim * 4
+    kv = 2 * c.n_layers * c.n_kv_heads * (context + 1) * c.head_dim * cache.k.itemsize
     read = step_bytes(model) + kv
     a = np.ones(read // 8, np.float32)
     b = np.ones(read // 8, np.float32)

@@ -15,9 +15,10 @@ repeat. Run: ``taskset -c 1 pytest bench/test_bench_quant_model.py --benchmark-o
 (FASTSPEC_BENCH_THREADS=1,2 for thread counts; about 3 minutes at one thread).
 
 ``test_quant_long_context`` times the real file's decode step and verify_8 / verify_16 after
-64, 1024 and 4096 cached positions (native path, the first thread count): past a few hundred
-positions a step reads more K/V cache (float32) than weights, and a verified block's attention
-is float32 multiply-adds over every cached key for each of its rows.
+64, 1024 and 4096 cached positions, with a float32 and a float16 KV cache (``kv_dtype``;
+native path, the first thread count): past a few hundred positions a step reads more K/V
+cache than weights (float16 halves those bytes), and a verified block's attention is float32
+multiply-adds over every cached key for each of its rows whichever the cache.
 """
 import os
 
@@ -99,19 +100,28 @@ def test_quant_long_context(benchmark, kind):
     model = _model("SmolLM2-135M", kind)
     benchmark.group = f"quant SmolLM2-135M {kind} long context"
     rows = {}
-    for context in CONTEXTS:
-        d = decode_vs_stream(model, context=context, pairs=8)
-        v = verify_costs(model, ks=(1, 8, 16), context=context, rounds=5)
-        rows[context] = {"decode_step_s": d["decode_step_s"], "step_bytes": d["step_bytes"],
-                         "fraction_of_stream_bound": d["fraction_of_stream_bound"],
-                         "verify_8_steps": v["verify_8_steps"],
-                         "verify_16_steps": v["verify_16_steps"]}
-        print(f"\nSmolLM2-135M {kind} threads={THREADS[0]} context {context}: decode "
-              f"{1e3 * d['decode_step_s']:.2f} ms ({d['step_bytes'] / 1e6:.0f} MB, "
-              f"{d['fraction_of_stream_bound']:.2f} of the stream bound); verify_8 "
-              f"{v['verify_8_steps']:.2f}, verify_16 {v['verify_16_steps']:.2f} steps")
+    try:
+        for context in CONTEXTS:
+            for kv in ("float32", "float16"):  # the two caches of one context back to back
+                model.kv_dtype = kv
+                d = decode_vs_stream(model, context=context, pairs=8)
+                v = verify_costs(model, ks=(1, 8, 16), context=context, rounds=5)
+                rows[f"{context} {kv}"] = row = {
+                    "decode_step_s": d["decode_step_s"], "step_bytes": d["step_bytes"],
+                    "fraction_of_stream_bound": d["fraction_of_stream_bound"],
+                    "verify_8_steps": v["verify_8_steps"],
+                    "verify_16_steps": v["verify_16_steps"]}
+                print(f"\nSmolLM2-135M {kind} threads={THREADS[0]} context {context} {kv} "
+                      f"cache: decode {1e3 * row['decode_step_s']:.2f} ms "
+                      f"({row['step_bytes'] / 1e6:.0f} MB, "
+                      f"{row['fraction_of_stream_bound']:.2f} of the stream bound); verify_8 "
+                      f"{row['verify_8_steps']:.2f}, verify_16 {row['verify_16_steps']:.2f} "
+                      "steps")
+            rows[f"{context} float16 speedup"] = (rows[f"{context} float32"]["decode_step_s"]
+                                                  / rows[f"{context} float16"]["decode_step_s"])
+    finally:
+        model.kv_dtype = None
     benchmark.extra_info.update({"kind": kind, "threads": THREADS[0],
                                  "path": fs.kernels.isa_info()["selected"],
-                                 "load_average": os.getloadavg()[0],
-                                 "contexts": {str(c): r for c, r in rows.items()}})
+                                 "load_average": os.getloadavg()[0], "contexts": rows})
     benchmark.pedantic(lambda: rows, rounds=1)

@@ -114,15 +114,10 @@ static inline void fs_attn_hide(double *s, int j0, int j1, const uint8_t *mrow, 
  * pass, so a position's output is bit-identical whether it is computed alone (decode, n = 1)
  * or inside a block of queries (verification). Greedy speculative decoding relies on this.
  *
- * Handles head_dim a multiple of 16 up to 128 (fs_f32_supported); others use the double
+ * Handles head_dim a multiple of 16 up to 128 (FS_F32_SUPPORTED); others use the double
  * template.
  */
 #if FS_HAVE_VEC
-static inline int fs_f32_supported(int head_dim)
-{
-    return head_dim % 16 == 0 && head_dim <= FS_F32_MAXD;
-}
-
 /* ---- transposed keys ----
  * A call whose kv heads each serve at least FS_ATTN_KT_ROWS query rows first transposes each
  * head's keys (fs_disp->attn_f32_keys), and its blocks compute their scores from those: the
@@ -187,12 +182,13 @@ static const float *fs_attn_transpose(const float *k, int n_kv_heads, int head_d
 }
 
 /* One block of `rows` query rows of kv head kv: query and output row r at q + at[r] and
- * out + at[r]; kt: the transposed keys of every head (stride floats apart) or NULL. */
+ * out + at[r]; kt: the transposed keys of every head (stride floats apart) or NULL. The cache:
+ * k, v (float32) or k16, v16 (float16), the others NULL. */
 static void fs_f32_run_block(fs_attn_block_fn block, const float *q, const float *k,
-                             const float *v, float *out, const size_t *at, const int *count,
-                             int rows, int kv, int capacity, int head_dim, float scale,
-                             int base, const int32_t *anc, const float *kt, size_t kt_stride,
-                             int kt_keys)
+                             const float *v, const uint16_t *k16, const uint16_t *v16,
+                             float *out, const size_t *at, const int *count, int rows, int kv,
+                             int capacity, int head_dim, float scale, int base,
+                             const int32_t *anc, const float *kt, size_t kt_stride, int kt_keys)
 {
     const float *qrows[FS_F32_ROWS];
     float *orows[FS_F32_ROWS];
@@ -201,8 +197,12 @@ static void fs_f32_run_block(fs_attn_block_fn block, const float *q, const float
         orows[r] = out + at[r];
     }
     size_t head = (size_t)kv * capacity * head_dim;
-    block(qrows, orows, count, rows, k + head, v + head, head_dim, scale, base, anc,
-          kt ? kt + kv * kt_stride : NULL, kt_keys);
+    if (k16)
+        block(qrows, orows, count, rows, NULL, NULL, head_dim, scale, base, anc, NULL, 0,
+              k16 + head, v16 + head);
+    else
+        block(qrows, orows, count, rows, k + head, v + head, head_dim, scale, base, anc,
+              kt ? kt + kv * kt_stride : NULL, kt_keys, NULL, NULL);
 }
 
 /* Attention this small (multiply-adds of scores and values together) runs on the caller
@@ -234,6 +234,7 @@ static int fs_attn_parallel(double macs)
 typedef struct {
     fs_attn_block_fn block;
     const float *q, *k, *v, *kt;
+    const uint16_t *k16, *v16;  /* a float16 cache (k, v NULL), else NULL */
     float *out;
     int n, n_heads, head_dim, capacity, length, causal, group, per_kv, nblocks, nchunks;
     int window; /* > 0: a sliding window that cuts the call (blocks of one query each) */
@@ -259,8 +260,14 @@ static void fs_f32_window_blocks(const fs_f32_job *j, int b_lo, int b_hi)
             at[r] = ((size_t)i * j->n_heads + kv * j->group + g0 + r) * j->head_dim;
             count[r] = pos + 1 - lo;
         }
-        fs_f32_run_block(j->block, j->q, j->k + shift, j->v + shift, j->out, at, count, rows,
-                         kv, j->capacity, j->head_dim, j->scale, 0, NULL, NULL, 0, 0);
+        if (j->k16)
+            fs_f32_run_block(j->block, j->q, NULL, NULL, j->k16 + shift, j->v16 + shift, j->out,
+                             at, count, rows, kv, j->capacity, j->head_dim, j->scale, 0, NULL,
+                             NULL, 0, 0);
+        else
+            fs_f32_run_block(j->block, j->q, j->k + shift, j->v + shift, NULL, NULL, j->out, at,
+                             count, rows, kv, j->capacity, j->head_dim, j->scale, 0, NULL, NULL,
+                             0, 0);
     }
 }
 
@@ -279,8 +286,9 @@ static void fs_f32_blocks(const fs_f32_job *j, int b_lo, int b_hi)
         for (int r = 0; r < rows; r++)
             count[r] = fs_attn_row(kv, t0 + r, j->group, j->n, j->n_heads, j->head_dim,
                                    j->length, j->causal, &at[r]);
-        fs_f32_run_block(j->block, j->q, j->k, j->v, j->out, at, count, rows, kv, j->capacity,
-                         j->head_dim, j->scale, 0, NULL, j->kt, j->kt_stride, j->length);
+        fs_f32_run_block(j->block, j->q, j->k, j->v, j->k16, j->v16, j->out, at, count, rows, kv,
+                         j->capacity, j->head_dim, j->scale, 0, NULL, j->kt, j->kt_stride,
+                         j->length);
     }
 }
 
@@ -291,17 +299,18 @@ static void fs_f32_chunk(void *ctx, int c)
                   (int)((long long)(c + 1) * j->nblocks / j->nchunks));
 }
 
-/* Same contract as fs_attention_f64 (fs_attention.h); head_dim must pass fs_f32_supported.
+/* Same contract as fs_attention_f64 (fs_attention.h); head_dim must pass FS_F32_SUPPORTED.
  * The blocks go to the thread pool when the call is large enough; a block's arithmetic does
  * not depend on the thread that runs it, so the output bits do not depend on the thread
- * count. */
-static void fs_attention_f32_tiled(const float *q, const float *k, const float *v, float *out,
-                                   int n, int n_heads, int n_kv_heads, int head_dim,
-                                   int capacity, int length, int causal, int window)
+ * count. A float16 cache (k16, v16) never transposes its keys (the row path: the same bits). */
+void fs_attention_f32_tiled(const float *q, const float *k, const float *v,
+                            const uint16_t *k16, const uint16_t *v16, float *out, int n,
+                            int n_heads, int n_kv_heads, int head_dim, int capacity, int length,
+                            int causal, int window)
 {
     fs_f32_job j;
     j.block = fs_disp->attn_f32;
-    j.q = q; j.k = k; j.v = v; j.out = out;
+    j.q = q; j.k = k; j.v = v; j.k16 = k16; j.v16 = v16; j.out = out;
     j.n = n; j.n_heads = n_heads; j.head_dim = head_dim; j.capacity = capacity;
     j.length = length; j.causal = causal;
     j.group = n_heads / n_kv_heads;
@@ -316,8 +325,8 @@ static void fs_attention_f32_tiled(const float *q, const float *k, const float *
     j.nchunks = fs_attn_parallel(macs) ? fs_pool_chunks(j.nblocks, (size_t)(macs / j.nblocks), 1)
                                        : 1;
     j.kt_stride = 0;
-    j.kt = j.window ? NULL : fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length,
-                                               n * j.group, j.nchunks, &j.kt_stride);
+    j.kt = j.window || k16 ? NULL : fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length,
+                                                      n * j.group, j.nchunks, &j.kt_stride);
     if (j.nchunks <= 1)
         fs_f32_blocks(&j, 0, j.nblocks);
     else
@@ -338,6 +347,7 @@ static void fs_attention_f32_tiled(const float *q, const float *k, const float *
 typedef struct {
     fs_attn_block_fn block;
     const float *q, *k, *v, *kt;
+    const uint16_t *k16, *v16;  /* a float16 cache (k, v NULL), else NULL */
     float *out;
     const uint8_t *mask;
     int n, n_heads, n_kv_heads, head_dim, capacity, length, window, nchunks;
@@ -356,7 +366,10 @@ static void fs_f32_tree_nodes(const fs_f32_tree_job *j, int i_lo, int i_hi, int3
                 anc[seen++] = t;
         /* a sliding window (seen <= window): the context keys from its first one */
         int lo = fs_attn_lo(base + seen - 1, j->window);
-        const float *k = j->k + (size_t)lo * j->head_dim, *v = j->v + (size_t)lo * j->head_dim;
+        size_t shift = (size_t)lo * j->head_dim;
+        const float *k = j->k16 ? NULL : j->k + shift, *v = j->v16 ? NULL : j->v + shift;
+        const uint16_t *k16 = j->k16 ? j->k16 + shift : NULL;
+        const uint16_t *v16 = j->v16 ? j->v16 + shift : NULL;
         for (int kv = 0; kv < j->n_kv_heads; kv++)
             for (int g0 = 0; g0 < group; g0 += FS_F32_ROWS) {
                 size_t at[FS_F32_ROWS];
@@ -366,7 +379,7 @@ static void fs_f32_tree_nodes(const fs_f32_tree_job *j, int i_lo, int i_hi, int3
                     at[r] = ((size_t)i * j->n_heads + kv * group + g0 + r) * j->head_dim;
                     count[r] = base - lo + seen;
                 }
-                fs_f32_run_block(j->block, j->q, k, v, j->out, at, count, rows, kv,
+                fs_f32_run_block(j->block, j->q, k, v, k16, v16, j->out, at, count, rows, kv,
                                  j->capacity, j->head_dim, j->scale, base - lo, anc,
                                  j->kt, j->kt_stride, base);
             }
@@ -381,14 +394,14 @@ static void fs_f32_tree_chunk(void *ctx, int c)
                       (int)((long long)(c + 1) * j->n / j->nchunks), anc);
 }
 
-static void fs_attention_f32_tree(const float *q, const float *k, const float *v, float *out,
-                                  int n, int n_heads, int n_kv_heads, int head_dim,
-                                  int capacity, int length, const uint8_t *mask, int window,
-                                  int32_t *anc)
+void fs_attention_f32_tree(const float *q, const float *k, const float *v,
+                           const uint16_t *k16, const uint16_t *v16, float *out, int n,
+                           int n_heads, int n_kv_heads, int head_dim, int capacity, int length,
+                           const uint8_t *mask, int window, int32_t *anc)
 {
     fs_f32_tree_job j;
     j.block = fs_disp->attn_f32;
-    j.q = q; j.k = k; j.v = v; j.out = out; j.mask = mask;
+    j.q = q; j.k = k; j.v = v; j.k16 = k16; j.v16 = v16; j.out = out; j.mask = mask;
     j.n = n; j.n_heads = n_heads; j.n_kv_heads = n_kv_heads; j.head_dim = head_dim;
     j.capacity = capacity; j.length = length;
     j.window = fs_attn_cuts(n, length, mask, window) ? window : 0;
@@ -398,7 +411,8 @@ static void fs_attention_f32_tree(const float *q, const float *k, const float *v
                 ? fs_pool_chunks(n, (size_t)(macs / n), 1) : 1;
     /* the context keys, below the nodes, are every node's (without a window that cuts) */
     j.kt_stride = 0;
-    j.kt = j.window ? NULL : fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length - n,
+    j.kt = j.window || k16 ? NULL
+                           : fs_attn_transpose(k, n_kv_heads, head_dim, capacity, length - n,
                                                n * (n_heads / n_kv_heads), j.nchunks,
                                                &j.kt_stride);
     if (j.nchunks <= 1)
@@ -426,9 +440,9 @@ void fs_attention_f32(const float *q, const float *k, const float *v, float *out
                              int length, int causal, int window, double *scratch)
 {
 #if FS_HAVE_VEC
-    if (fs_f32_supported(head_dim)) {
-        fs_attention_f32_tiled(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity,
-                               length, causal, window);
+    if (FS_F32_SUPPORTED(head_dim)) {
+        fs_attention_f32_tiled(q, k, v, NULL, NULL, out, n, n_heads, n_kv_heads, head_dim,
+                               capacity, length, causal, window);
         return;
     }
 #endif
@@ -442,9 +456,9 @@ void fs_attention_masked_f32(const float *q, const float *k, const float *v, flo
                                     int window, double *scratch)
 {
 #if FS_HAVE_VEC
-    if (fs_f32_supported(head_dim)) {  /* n ints of the caller's >= length doubles */
-        fs_attention_f32_tree(q, k, v, out, n, n_heads, n_kv_heads, head_dim, capacity, length,
-                              mask, window, (int32_t *)scratch);
+    if (FS_F32_SUPPORTED(head_dim)) {  /* n ints of the caller's >= length doubles */
+        fs_attention_f32_tree(q, k, v, NULL, NULL, out, n, n_heads, n_kv_heads, head_dim,
+                              capacity, length, mask, window, (int32_t *)scratch);
         return;
     }
 #endif

@@ -34,6 +34,7 @@
 #ifndef FS_ATTENTION_H
 #define FS_ATTENTION_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 void fs_attention_f32(const float *q, const float *k, const float *v, float *out, int n,
@@ -58,5 +59,23 @@ void fs_attention_masked_f32(const float *q, const float *k, const float *v, flo
 void fs_attention_masked_f64(const double *q, const double *k, const double *v, double *out,
                              int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
                              int length, const uint8_t *mask, int window, double *scratch);
+
+/* float32 queries over a float16 cache (k, v: IEEE binary16 bit patterns, same layout
+ * (n_kv_heads, capacity, head_dim)): the same contract as fs_attention_f32 /
+ * fs_attention_masked_f32, and the same output bits as those called on the cache widened to
+ * float32 (widening is exact). Half the cache bytes a call reads (fs_attention_f16.c: the
+ * tiled kernel widens each vector as it loads it; other head sizes widen each kv head's valid
+ * rows into a buffer of the calling thread first: if the allocator refuses that buffer, one kv
+ * head's valid rows and the call's queries, the outputs are NaN instead of a crash). */
+void fs_attention_f32h(const float *q, const uint16_t *k, const uint16_t *v, float *out, int n,
+                       int n_heads, int n_kv_heads, int head_dim, int capacity, int length,
+                       int causal, int window, double *scratch);
+void fs_attention_masked_f32h(const float *q, const uint16_t *k, const uint16_t *v, float *out,
+                              int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
+                              int length, const uint8_t *mask, int window, double *scratch);
+
+/* h[i] = x[i] rounded to binary16, nearest with ties to even (numpy's astype(float16): past
+ * the largest binary16 an infinity, NaN stays NaN), for writes into a float16 cache. */
+void fs_f32_to_f16(const float *x, uint16_t *h, size_t count);
 
 #endif /* FS_ATTENTION_H */

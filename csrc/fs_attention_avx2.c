@@ -7,5 +7,7 @@
 #define FS_ATTR __attribute__((target("arch=x86-64-v3")))
 #define FS_W 8
 #define FS_VREG "+x"
+#define FS_F16C 8
+#include <immintrin.h>
 #include "fs_attention_f32.inc"
 #endif

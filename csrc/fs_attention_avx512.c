@@ -7,5 +7,7 @@
 #define FS_ATTR __attribute__((target("arch=x86-64-v4")))
 #define FS_W 16
 #define FS_VREG "+v"
+#define FS_F16C 16
+#include <immintrin.h>
 #include "fs_attention_f32.inc"
 #endif

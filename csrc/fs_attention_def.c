@@ -11,5 +11,15 @@
 #else
 #define FS_W 16
 #endif
+/* float16 caches: the build's own conversions where it has them, else fs_h2f */
+#if defined(__AVX512F__)
+#define FS_F16C 16
+#include <immintrin.h>
+#elif defined(__F16C__) && defined(__AVX__)
+#define FS_F16C 8
+#include <immintrin.h>
+#else
+#define FS_F16C 0
+#endif
 #include "fs_attention_f32.inc"
 #endif

@@ -56,11 +56,13 @@ typedef void (*fs_linf_f32_fn)(const float *x, const float *P, float *y, int n, 
 typedef void (*fs_linf_u16_fn)(const float *x, const uint16_t *P, float *y, int n, int in,
                                int out, int lo, int hi, int accumulate);
 /* One block of query rows of the tiled float attention (fs_attention.c), and the
- * transposition of a kv head's keys its scores may read instead of the keys. */
+ * transposition of a kv head's keys its scores may read instead of the keys. kh16, vh16:
+ * a float16 cache's head (kh, vh unused), else NULL. */
 typedef void (*fs_attn_block_fn)(const float *const *qrows, float *const *orows,
                                  const int *count, int rows, const float *kh, const float *vh,
                                  int head_dim, float scale, int base, const int32_t *anc,
-                                 const float *kt, int kt_keys);
+                                 const float *kt, int kt_keys, const uint16_t *kh16,
+                                 const uint16_t *vh16);
 typedef void (*fs_attn_keys_fn)(const float *k, int keys, int head_dim, float *kt);
 
 /* The quantized products' columns (fs_quant_kern.h: panels [g_lo, g_hi) of all rows). */

@@ -102,6 +102,7 @@ size_t fs_scratch_row(const fs_dims *d)
 #define FS_W double
 #define FS_SFX f64
 #define FS_TSFX f64
+#define FS_TDOUBLE 1
 #define FS_WHALF 0
 #define FS_WBF16 0
 #include "fs_model.inc"
@@ -168,12 +169,12 @@ void fs_model_embed(int variant, const void *m, const int64_t *ids, int n, int p
 }
 
 void fs_model_layers(int variant, const void *m, fs_scratch_f32 *s, int n, int pos0,
-                     int causal, float *k_cache, float *v_cache, size_t layer_stride,
+                     int causal, void *k_cache, void *v_cache, int kv16, size_t layer_stride,
                      int capacity, float *const *hidden, const int32_t *positions,
                      const uint8_t *tree_mask)
 {
-    FS_MODEL_SWITCH(variant, fs_layers, s, n, pos0, causal, k_cache, v_cache, layer_stride,
-                    capacity, hidden, positions, tree_mask)
+    FS_MODEL_SWITCH(variant, fs_layers, s, n, pos0, causal, k_cache, v_cache, kv16,
+                    layer_stride, capacity, hidden, positions, tree_mask)
 }
 
 void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int r0, int n,

@@ -87,9 +87,9 @@ size_t fs_scratch_row(const fs_dims *d);
     void fs_embed_##SFX(const fs_model_##SFX *m, const int64_t *ids, int n, int pos0,          \
                         const int32_t *positions, T *x);                                       \
     void fs_layers_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s, int n, int pos0,       \
-                         int causal, T *k_cache, T *v_cache, size_t layer_stride,              \
-                         int capacity, T *const *hidden, const int32_t *positions,             \
-                         const uint8_t *tree_mask);                                            \
+                         int causal, void *k_cache, void *v_cache, int kv16,                   \
+                         size_t layer_stride, int capacity, T *const *hidden,                  \
+                         const int32_t *positions, const uint8_t *tree_mask);                  \
     void fs_head_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s, int r0, int n,          \
                        T *logits);                                                        \
     void fs_context_kv_##SFX(const fs_model_##SFX *m, fs_scratch_##TSFX *s, const T *feat,     \
@@ -122,7 +122,7 @@ enum { FS_MV_F32 = 0, FS_MV_F32H = 1, FS_MV_F32B = 2, FS_MV_F32Q = 3 };
 void fs_model_embed(int variant, const void *m, const int64_t *ids, int n, int pos0,
                     const int32_t *positions, float *x);
 void fs_model_layers(int variant, const void *m, fs_scratch_f32 *s, int n, int pos0,
-                     int causal, float *k_cache, float *v_cache, size_t layer_stride,
+                     int causal, void *k_cache, void *v_cache, int kv16, size_t layer_stride,
                      int capacity, float *const *hidden, const int32_t *positions,
                      const uint8_t *tree_mask);
 void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int r0, int n,

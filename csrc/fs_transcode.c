@@ -10,44 +10,6 @@
 #include "fs_pool.h"
 #include "fs_quant.h"
 
-/* The binary16 bits (no sign) of a float's magnitude ax that rounds to a normal binary16
- * value (2^-14 <= value < 65520): the exponent rebiased, the 13 dropped bits rounded to
- * nearest, ties to even. No branch: the loops below vectorize with it. */
-static inline uint32_t fs_f2h_normal(uint32_t ax)
-{
-    uint32_t r = (ax - 0x38000000u) >> 13, rem = ax & 0x1fffu;
-    return r + ((uint32_t)(rem > 0x1000u) | ((uint32_t)(rem == 0x1000u) & r));
-}
-
-/* float -> binary16 bits, nearest (ties to even), as numpy's astype(float16): past the
- * largest f16 an infinity, below its subnormals a signed zero, a NaN keeps its sign and the
- * top of its payload (never becoming an infinity). */
-static uint16_t fs_f2h(float f)
-{
-    uint32_t x, ax, sign, r, rem, half;
-    memcpy(&x, &f, sizeof x);
-    sign = (x >> 16) & 0x8000u;
-    ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) {  /* NaN */
-        r = 0x7c00u | ((ax & 0x7fffffu) >> 13);
-        return (uint16_t)(sign | (r == 0x7c00u ? 0x7c01u : r));
-    }
-    if (ax >= 0x477ff000u)  /* infinity, or at least halfway past 65504 */
-        return (uint16_t)(sign | 0x7c00u);
-    if (ax >= 0x38800000u)  /* normal */
-        return (uint16_t)(sign | fs_f2h_normal(ax));
-    if (ax <= 0x33000000u)  /* at most 2^-25, half the smallest subnormal: zero (ties even) */
-        return (uint16_t)sign;
-    {  /* subnormal: (ax's significand) * 2^(e - 150) in units of 2^-24 */
-        uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - e;
-        r = m >> shift;
-        rem = m & ((1u << shift) - 1u);
-        half = 1u << (shift - 1u);
-        r += rem > half || (rem == half && (r & 1u));
-        return (uint16_t)(sign | r);
-    }
-}
-
 /* fs_f2h, inline for the values a scale almost always has (normal binary16 results and
  * zeros), the rest through fs_f2h: the same bits. */
 static inline uint16_t fs_f2h_fast(float f)

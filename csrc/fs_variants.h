@@ -259,7 +259,7 @@ int fs_linf_amx(void);
     void fs_f32_block_##SFX(const float *const *qrows, float *const *orows, const int *count,  \
                             int rows, const float *kh, const float *vh, int head_dim,          \
                             float scale, int base, const int32_t *anc, const float *kt,        \
-                            int kt_keys);                                                      \
+                            int kt_keys, const uint16_t *kh16, const uint16_t *vh16);          \
     void fs_f32_keys_##SFX(const float *k, int keys, int head_dim, float *kt);
 FS_F32_VARIANT(def)
 #if FS_ATTN_VARIANTS
@@ -267,6 +267,20 @@ FS_F32_VARIANT(avx2)
 FS_F32_VARIANT(avx512)
 #endif
 #undef FS_F32_VARIANT
+
+/* Head sizes of the tiled kernel (the double template takes the others). */
+#define FS_F32_SUPPORTED(head_dim) ((head_dim) % 16 == 0 && (head_dim) <= FS_F32_MAXD)
+
+/* The tiled kernel's drivers (fs_attention.c), for the float32 entries and the float16 ones
+ * of fs_attention_f16.c: k, v float32 (k16, v16 NULL) or k16, v16 binary16 (k, v NULL). */
+void fs_attention_f32_tiled(const float *q, const float *k, const float *v,
+                            const uint16_t *k16, const uint16_t *v16, float *out, int n,
+                            int n_heads, int n_kv_heads, int head_dim, int capacity, int length,
+                            int causal, int window);
+void fs_attention_f32_tree(const float *q, const float *k, const float *v,
+                           const uint16_t *k16, const uint16_t *v16, float *out, int n,
+                           int n_heads, int n_kv_heads, int head_dim, int capacity, int length,
+                           const uint8_t *mask, int window, int32_t *anc);
 #endif
 
 #endif /* FS_VARIANTS_H */

@@ -11,7 +11,7 @@ from fastspec.kernels import MAX_THREADS, threads_info
 
 __all__ = ["positive_int", "thread_count", "non_negative_float", "gamma_or_adaptive",
            "add_backend_option", "add_sampling_options", "add_threads_option",
-           "apply_threads_option", "WEIGHT_DTYPES", "MODEL_SOURCES"]
+           "apply_threads_option", "add_kv_dtype_option", "WEIGHT_DTYPES", "MODEL_SOURCES"]
 
 #: What ``--model`` takes (:func:`fastspec.models.resolve`), for the commands' help.
 MODEL_SOURCES = ("a GGUF file, a catalog name (smollm2), a model Ollama pulled (llama3.2:1b or "
@@ -93,3 +93,12 @@ def apply_threads_option(args: argparse.Namespace) -> None:
         from fastspec.kernels import set_threads
 
         set_threads(threads)
+
+
+def add_kv_dtype_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--kv-dtype`` (the commands that decode with a loaded model)."""
+    parser.add_argument("--kv-dtype", choices=("float32", "float16"), default=None,
+                        help="dtype of the target's key/value cache (default: the model's "
+                             "compute dtype, float32); float16 halves the bytes a decode step "
+                             "reads from it (faster at long contexts where the head size is a "
+                             "multiple of 16 up to 128), its values rounded to binary16")

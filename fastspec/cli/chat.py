@@ -11,8 +11,8 @@ import argparse
 import sys
 from typing import TextIO
 
-from fastspec.cli.args import (MODEL_SOURCES, WEIGHT_DTYPES, add_sampling_options,
-                               add_threads_option, positive_int)
+from fastspec.cli.args import (MODEL_SOURCES, WEIGHT_DTYPES, add_kv_dtype_option,
+                               add_sampling_options, add_threads_option, positive_int)
 
 __all__ = ["add_parser", "run", "converse"]
 
@@ -89,6 +89,7 @@ def add_parser(sub) -> None:
     p.add_argument("--weight-dtype", choices=("auto",) + WEIGHT_DTYPES, default="auto",
                    help="storage of the matrices (default auto: the file's own, as in "
                         "fastspec generate: a GGUF file's Q8_0/Q4_0/Q4_1 blocks as they are)")
+    add_kv_dtype_option(p)
     add_threads_option(p)
     p.set_defaults(run=run)
 
@@ -102,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = parse_drafter(args.drafter, embedded=False)
         model, tok = load_pretrained(resolve(args.model), weight_dtype=args.weight_dtype)
+        if args.kv_dtype:
+            model.kv_dtype = args.kv_dtype
         if tok.chat_template is None:
             raise GenerateError(f"{args.model}: the model has no chat template")
         drafter = load_drafter(spec, model, None, args.temperature > 0, args.weight_dtype)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from fastspec.cli.args import (MODEL_SOURCES, add_threads_option, non_negative_float,
-                               positive_int)
+from fastspec.cli.args import (MODEL_SOURCES, add_kv_dtype_option, add_threads_option,
+                               non_negative_float, positive_int)
 
 __all__ = ["add_parser", "run"]
 
@@ -44,6 +44,7 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=positive_int, default=1,
                    help="timed runs per method, fastest reported (default 1)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    add_kv_dtype_option(p)
     add_threads_option(p)
     p.set_defaults(run=run)
 

@@ -21,8 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from fastspec.cli.args import (MODEL_SOURCES, WEIGHT_DTYPES, add_sampling_options,
-                               add_threads_option, positive_int)
+from fastspec.cli.args import (MODEL_SOURCES, WEIGHT_DTYPES, add_kv_dtype_option,
+                               add_sampling_options, add_threads_option, positive_int)
 from fastspec.decoding import speculative_generate
 from fastspec.drafters import DraftModelDrafter, NgramDrafter
 from fastspec.drafters.base import Proposal
@@ -207,13 +207,15 @@ def run_generate(args, write: Callable[[str], None]) -> dict:
     spec = parse_drafter(args.drafter or ("dflash" if args.model is None else "ngram"),
                          args.model is None)
     target, tok, ids, bundle = _load(args)
+    if args.kv_dtype:
+        target.kv_dtype = args.kv_dtype
     drafter = load_drafter(spec, target, bundle, args.temperature > 0, args.weight_dtype)
     gamma = drafter_gamma(args, spec.kind) if spec.kind != "none" else None
     report = stream_reply(target, tok, drafter, ids, args, gamma, write)
     return {"model": str(args.model) if args.model else "embedded",
             "drafter": spec.kind if spec.path is None else f"{spec.kind}:{spec.path}",
             "gamma": gamma, "weight_dtype": target.config.weight_dtype or target.config.dtype,
-            **report}
+            "kv_dtype": target.kv_dtype or target.config.dtype, **report}
 
 
 def stream_reply(target, tok, drafter, ids: list[int], args, gamma,
@@ -307,6 +309,7 @@ def add_parser(sub) -> None:
                    help="map a --model folder's safetensors instead of reading them: tensors "
                         "already in their storage dtype are not read at load (the first "
                         "forward packs them) and their pages stay reclaimable page cache")
+    add_kv_dtype_option(p)
     add_threads_option(p)
     p.set_defaults(run=run)
 

@@ -115,8 +115,9 @@ cdef extern from "fs_model.h" nogil:
     void fs_embed_f32b(const fs_model_f32b *m, const int64_t *ids, int n, int pos0,
                        const int32_t *positions, float *x)
     void fs_layers_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int n, int pos0, int causal,
-                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
-                        float **hidden, const int32_t *positions, const uint8_t *tree_mask)
+                        void *k_cache, void *v_cache, int kv16, size_t layer_stride,
+                        int capacity, float **hidden, const int32_t *positions,
+                        const uint8_t *tree_mask)
     void fs_head_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, int r0, int n, float *logits)
     void fs_context_kv_f32b(const fs_model_f32b *m, fs_scratch_f32 *s, const float *feat,
                             int n, int pos0, float *k_cache, float *v_cache,
@@ -145,9 +146,9 @@ cdef extern from "fs_model.h" nogil:
     void fs_model_embed(int variant, const void *m, const int64_t *ids, int n, int pos0,
                         const int32_t *positions, float *x)
     void fs_model_layers(int variant, const void *m, fs_scratch_f32 *s, int n, int pos0,
-                         int causal, float *k_cache, float *v_cache, size_t layer_stride,
-                         int capacity, float **hidden, const int32_t *positions,
-                         const uint8_t *tree_mask)
+                         int causal, void *k_cache, void *v_cache, int kv16,
+                         size_t layer_stride, int capacity, float **hidden,
+                         const int32_t *positions, const uint8_t *tree_mask)
     void fs_model_head(int variant, const void *m, fs_scratch_f32 *s, int r0, int n, float *logits)
     void fs_model_context_kv(int variant, const void *m, fs_scratch_f32 *s, const float *feat,
                              int n, int pos0, float *k_cache, float *v_cache,
@@ -157,14 +158,17 @@ cdef extern from "fs_model.h" nogil:
                                   const float *hidden_norm, int pos0, float *k_cache,
                                   float *v_cache, size_t layer_stride, int capacity)
     void fs_layers_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int n, int pos0, int causal,
-                       float *k_cache, float *v_cache, size_t layer_stride, int capacity,
-                       float **hidden, const int32_t *positions, const uint8_t *tree_mask)
+                       void *k_cache, void *v_cache, int kv16, size_t layer_stride,
+                       int capacity, float **hidden, const int32_t *positions,
+                       const uint8_t *tree_mask)
     void fs_layers_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int n, int pos0, int causal,
-                       double *k_cache, double *v_cache, size_t layer_stride, int capacity,
-                       double **hidden, const int32_t *positions, const uint8_t *tree_mask)
+                       void *k_cache, void *v_cache, int kv16, size_t layer_stride,
+                       int capacity, double **hidden, const int32_t *positions,
+                       const uint8_t *tree_mask)
     void fs_layers_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int n, int pos0, int causal,
-                        float *k_cache, float *v_cache, size_t layer_stride, int capacity,
-                        float **hidden, const int32_t *positions, const uint8_t *tree_mask)
+                        void *k_cache, void *v_cache, int kv16, size_t layer_stride,
+                        int capacity, float **hidden, const int32_t *positions,
+                        const uint8_t *tree_mask)
     void fs_head_f32(const fs_model_f32 *m, fs_scratch_f32 *s, int r0, int n, float *logits)
     void fs_head_f32h(const fs_model_f32h *m, fs_scratch_f32 *s, int r0, int n, float *logits)
     void fs_head_f64(const fs_model_f64 *m, fs_scratch_f64 *s, int r0, int n, double *logits)
@@ -206,6 +210,14 @@ cdef extern from "fs_attention.h" nogil:
                                  double *out, int n, int n_heads, int n_kv_heads, int head_dim,
                                  int capacity, int length, const uint8_t *mask, int window,
                                  double *scratch)
+    void fs_attention_f32h(const float *q, const uint16_t *k, const uint16_t *v, float *out,
+                           int n, int n_heads, int n_kv_heads, int head_dim, int capacity,
+                           int length, int causal, int window, double *scratch)
+    void fs_attention_masked_f32h(const float *q, const uint16_t *k, const uint16_t *v,
+                                  float *out, int n, int n_heads, int n_kv_heads, int head_dim,
+                                  int capacity, int length, const uint8_t *mask, int window,
+                                  double *scratch)
+    void fs_f32_to_f16(const float *x, uint16_t *h, size_t count)
 
 
 cdef extern from "fs_kernels.h" nogil:

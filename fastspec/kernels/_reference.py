@@ -47,7 +47,8 @@ def attention(q, k_cache, v_cache, length, causal=True, out=None, window=None):
     k_cache, v_cache : ndarray of shape (n_kv_heads, capacity, head_dim)
         Cached keys and values; positions ``[0, length)`` are valid. ``n_heads`` must be a
         multiple of ``n_kv_heads`` (grouped-query attention: head ``h`` reads kv head
-        ``h // (n_heads // n_kv_heads)``).
+        ``h // (n_heads // n_kv_heads)``). q's dtype, or both float16 with float32 ``q``:
+        the result is then that of the float32 call on the cache widened to float32 (exact).
     length : int
         Number of valid keys, ``n <= length <= capacity``.
     causal : bool, default True
@@ -84,6 +85,9 @@ def _attend(q, k_cache, v_cache, length, visible, out):
     True (None: every key), in float64; the body of both attention twins."""
     n_heads, head_dim = q.shape[1], q.shape[2]
     group = n_heads // k_cache.shape[0]
+    if k_cache.dtype == np.float16:  # widened (exactly): the float32 cache's computation
+        k_cache = k_cache[:, :length].astype(np.float32)
+        v_cache = v_cache[:, :length].astype(np.float32)
     scale = 1.0 / np.sqrt(head_dim)
     # float64 accumulation keeps float32 results within ~1e-6 of an exact computation.
     keys = np.repeat(k_cache[:, :length].astype(np.float64), group, axis=0)  # (H, L, D)
@@ -109,7 +113,8 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, out=None, window=None
     q : ndarray of shape (n, n_heads, head_dim)
         Queries of the nodes stored at cache positions ``length - n .. length - 1``.
     k_cache, v_cache : ndarray of shape (n_kv_heads, capacity, head_dim)
-        As for :func:`attention`; keys ``[0, length - n)`` are the committed context.
+        As for :func:`attention` (float16 with float32 ``q`` too); keys ``[0, length - n)``
+        are the committed context.
     length : int
         Number of valid keys, ``n <= length <= capacity``.
     tree_mask : ndarray of shape (n, n), bool
@@ -140,7 +145,8 @@ def compact_kv(k, v, start, rows):
     Parameters
     ----------
     k, v : ndarray of shape (n_layers, n_kv_heads, capacity, head_dim)
-        Writable, C-contiguous key and value buffers (a :class:`fastspec.KVCache`'s ``k``, ``v``).
+        Writable, C-contiguous key and value buffers (a :class:`fastspec.KVCache`'s ``k``, ``v``)
+        of one dtype: float32, float64 or float16.
     start : int
         First destination position.
     rows : ndarray of shape (m,), int64
@@ -160,14 +166,17 @@ def cache_write(cache, new, start):
     Parameters
     ----------
     cache : ndarray of shape (n_kv_heads, capacity, head_dim)
-        Writable, C-contiguous buffer; positions ``start .. start + n - 1`` are overwritten.
+        Writable, C-contiguous buffer (float32, float64 or float16); positions
+        ``start .. start + n - 1`` are overwritten.
     new : ndarray of shape (n, n_kv_heads, head_dim)
-        The keys (or values) of the new positions, same dtype as ``cache``.
+        The keys (or values) of the new positions, same dtype as ``cache``; or float32 for a
+        float16 cache, rounded to nearest (ties to even) as ``new.astype(np.float16)``.
     start : int
         First position to write, ``0 <= start`` and ``start + n <= capacity``.
     """
     n = check_cache_write_args(cache, new, start)
-    cache[:, start:start + n, :] = new.transpose(1, 0, 2)
+    with np.errstate(over="ignore", invalid="ignore"):  # float16: inf past its largest
+        cache[:, start:start + n, :] = new.transpose(1, 0, 2)
 
 
 def probs(logits, temperature=1.0, top_k=0, top_p=1.0, out=None):

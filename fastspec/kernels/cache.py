@@ -7,10 +7,48 @@ import numpy as np
 
 from fastspec.kernels.checks import check_index
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "cache_dtype"]
 
 _IN_USE = ("KVCache is in use by another thread: a cache serves one call at a time; give each "
            "thread its own cache (and its own model: the fused runner keeps scratch buffers)")
+
+
+def cache_dtype(dtype, compute_dtype) -> np.dtype:
+    """Return ``dtype`` as the dtype of a cache for a model computing in ``compute_dtype``.
+
+    A cache holds the model's own dtype, or float16 for a float32 model: its keys and values
+    are rounded to binary16 (nearest, ties to even) as they are written, and attention widens
+    them exactly, so a position's logits are the same bits alone or inside a block on each
+    path, within float16 rounding of the float32 cache's. A value past 65504 becomes an
+    infinity (and the attention rows that see it NaN): a model whose keys or values reach that
+    range needs its float32 cache.
+
+    Parameters
+    ----------
+    dtype : str or numpy.dtype
+        The cache dtype asked for.
+    compute_dtype : str or numpy.dtype
+        The model's ``config.dtype``.
+
+    Returns
+    -------
+    numpy.dtype
+
+    Raises
+    ------
+    ValueError
+        If ``dtype`` is not one of those.
+    """
+    want = np.dtype(compute_dtype)
+    try:
+        got = np.dtype(dtype)
+    except TypeError:
+        got = None
+    allowed = (want,) + ((np.dtype(np.float16),) if want == np.float32 else ())
+    if got not in allowed:
+        raise ValueError(f"a {want} model's cache dtype must be one of "
+                         f"{[str(a) for a in allowed]}, got {dtype!r}")
+    return got
 
 
 class KVCache:
@@ -20,7 +58,8 @@ class KVCache:
     ----------
     n_layers, n_kv_heads, capacity, head_dim : int
         Buffer geometry; ``capacity`` is the maximum number of positions.
-    dtype : {"float32", "float64"}
+    dtype : {"float32", "float64", "float16"}
+        float16 serves a float32 model (:func:`cache_dtype`): half the bytes a step reads.
 
     Attributes
     ----------

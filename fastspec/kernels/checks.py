@@ -13,6 +13,9 @@ import operator
 import numpy as np
 
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: A KV cache's dtypes: the float ones and float16 (IEEE binary16; read with float32 queries).
+F16 = np.dtype(np.float16)
+CACHE_DTYPES = FLOAT_DTYPES + (F16,)
 #: Tolerance on ``|row.sum() - 1|`` for probability rows, per dtype.
 ROW_SUM_TOL = {np.dtype(np.float32): 1e-3, np.dtype(np.float64): 1e-6}
 
@@ -24,12 +27,14 @@ NO_MASS = "{name} must have a positive sum"
 Q_ZERO = "q[{i}, draft_tokens[{i}]] must be > 0: the draft token cannot have been sampled from q"
 
 
-def check_float_array(a, name, ndim, dtype=None, writable=False):
-    """Check ``a`` is a C-contiguous float32/float64 ndarray of rank ``ndim``."""
+def check_float_array(a, name, ndim, dtype=None, writable=False, dtypes=FLOAT_DTYPES):
+    """Check ``a`` is a C-contiguous float32/float64 ndarray of rank ``ndim`` (``dtypes``: the
+    dtypes accepted, :data:`CACHE_DTYPES` for a KV cache)."""
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
-    if a.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must be float32 or float64, got {a.dtype}")
+    if a.dtype not in dtypes:
+        names = [d.name for d in dtypes]
+        raise TypeError(f"{name} must be {', '.join(names[:-1])} or {names[-1]}, got {a.dtype}")
     if dtype is not None and a.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype}, got {a.dtype}")
     if a.ndim != ndim:
@@ -66,11 +71,23 @@ def int_range(a: np.ndarray) -> tuple[int, int]:
     return int(a.min()), int(a.max())
 
 
+def check_cache_dtype(q, k_cache):
+    """The dtype ``k_cache`` must have with queries ``q`` (a float ndarray): q's, or float16
+    with float32 queries; a float16 cache with other queries is a TypeError."""
+    if isinstance(k_cache, np.ndarray) and k_cache.dtype == F16:
+        if q.dtype != np.float32:
+            raise TypeError(f"a float16 k_cache needs float32 q, got q {q.dtype}")
+        return F16
+    return q.dtype
+
+
 def check_attention_args(q, k_cache, v_cache, length, out):
-    """Validate :func:`attention` arguments; return ``(n, n_heads, head_dim, n_kv_heads)``."""
+    """Validate :func:`attention` arguments; return ``(n, n_heads, head_dim, n_kv_heads)``.
+
+    The caches have q's dtype, or are both float16 with float32 q (out: q's dtype)."""
     check_float_array(q, "q", 3)
-    check_float_array(k_cache, "k_cache", 3, q.dtype)
-    check_float_array(v_cache, "v_cache", 3, q.dtype)
+    check_float_array(k_cache, "k_cache", 3, check_cache_dtype(q, k_cache), dtypes=CACHE_DTYPES)
+    check_float_array(v_cache, "v_cache", 3, k_cache.dtype, dtypes=CACHE_DTYPES)
     n, n_heads, head_dim = q.shape
     n_kv_heads, capacity, _ = k_cache.shape
     if v_cache.shape != k_cache.shape:
@@ -137,9 +154,10 @@ def check_tree_mask(tree_mask, n, *, uint8=False, lower_triangular=False):
 
 
 def check_compact_kv_args(k, v, start, rows):
-    """Validate :func:`compact_kv` arguments; return the number of rows moved."""
-    check_float_array(k, "k", 4, writable=True)
-    check_float_array(v, "v", 4, k.dtype, writable=True)
+    """Validate :func:`compact_kv` arguments (float16 caches too); return the number of rows
+    moved."""
+    check_float_array(k, "k", 4, writable=True, dtypes=CACHE_DTYPES)
+    check_float_array(v, "v", 4, k.dtype, writable=True, dtypes=CACHE_DTYPES)
     if v.shape != k.shape:
         raise ValueError(f"v must have the shape of k {k.shape}, got {v.shape}")
     capacity = k.shape[2]
@@ -155,9 +173,14 @@ def check_compact_kv_args(k, v, start, rows):
 
 
 def check_cache_write_args(cache, new, start):
-    """Validate :func:`cache_write` arguments; return the number of new positions."""
-    check_float_array(cache, "cache", 3, writable=True)
-    check_float_array(new, "new", 3, cache.dtype)
+    """Validate :func:`cache_write` arguments; return the number of new positions.
+
+    ``new`` has the cache's dtype, or is float32 for a float16 cache (rounded when written)."""
+    check_float_array(cache, "cache", 3, writable=True, dtypes=CACHE_DTYPES)
+    if cache.dtype == F16:
+        check_float_array(new, "new", 3, dtypes=(np.dtype(np.float32), F16))
+    else:
+        check_float_array(new, "new", 3, cache.dtype)
     n_kv_heads, capacity, head_dim = cache.shape
     n = new.shape[0]
     if new.shape[1:] != (n_kv_heads, head_dim):

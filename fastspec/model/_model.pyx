@@ -60,6 +60,7 @@ cdef struct _Call:
     int capacity
     void *k             # the cache buffers
     void *v
+    int kv16            # 1: they hold float16 (a float32 model's cache)
 
 
 cdef int _last_rows(bint logits, object logit_rows, Py_ssize_t n) except -2:
@@ -163,17 +164,26 @@ cdef class TransformerRunner:
             self._dcap = capacity
         return 0
 
-    cdef int _check_cache(self, object k_cache, object v_cache, int start, int n) except -1:
+    cdef int _check_cache(self, object k_cache, object v_cache, int start, int n,
+                          bint allow16) except -1:
+        # allow16: a float32 model's step also takes a float16 cache (both buffers alike)
         d = &self.dims
         for name, a in (("k_cache", k_cache), ("v_cache", v_cache)):
             if not isinstance(a, np.ndarray):
                 raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
-            if cnp.PyArray_TYPE(<cnp.ndarray>a) != self._typenum:
-                raise TypeError(f"{name} must have dtype {self.dtype}, got {a.dtype}")
+            t = cnp.PyArray_TYPE(<cnp.ndarray>a)
+            if t != self._typenum and not (allow16 and not self.is64
+                                           and t == cnp.NPY_FLOAT16):
+                raise TypeError(f"{name} must have dtype {self.dtype}"
+                                + (" or float16" if allow16 and not self.is64 else "")
+                                + f", got {a.dtype}")
             if (cnp.PyArray_NDIM(<cnp.ndarray>a) != 4
                     or not cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a)
                     or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray>a)):
                 raise ValueError(f"{name} must be a writable C-contiguous 4-D array")
+        if k_cache.dtype != v_cache.dtype:
+            raise TypeError(f"k_cache and v_cache must have the same dtype, got "
+                            f"{k_cache.dtype} and {v_cache.dtype}")
         shape = k_cache.shape
         if (shape[0] != d.n_layers or shape[1] != d.n_kv_heads or shape[3] != d.head_dim
                 or v_cache.shape != shape):
@@ -189,14 +199,15 @@ cdef class TransformerRunner:
         return 0
 
     cdef int _prepare(self, object k_cache, object v_cache, int start, int n,
-                      _Call *c) except -1:
+                      _Call *c, bint allow16=False) except -1:
         """Check the cache for ``n`` positions at ``start``, grow the scratch buffers and
         fill ``c``: scratch views of the model dtype, the cache's pointers and layout."""
         if self._stale():
             raise RuntimeError("the matrix-product path changed (set_isa) since this runner "
                                "packed its bfloat16 weights; build a new runner "
                                "(Transformer does so itself)")
-        self._check_cache(k_cache, v_cache, start, n)
+        self._check_cache(k_cache, v_cache, start, n, allow16)
+        c.kv16 = cnp.PyArray_TYPE(<cnp.ndarray>k_cache) == cnp.NPY_FLOAT16
         c.capacity = <int>k_cache.shape[2]
         c.stride = <size_t>k_cache.shape[1] * c.capacity * self.dims.head_dim
         c.k = cnp.PyArray_DATA(<cnp.ndarray>k_cache)
@@ -240,7 +251,7 @@ cdef class TransformerRunner:
         cdef int L = self.dims.n_layers
         cdef int i
         cdef _Call c
-        self._prepare(k_cache, v_cache, start, n, &c)
+        self._prepare(k_cache, v_cache, start, n, &c, True)
         cdef cnp.ndarray res = self._out(out, last, self.dims.vocab, "out") if logits else None
         hidden = {}
         for i in range(L):
@@ -268,9 +279,8 @@ cdef class TransformerRunner:
                     _scale(c.s64.x, <size_t>n * self.dims.dim, self._emb_scale)
                 else:
                     memcpy(c.s64.x, sp, <size_t>n * self.dims.dim * sizeof(double))
-                fs_layers_f64(&self.w.m64, &c.s64, n, start, causal, <double *>c.k,
-                              <double *>c.v, c.stride, c.capacity, <double **>self.hidden_ptrs,
-                              pp, mp)
+                fs_layers_f64(&self.w.m64, &c.s64, n, start, causal, c.k, c.v, 0, c.stride,
+                              c.capacity, <double **>self.hidden_ptrs, pp, mp)
                 if logits:
                     fs_head_f64(&self.w.m64, &c.s64, 0 if whole is not res else n - last,
                                 n, <double *>rp)
@@ -282,9 +292,9 @@ cdef class TransformerRunner:
                     _scale(c.s32.x, <size_t>n * self.dims.dim, <float>self._emb_scale)
                 else:
                     memcpy(c.s32.x, sp, <size_t>n * self.dims.dim * sizeof(float))
-                fs_model_layers(self.w.variant, self.w.mptr, &c.s32, n, start, causal,
-                                <float *>c.k, <float *>c.v, c.stride, c.capacity,
-                                <float **>self.hidden_ptrs, pp, mp)
+                fs_model_layers(self.w.variant, self.w.mptr, &c.s32, n, start, causal, c.k,
+                                c.v, c.kv16, c.stride, c.capacity, <float **>self.hidden_ptrs,
+                                pp, mp)
                 if logits:
                     fs_model_head(self.w.variant, self.w.mptr, &c.s32, n - last, n,
                                   <float *>rp)
@@ -340,7 +350,8 @@ cdef class TransformerRunner:
             Token ids in ``[0, vocab_size)``.
         k_cache, v_cache : ndarray of shape (n_layers, n_kv_heads, capacity, head_dim)
             The buffers of a :class:`fastspec.KVCache`; positions ``start .. start+n-1`` are
-            overwritten, keys ``[0, start + n)`` are attended.
+            overwritten, keys ``[0, start + n)`` are attended. The model's dtype, or float16
+            for a float32 model (both alike: new rows rounded to binary16, read widened).
         start : int
             Position of the first id.
         causal : bool, default True

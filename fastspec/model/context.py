@@ -71,6 +71,14 @@ class ContextForward:
             logits, hidden = self._layers_numpy(x, cache, start, causal, layers, out)
         return ForwardOutput(logits, hidden)
 
+    def _check_context_cache(self, cache: KVCache) -> None:
+        """``check_cache``, and a cache of the model's own dtype: a DFlash drafter's context
+        keys and values are written in it (a float16 cache serves the steps only)."""
+        self.check_cache(cache)
+        if cache.dtype != np.dtype(self.config.dtype):
+            raise TypeError(f"context writes need a {self.config.dtype} cache, got "
+                            f"{cache.dtype}")
+
     def write_context_kv(self, features: np.ndarray, cache: KVCache, layer: int | None = None,
                          advance: bool = True) -> None:
         """Project context features straight into the K/V cache (DFlash KV injection).
@@ -97,7 +105,7 @@ class ContextForward:
         else:
             lo = check_index(layer, "layer", -L, L - 1) % L
             hi = lo + 1
-        self.check_cache(cache)
+        self._check_context_cache(cache)
         with cache.claim():
             start = cache.length
             self._check_room(cache, start, n)
@@ -137,7 +145,7 @@ class ContextForward:
             features = rms_norm(np.asarray(taps) @ fc, fc_norm, self.config.norm_eps)
             self.write_context_kv(np.ascontiguousarray(features, dtype=self.config.dtype), cache)
             return
-        self.check_cache(cache)
+        self._check_context_cache(cache)
         packed = self._packed_fc
         if packed is None or packed[0] is not fc:
             packed = self._packed_fc = (fc, linear_weights(fc))

@@ -12,7 +12,7 @@ from fastspec import kernels
 from fastspec.kernels.bf16 import BF16, RoundingMatrix, as_storage, from_bits, storage_dtype
 from fastspec.kernels.checks import check_index, int_range
 from fastspec.kernels.quant import gather as _gather_quant
-from fastspec.kernels.cache import KVCache
+from fastspec.kernels.cache import KVCache, cache_dtype
 from fastspec.model.config import ModelConfig
 from fastspec.model.context import ContextForward
 from fastspec.model.output import ForwardOutput
@@ -172,11 +172,18 @@ class Transformer(ContextForward, NumpyForward, StateDict):
 
     # --- inference ----------------------------------------------------------------------
 
-    def new_cache(self, capacity: int | None = None) -> KVCache:
-        """Return an empty :class:`KVCache` for this model (default capacity: max_seq_len)."""
+    #: dtype of the caches :meth:`new_cache` makes (None: ``config.dtype``); "float16" for a
+    #: float32 model halves the bytes a decode step reads from its cache
+    #: (:func:`fastspec.kernels.cache.cache_dtype`). Decoding functions given no cache use it.
+    kv_dtype: str | None = None
+
+    def new_cache(self, capacity: int | None = None, kv_dtype: str | None = None) -> KVCache:
+        """Return an empty :class:`KVCache` for this model (default capacity: max_seq_len;
+        dtype: ``kv_dtype``, else the model's :attr:`kv_dtype`, else ``config.dtype``)."""
         c = self.config
         capacity = c.max_seq_len if capacity is None else check_index(capacity, "capacity", 1, c.max_seq_len)
-        return KVCache(c.n_layers, c.n_kv_heads, capacity, c.head_dim, c.dtype)
+        dt = cache_dtype(kv_dtype or self.kv_dtype or c.dtype, c.dtype)
+        return KVCache(c.n_layers, c.n_kv_heads, capacity, c.head_dim, dt)
 
     def check_ids(self, ids, name: str = "ids") -> np.ndarray:
         """Return ``ids`` as a 1-D int64 array, checking ``0 <= id < vocab_size``."""
@@ -452,11 +459,12 @@ class Transformer(ContextForward, NumpyForward, StateDict):
         c = self.config
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
-        want = (c.n_layers, c.n_kv_heads, c.head_dim, np.dtype(c.dtype))
-        got = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[3], cache.k.dtype)
-        if want != got:
-            raise ValueError(f"cache (layers, kv heads, head_dim, dtype) = {got} does not match "
+        want = (c.n_layers, c.n_kv_heads, c.head_dim)
+        got = (cache.k.shape[0], cache.k.shape[1], cache.k.shape[-1])
+        if want != got or cache.k.ndim != 4 or cache.v.shape != cache.k.shape:
+            raise ValueError(f"cache (layers, kv heads, head_dim) = {got} does not match "
                              f"the model's {want}")
+        cache_dtype(cache.dtype, c.dtype)
 
     def _tree_layout(self, ids, cache: KVCache, tree_parents, causal: bool):
         """Check a tree step; return ``(positions, ancestor mask)``, or ``(None, None)`` for a

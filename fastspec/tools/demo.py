@@ -246,6 +246,8 @@ def demo_main(args) -> int:
 def _demo(args, bundle, tok, prompt: str, ids: list[int], methods: Sequence[str],
           eos: int | None) -> int:
     """Run and print the demo of ``methods`` on ``ids`` (``eos``: a chat model's end of turn)."""
+    if getattr(args, "kv_dtype", None):
+        bundle.target.kv_dtype = args.kv_dtype
     room = bundle.target.config.max_seq_len - len(ids)
     if room < 1:
         print(f"fastspec demo: the prompt has {len(ids)} tokens; the target holds "

@@ -7,6 +7,8 @@
  *   - the block gives the same bits again when its scores read the variant's transposed keys
  *     (fs_f32_keys: all keys of a causal block, the context below a tree's nodes), as the
  *     drivers do for calls of many rows;
+ *   - a float16 cache (kh16, vh16) gives the bits of the same block on the cache widened to
+ *     float32, alone and in blocks, causal counts and tree nodes;
  *   - every output is within 2e-6 (relative to the largest value row) of softmax attention
  *     computed in double.
  * With an argument, it also prints one FNV-1a hash of every output of each variant (a
@@ -22,7 +24,8 @@
 #include "fs_variants.h"
 
 typedef void (*block_fn)(const float *const *, float *const *, const int *, int, const float *,
-                         const float *, int, float, int, const int32_t *, const float *, int);
+                         const float *, int, float, int, const int32_t *, const float *, int,
+                         const uint16_t *, const uint16_t *);
 typedef void (*keys_fn)(const float *, int, int, float *);
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -75,8 +78,12 @@ static int check(const char *name, block_fn block, keys_fn keys, int print_hash)
     float *alone = malloc(sizeof(float) * ROWS * 128), *inblk = malloc(sizeof(float) * ROWS * 128);
     double *want = malloc(sizeof(double) * 128);
     float *viakt = malloc(sizeof(float) * ROWS * 128);
+    float *f16out = malloc(sizeof(float) * ROWS * 128);
     float *kt = malloc(sizeof(float) * (CAP + FS_F32_PANEL) * 128);
     int32_t anc[CAP];
+    uint16_t *k16 = malloc(sizeof(uint16_t) * CAP * 128);
+    uint16_t *v16 = malloc(sizeof(uint16_t) * CAP * 128);
+    float *kw = malloc(sizeof(float) * CAP * 128), *vw = malloc(sizeof(float) * CAP * 128);
     for (int di = 0; di < 4; di++) {
         int D = dims[di];
         float scale = (float)(1.0 / sqrt((double)D));
@@ -85,6 +92,12 @@ static int check(const char *name, block_fn block, keys_fn keys, int print_hash)
             v[i] = frand();
         }
         for (int i = 0; i < ROWS * D; i++) q[i] = 2.0f * frand();
+        for (int i = 0; i < CAP * D; i++) { /* the float16 cache and its widened values */
+            k16[i] = fs_f2h(k[i]);
+            v16[i] = fs_f2h(v[i]);
+            kw[i] = fs_h2f(k16[i]);
+            vw[i] = fs_h2f(v16[i]);
+        }
         for (int ci = 0; ci < 8; ci++)
             for (int tree = 0; tree < 2; tree++) {
                 int last = counts[ci], base = 0;
@@ -107,25 +120,44 @@ static int check(const char *name, block_fn block, keys_fn keys, int print_hash)
                         qr[r] = q + (size_t)r * D;
                         orow[r] = inblk + (size_t)r * D;
                     }
-                    block(qr, orow, count, rows, k, v, D, scale, base, a, NULL, 0);
+                    block(qr, orow, count, rows, k, v, D, scale, base, a, NULL, 0, NULL, NULL);
                     /* the drivers' transposed keys: a causal call's every key, a tree's
                      * context (poisoned past it: a tree must not read those panels) */
                     int kt_keys = tree ? base : last;
                     for (size_t i = 0; i < (size_t)(CAP + FS_F32_PANEL) * D; i++)
                         kt[i] = NAN;
                     keys(k, kt_keys, D, kt);
-                    float *vrow[ROWS];
-                    for (int r = 0; r < rows; r++)
+                    float *vrow[ROWS], *orow16[ROWS];
+                    for (int r = 0; r < rows; r++) {
                         vrow[r] = viakt + (size_t)r * D;
-                    block(qr, vrow, count, rows, k, v, D, scale, base, a, kt, kt_keys);
+                        orow16[r] = f16out + (size_t)r * D;
+                    }
+                    block(qr, vrow, count, rows, k, v, D, scale, base, a, kt, kt_keys, NULL, NULL);
                     if (memcmp(viakt, inblk, sizeof(float) * (size_t)rows * D) != 0) {
                         printf("%s: D %d count %d rows %d tree %d: transposed keys differ\n",
                                name, D, last, rows, tree);
                         fails++;
                     }
+                    /* float16: the widened cache's bits, in the block and alone */
+                    block(qr, vrow, count, rows, kw, vw, D, scale, base, a, NULL, 0, NULL,
+                          NULL);
+                    block(qr, orow16, count, rows, NULL, NULL, D, scale, base, a, NULL, 0, k16,
+                          v16);
                     for (int r = 0; r < rows; r++) {
                         float *o1 = alone + (size_t)r * D;
-                        block(&qr[r], &o1, &count[r], 1, k, v, D, scale, base, a, NULL, 0);
+                        block(&qr[r], &o1, &count[r], 1, NULL, NULL, D, scale, base, a, NULL, 0,
+                              k16, v16);
+                        if (memcmp(o1, vrow[r], sizeof(float) * D) != 0
+                            || memcmp(orow16[r], vrow[r], sizeof(float) * D) != 0) {
+                            printf("%s: D %d count %d rows %d tree %d: row %d float16 differs\n",
+                                   name, D, count[r], rows, tree, r);
+                            fails++;
+                        }
+                    }
+                    for (int r = 0; r < rows; r++) {
+                        float *o1 = alone + (size_t)r * D;
+                        block(&qr[r], &o1, &count[r], 1, k, v, D, scale, base, a, NULL, 0, NULL,
+                              NULL);
                         if (memcmp(o1, orow[r], sizeof(float) * D) != 0) {
                             printf("%s: D %d count %d rows %d tree %d: row %d differs alone\n",
                                    name, D, count[r], rows, tree, r);
@@ -158,6 +190,11 @@ static int check(const char *name, block_fn block, keys_fn keys, int print_hash)
     free(want);
     free(viakt);
     free(kt);
+    free(k16);
+    free(v16);
+    free(kw);
+    free(vw);
+    free(f16out);
     return fails;
 }
 
