@@ -10,18 +10,6 @@
 #include "fs_pool.h"
 #include "fs_quant.h"
 
-/* fs_f2h, inline for the values a scale almost always has (normal binary16 results and
- * zeros), the rest through fs_f2h: the same bits. */
-static inline uint16_t fs_f2h_fast(float f)
-{
-    uint32_t x, ax;
-    memcpy(&x, &f, sizeof x);
-    ax = x & 0x7fffffffu;
-    if (ax - 0x38800000u < 0x477ff000u - 0x38800000u)  /* as fs_f2h's normal branch */
-        return (uint16_t)((x >> 16 & 0x8000u) | fs_f2h_normal(ax));
-    return ax == 0 ? (uint16_t)(x >> 16 & 0x8000u) : fs_f2h(f);
-}
-
 /* ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j of a Q4_K super-block. */
 static void fs_t_scale_min(int j, const uint8_t *q, int *sc, int *m)
 {
@@ -32,22 +20,6 @@ static void fs_t_scale_min(int j, const uint8_t *q, int *sc, int *m)
         *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
-}
-
-/* fs_f2h of 16 values: one loop without branches (the compiler vectorizes it) for results
- * that are normal binary16 values or zeros, as fs_f2h rounds them; all 16 again through
- * fs_f2h when one is not (the same bits either way). */
-FS_ALWAYS_INLINE void fs_t_f2h16(const float *v, uint16_t *h)
-{
-    uint32_t x[16], other = 0;
-    memcpy(x, v, sizeof x);
-    for (int i = 0; i < 16; i++) {
-        uint32_t ax = x[i] & 0x7fffffffu;
-        other |= (uint32_t)(ax - 0x38800000u >= 0x477ff000u - 0x38800000u) & (uint32_t)(ax != 0);
-        h[i] = (uint16_t)((x[i] >> 16 & 0x8000u) | (ax == 0 ? 0u : fs_f2h_normal(ax)));
-    }
-    if (other)
-        for (int i = 0; i < 16; i++) h[i] = fs_f2h(v[i]);
 }
 
 /* Super-blocks [0, n) of each kind; the public functions below cut them into chunks. */
@@ -63,7 +35,7 @@ FS_CLONES static void fs_t_q4_k(const uint8_t *src, size_t n, uint8_t *dst)
             v[j] = d * (float)sc;
             v[8 + j] = -(dmin * (float)m);
         }
-        fs_t_f2h16(v, h);
+        fs_f2h16(v, h);
         for (int j = 0; j < 8; j++) {
             uint8_t *o = dst + (s * 8 + (size_t)j) * 20;
             fs_wr16le(o, h[j]);

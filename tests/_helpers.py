@@ -179,6 +179,22 @@ GEMMA3_HF = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidde
                  rope_scaling={"rope_type": "linear", "factor": 2.0}, pad_token_id=0)
 
 
+def path_logits(model: fs.Transformer, context, ids, parents) -> np.ndarray:
+    """Each tree node's logits (n, vocab) as decoding its path after ``context`` token by token
+    gives them (a fresh cache per node): what a tree step's rows must equal."""
+    from fastspec.kernels.tree_shape import ancestor_mask
+
+    mask = ancestor_mask(parents)
+    rows = []
+    for i in range(len(parents)):
+        dec = model.new_cache()
+        model.step(context, dec)
+        for node in np.flatnonzero(mask[i]):
+            last = model.step(ids[node:node + 1], dec).logits[0]
+        rows.append(last)
+    return np.array(rows)
+
+
 def undone(model: fs.Transformer, **changes) -> fs.Transformer:
     """The same weights with config fields changed (a feature undone; ``post_norms=False``
     drops the sandwich norms' weights too)."""

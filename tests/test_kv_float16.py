@@ -13,9 +13,8 @@ import pytest
 import fastspec as fs
 from fastspec import ModelConfig, Transformer
 from fastspec.kernels.cache import KVCache, cache_dtype
-from fastspec.kernels.tree_shape import ancestor_mask
 
-from _helpers import MODEL_CONFIGS
+from _helpers import MODEL_CONFIGS, path_logits
 
 I = np.int64
 F16 = np.dtype(np.float16)
@@ -169,16 +168,11 @@ def test_tree_node_equals_decode_of_its_path(backend):
     m.step(context, cache)
     tree = m.step(ids, cache, tree_parents=parents).logits
     scale = float(np.abs(tree).max())
-    mask = ancestor_mask(parents)
-    for i in range(parents.shape[0]):
-        dec = m.new_cache()
-        m.step(context, dec)
-        for node in np.flatnonzero(mask[i]):
-            last = m.step(ids[node:node + 1], dec).logits[0]
-        if backend == "cython":
-            np.testing.assert_array_equal(tree[i], last, err_msg=f"node {i}")
-        else:
-            np.testing.assert_allclose(tree[i], last, rtol=0, atol=TWIN_ATOL * scale)
+    paths = path_logits(m, context, ids, parents)
+    if backend == "cython":
+        np.testing.assert_array_equal(tree, paths)
+    else:
+        np.testing.assert_allclose(tree, paths, rtol=0, atol=TWIN_ATOL * scale)
 
 
 def test_speculative_equals_vanilla(backend):

@@ -13,7 +13,7 @@ from fastspec.kernels import _reference
 from fastspec.kernels.tree_shape import ancestor_mask, chain_parents
 
 from _helpers import (GEMMA3_HF, MODEL_CONFIGS, RTOL, assert_close_rel, hf_reference,
-                      llama_cpp_logits, undone as _undone)
+                      llama_cpp_logits, path_logits, undone as _undone)
 
 I = np.int64
 #: transformers' Gemma3ForCausalLM of the Gemma 3 tests, a window of 8 in a context of 256.
@@ -250,16 +250,11 @@ def test_model_tree_node_equals_decode_of_its_path(backend):
         outs.append(m.step(ids, cache, tree_parents=parents).logits)
     tree, scale = outs[0], float(np.abs(outs[0]).max())
     assert np.abs(tree - outs[1]).max() > 1e-2 * scale  # negative control: no window
-    mask = ancestor_mask(parents)
-    for i in range(parents.shape[0]):
-        dec = model.new_cache()
-        model.step(context, dec)
-        for node in np.flatnonzero(mask[i]):
-            last = model.step(ids[node:node + 1], dec).logits[0]
-        if backend == "cython":
-            np.testing.assert_array_equal(tree[i], last, err_msg=f"node {i}")
-        else:
-            np.testing.assert_allclose(tree[i], last, rtol=0, atol=1e-5 * scale)
+    paths = path_logits(model, context, ids, parents)
+    if backend == "cython":
+        np.testing.assert_array_equal(tree, paths)
+    else:
+        np.testing.assert_allclose(tree, paths, rtol=0, atol=1e-5 * scale)
 
 
 def test_speculative_equals_vanilla_far_past_the_window(backend):
