@@ -37,6 +37,30 @@ def test_attention(benchmark, backend, n, length):
     benchmark(kernel(backend, "attention"), q, k, v, length, True, out)
 
 
+# Head sizes at the same work a call (heads x head size 1024, 4096 keys): 64 (16 heads on 4),
+# 128 (8 on 2) and Gemma's 256 (4 on 1), float32 and float16 caches. The compiled rows should
+# cost about the same at every size (the tiled kernel takes multiples of 16 up to 256); a size
+# that fell back to the double-accumulating template would take ~4x as long.
+HEAD_CASES = [(d, n, kv) for d in (64, 128, 256) for n in (1, 8)
+              for kv in ("float32", "float16")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("head_dim, n, kv_dtype", HEAD_CASES,
+                         ids=[f"D{d}-n{n}-{kv}" for d, n, kv in HEAD_CASES])
+def test_attention_head_size(benchmark, backend, head_dim, n, kv_dtype):
+    benchmark.group = f"attention head sizes n={n} L=4096 {kv_dtype}"
+    heads, length = 1024 // head_dim, 4096
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((n, heads, head_dim)).astype(np.float32)
+    k = rng.standard_normal((heads // 4, length, head_dim)).astype(kv_dtype)
+    v = rng.standard_normal((heads // 4, length, head_dim)).astype(kv_dtype)
+    out = np.empty_like(q)
+    benchmark.extra_info.update(backend=backend, kv_bytes=k.nbytes + v.nbytes,
+                                macs=2 * n * heads * length * head_dim)
+    benchmark(kernel(backend, "attention"), q, k, v, length, True, out)
+
+
 # ---- KV append + crop --------------------------------------------------------------------
 
 def concat_append_crop(keys, values, new_k, new_v):

@@ -114,7 +114,7 @@ static inline void fs_attn_hide(double *s, int j0, int j1, const uint8_t *mrow, 
  * pass, so a position's output is bit-identical whether it is computed alone (decode, n = 1)
  * or inside a block of queries (verification). Greedy speculative decoding relies on this.
  *
- * Handles head_dim a multiple of 16 up to 128 (FS_F32_SUPPORTED); others use the double
+ * Handles head_dim a multiple of 16 up to 256 (FS_F32_SUPPORTED); others use the double
  * template.
  */
 #if FS_HAVE_VEC
@@ -134,13 +134,23 @@ static inline void fs_attn_hide(double *s, int j0, int j1, const uint8_t *mrow, 
  * 8-row step at 2 threads (context 64) 6.7-7.0 -> 6.1-6.5 ms. With blocks of 12 rows
  * (FS_F32_ROWS) the threshold still holds at 1 thread (as they are -> transposed, same day):
  * 9 heads on 3, 300 keys, 8 rows 75-79 -> 72-73, 16 rows 146-147 -> 131-139; 4 heads on 2,
- * 400 keys, 8 and 16 rows the same. */
+ * 400 keys, 8 and 16 rows the same.
+ * Only an AVX-512 variant transposes (fs_isa_select_attn leaves the others' keys function
+ * out; a build for an AVX-512 target keeps its baseline's), and only copies of at most
+ * FS_ATTN_KT_MAX floats. */
 #ifndef FS_ATTN_KT_ROWS
 #define FS_ATTN_KT_ROWS 24
 #endif
-/* Largest transposed copy (floats, all heads) a call makes; larger calls read the keys. */
+/* Largest transposed copy (floats, all heads) a call makes; larger calls read the keys. 256K
+ * floats (1 MiB) since 2026-12-07, 4M before: every head's copy is made before the first block
+ * reads it, so a larger one is read back from L3 or memory. Measured on the Zen 4 EPYC (1
+ * thread, AVX-512, blocks of 6-16 queries; us a call, min of 3 processes, transposed ->
+ * as they are): head_dim 128, 8 heads on 2, 4096 keys (1M floats), 6 rows 1492 -> 1178,
+ * 8 rows 1935 -> 1606, 16 rows 3433 -> 3307; head_dim 256, 4 heads on 1, 4096 keys, 1152 ->
+ * 1056, 1618 -> 1421, 3086 -> 2927; at 300 and 1024 keys (at most 256K floats: they still
+ * transpose) within 4% either way. */
 #ifndef FS_ATTN_KT_MAX
-#define FS_ATTN_KT_MAX ((size_t)4 << 20)
+#define FS_ATTN_KT_MAX ((size_t)256 << 10)
 #endif
 
 /* The calling thread's buffer for transposed keys, grown as needed (kept for the thread's

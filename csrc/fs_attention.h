@@ -22,11 +22,11 @@
  * cut is the call without a window.
  *
  * Numerics: float64 inputs, and float32 inputs whose head_dim is not a multiple of 16 (or is
- * over 128), go through the template fs_attention_dbl.inc: scores, softmax and the weighted
- * sum of values accumulated in double. Other float32 inputs use the tiled float kernel of
- * fs_attention_f32.inc (float inside tiles of 128 keys, double across them), an ISA variant
- * per file (fs_variants.h) reached through fs_isa.h's table. Either way a
- * float32 result is within ~1e-6 relative of the float64 computation (the NumPy twin).
+ * over 256, FS_F32_MAXD), go through the template fs_attention_dbl.inc: scores, softmax and
+ * the weighted sum of values accumulated in double. Other float32 inputs use the tiled float
+ * kernel of fs_attention_f32.inc (float inside tiles of 128 keys, double across them), an ISA
+ * variant per file (fs_variants.h) reached through fs_isa.h's table. Either way a float32 result
+ * is within ~1e-6 relative of the float64 computation (the NumPy twin).
  *
  * Speed: the hot loops are written so that GCC vectorises them, and compiled in AVX-512, AVX2
  * and baseline variants (FS_CLONES, fs_common.h; the float tiles: explicit variants).

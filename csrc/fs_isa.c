@@ -87,12 +87,21 @@ int fs_isa_supported(const fs_isa_features *f, int p)
 }
 
 
+/* Transposed keys for an AVX-512 attention variant only (fs_isa_select_attn): the baseline
+ * one is AVX-512 where the build targets it (FS_ATTN_VARIANTS 0, e.g. FASTSPEC_NATIVE=1 on an
+ * AVX-512 CPU), and then keeps them. */
+#if FS_HAVE_VEC && defined(__AVX512F__)
+#define FS_F32_KEYS_OWN fs_f32_keys_def
+#else
+#define FS_F32_KEYS_OWN 0
+#endif
+
 /* Until fs_isa_init: the baseline variants and this copy's pool, valid on any CPU. */
 static fs_dispatch fs_own = {
     0, FS_ISA_PORTABLE, &fs_pool_local, 0, 0, fs_linf_part_f32_def, fs_linf_part_f32h_def,
     fs_linf_part_f32b_def,
 #if FS_HAVE_VEC
-    fs_f32_block_def, fs_f32_keys_def,
+    fs_f32_block_def, FS_F32_KEYS_OWN,
 #else
     0, 0,
 #endif
@@ -218,7 +227,17 @@ int fs_isa_quant_max_in(int p)
 
 /* The float attention variant of path p: its vector width, so a forced path (FASTSPEC_ISA=avx2
  * on an AVX-512 CPU) runs what a CPU of that path runs, attention included (8- and 16-lane
- * sums round differently: each path its own bits, as its products). */
+ * sums round differently: each path its own bits, as its products).
+ * Transposed keys (fs_attention.c) for the AVX-512 variant only. The AVX2 one scores from a
+ * transposed panel with two broadcasts of query values and one key load per two multiply-adds
+ * (AVX-512 folds the broadcasts into its multiply-adds), against three loads per four
+ * multiply-adds from the keys as they are. Measured on the Zen 4 EPYC, forced AVX2, 1 thread,
+ * blocks that transposed (24-64 query rows a kv head; us a call, min of 3 processes,
+ * transposed -> as they are): head_dim 64, 9 heads on 3, 300 keys, 8 rows 98 -> 92, 4096 keys
+ * 16 rows 2747 -> 2524; head_dim 128, 8 on 2, 300 keys 8 rows 171 -> 139, 4096 keys 3341 ->
+ * 2511; head_dim 256, 4 on 1, 1024 keys 8 rows 659 -> 460. The baseline variant lost ~10% as
+ * well (head_dim 64, 300 keys, 16 rows 1766 -> 1635). Their fs_f32_keys stay built (the C
+ * harness checks every variant's transposed scores). */
 static void fs_isa_select_attn(fs_dispatch *t, int p)
 {
 #if FS_ATTN_VARIANTS
@@ -227,10 +246,10 @@ static void fs_isa_select_attn(fs_dispatch *t, int p)
         t->attn_f32_keys = fs_f32_keys_avx512;
     } else if (p >= FS_ISA_AVX2 && __builtin_cpu_supports("x86-64-v3")) {
         t->attn_f32 = fs_f32_block_avx2;
-        t->attn_f32_keys = fs_f32_keys_avx2;
+        t->attn_f32_keys = NULL;
     } else {
         t->attn_f32 = fs_f32_block_def;
-        t->attn_f32_keys = fs_f32_keys_def;
+        t->attn_f32_keys = NULL;
     }
 #else
     (void)t;

@@ -81,7 +81,7 @@ typedef struct {
     /* The variant of the path (fs_isa_select_attn: its vector width; never depends on n), so a
      * forced path runs the attention a CPU of that path runs, with that variant's bits. */
     fs_attn_block_fn attn_f32;
-    fs_attn_keys_fn attn_f32_keys;  /* its transposed keys (the same variant) */
+    fs_attn_keys_fn attn_f32_keys;  /* its transposed keys (the same variant), or NULL */
     /* The quantized products of the path (fs_quant.h): qpart_big for blocks of at least
      * qbig_rows rows (AMX tiles), else qpart_mid from qmid_rows rows, else qpart
      * (FS_Q_USE_BIG, FS_Q_USE_MID), qpart_one_wide before them (FS_Q_USE_ONE_WIDE); their

@@ -249,7 +249,12 @@ int fs_linf_amx(void);
  * 8 rows 82 -> 74-76, 16 rows 148-149 -> 135-139, 2 threads 16 rows 95-101 -> 87-90; forced
  * AVX2 the same (compute bound there); 24 rows: no better, and fewer blocks for two threads. */
 #define FS_F32_ROWS 12
-#define FS_F32_MAXD 128
+/* Largest head size of the tiled kernel: it sizes a block's stack buffers (tile and acc: 12 x
+ * 256 floats and doubles, 36 KiB; the whole frame ~45 KiB, ~78 KiB in the baseline variant);
+ * the loops over a row's chunks take any multiple of 16. 256 is Gemma's head size (2, 3 and
+ * 3n): 128 before, when those heads ran the double template at ~7.7 G multiply-adds a second
+ * against the tiles' ~40 (a Zen 4 EPYC, 1 thread, 4096 keys). */
+#define FS_F32_MAXD 256
 
 /* Key panels of the transposed layout are allocated in multiples of this many keys (every
  * variant's panel width divides it). */

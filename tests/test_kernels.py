@@ -32,12 +32,14 @@ ATTENTION_SHAPES = [
     (2, 4, 2, 32, 1100, 1030, False),   # specialised 32, rows > 1, long: online softmax
     (17, 4, 4, 128, 1200, 1100, True),  # online softmax at the largest head_dim it takes
     (3, 2, 1, 130, 1030, 1030, True),   # long, several rows, head_dim too big for online
-    # float32 tiled kernel (head_dim a multiple of 16, <= 128): key tiles of 128
+    # float32 tiled kernel (head_dim a multiple of 16, <= 256): key tiles of 128
     (3, 4, 2, 48, 300, 129, True),      # one key past a tile, 3 vector chunks
     (5, 6, 2, 80, 260, 256, True),      # rows of a kv head not a multiple of 4; 5 chunks
     (2, 2, 1, 16, 130, 127, False),     # one key short of a tile, smallest head_dim
     (6, 4, 1, 112, 400, 385, True),     # 24 rows per kv head, several tiles, 7 chunks
-    (1, 2, 2, 144, 70, 65, True),       # head_dim over 128: the double template
+    (1, 2, 2, 144, 70, 65, True),       # 9 chunks (AVX-512), 18 (AVX2)
+    (5, 4, 1, 256, 300, 290, True),     # Gemma's head size, the largest: 20 rows a kv head
+    (1, 2, 2, 272, 70, 65, True),       # head_dim over 256: the double template
 ]
 
 
@@ -57,7 +59,7 @@ def test_attention_matches_float64_formula_and_twin(kern, dtype, shape):
                      RTOL[dtype])
 
 
-@pytest.mark.parametrize("head_dim", [16, 32, 64, 128, 20])
+@pytest.mark.parametrize("head_dim", [16, 32, 64, 128, 256, 20, 272])
 @pytest.mark.parametrize("length", [9, 128, 129, 300])
 @pytest.mark.parametrize("n_heads,n_kv", [(4, 2), (3, 1), (1, 1), (4, 1), (10, 2)])
 def test_attention_row_is_bit_identical_alone_and_in_a_block(kern, head_dim, length, n_heads,

@@ -1,7 +1,7 @@
 """float16 (IEEE binary16) K/V caches in the kernels: ``attention`` and ``tree_attention`` with
 float32 queries over a float16 cache give, bit for bit, the result of the same call on the
 cache widened to float32 (widening is exact), on both backends and every attention variant
-(the tiled kernel's head sizes 32, 64, 128 and the double template's 72, 256); a row alone
+(the tiled kernel's head sizes 32, 64, 128, 256 and the double template's 72, 272); a row alone
 equals the same row inside a block; ``cache_write`` and ``compact_kv`` move float16 rows (and
 round float32 rows into a float16 cache as numpy's astype); bad dtype combinations are
 TypeErrors. The cache rows past ``length`` are NaN: a kernel that read them would show it."""
@@ -14,8 +14,8 @@ from fastspec.kernels.tree_shape import ancestor_mask
 from _helpers import BACKENDS, RTOL, isa_params
 
 F16, F32 = np.float16, np.float32
-TILED = (32, 64, 128)
-FALLBACK = (72, 256)
+TILED = (32, 64, 128, 256)
+FALLBACK = (72, 272)
 NS = (1, 2, 3, 8, 13, 17)
 GROUPS = (1, 3, 4)
 LENGTHS = (1, 5, 127, 128, 129, 300, 1100)

@@ -320,7 +320,7 @@ def test_set_threads_rejects_zero():
 
 @needs_cython
 @pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [16, 64])
+@pytest.mark.parametrize("head_dim", [16, 64, 256])
 def test_block_rows_are_bit_identical_to_decode_steps(weight_dtype, head_dim):
     # What greedy speculative decoding compares: the logits of a verification block (n rows)
     # and those of the decode steps that vanilla decoding would run, one token at a time.

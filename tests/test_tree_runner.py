@@ -177,15 +177,15 @@ def test_runner_rejects_bad_positions_and_masks():
 
 @needs_cython
 @pytest.mark.parametrize("n,length,head_dim,shape", [
-    (1, 1100, 8, "tree"), (8, 1100, 8, "tree"), (257, 1400, 8, "star"), (8, 1100, 160, "tree"),
-    (5, 40, 16, "tree"), (257, 1400, 16, "star"), (9, 300, 64, "tree"), (12, 200, 8, "any"),
-    (12, 200, 32, "any")])
+    (1, 1100, 8, "tree"), (8, 1100, 8, "tree"), (257, 1400, 8, "star"), (8, 1100, 272, "tree"),
+    (5, 40, 16, "tree"), (257, 1400, 16, "star"), (9, 300, 64, "tree"), (9, 300, 256, "tree"),
+    (12, 200, 8, "any"), (12, 200, 32, "any")])
 def test_tree_attention_kernel_backends_agree(dtype, n, length, head_dim, shape):
     """The masked C kernels (fastspec.kernels.tree_attention on Cython) against their NumPy
     twin. Double template: one row past 1024 keys (caller's scratch), the online softmax
-    (whole tiles hidden by a star), head_dim over 128, short ranges. Tiled float32 kernel
-    (head_dim a multiple of 16): many tiles. Any mask with a true diagonal, not only a
-    tree's."""
+    (whole tiles hidden by a star), head_dim over 256, short ranges. Tiled float32 kernel
+    (head_dim a multiple of 16 up to 256): many tiles, Gemma's 256. Any mask with a true
+    diagonal, not only a tree's."""
     rng = np.random.default_rng(n + head_dim)
     H, Hkv = 4, 2
     k = rng.normal(size=(Hkv, length + 3, head_dim)).astype(dtype)
@@ -205,7 +205,7 @@ def test_tree_attention_kernel_backends_agree(dtype, n, length, head_dim, shape)
 @needs_cython
 @pytest.mark.parametrize("backend", ["cython"], indirect=True)  # whatever FASTSPEC_BACKEND says
 @pytest.mark.parametrize("weight_dtype", [None, "float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [16, 64])
+@pytest.mark.parametrize("head_dim", [16, 64, 256])
 @pytest.mark.parametrize("family", [{}, dict(nope_layers=(1,)), GEMMA])
 def test_tree_node_is_bit_identical_to_decode_of_its_path(weight_dtype, head_dim, family,
                                                            backend):

@@ -101,4 +101,4 @@ def add_kv_dtype_option(parser: argparse.ArgumentParser) -> None:
                         help="dtype of the target's key/value cache (default: the model's "
                              "compute dtype, float32); float16 halves the bytes a decode step "
                              "reads from it (faster at long contexts where the head size is a "
-                             "multiple of 16 up to 128), its values rounded to binary16")
+                             "multiple of 16 up to 256), its values rounded to binary16")
