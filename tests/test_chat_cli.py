@@ -228,11 +228,25 @@ def test_eval_model_section_is_named_by_the_file():
     report = {"environment": {"time_utc": "T", "cpu": "CPU X", "cpus": 2, "isa": "avx2",
                               "threads": 1}}
     heads = set()
-    for model in ("smollm2", "/a/b/M.Q4_1.gguf"):
+    for model, kv in (("smollm2", None), ("/a/b/M.Q4_1.gguf", "float16")):
         args = argparse.Namespace(model=model, suite="open", temperatures=[0.0, 1.0],
-                                  max_new_tokens=8, weight_dtype="q4_1", markdown="R.md")
+                                  max_new_tokens=8, weight_dtype="q4_1", markdown="R.md",
+                                  kv_dtype=kv)
         head, body = _section(report, args, "M.Q4_1.gguf", "table")
         heads.add(head)
         assert f"--model {model} --suite open --temperatures 0 1 --max-new-tokens 8 " \
                "--weight-dtype q4_1" in body and "CPU X" in body and body.endswith("table")
+        assert ("--kv-dtype float16" in body) == (kv is not None)
     assert heads == {"Real model: M.Q4_1.gguf, suite open"}
+
+
+def test_eval_model_kv_dtype(tmp_path):
+    """``eval --model FILE --kv-dtype float16``: the report names the cache dtype it ran."""
+    from fastspec.cli import main
+
+    out = tmp_path / "eval.json"
+    args = ["eval", "--model", str(SMOLLM2), "--prompts", "1", "--max-new-tokens", "4",
+            "--temperatures", "0", "--methods", "ngram", "--out", str(out)]
+    for kv, want in ((["--kv-dtype", "float16"], "float16"), ([], "float32")):
+        assert main(args + kv) == 0
+        assert json.loads(out.read_text())["kv_dtype"] == want

@@ -223,3 +223,28 @@ def test_generate_kv_dtype(capsys):
     with pytest.raises(SystemExit) as exc:
         main(args + ["--kv-dtype", "int8"])
     assert exc.value.code == 2
+
+
+def test_eval_kv_dtype(tmp_path, monkeypatch):
+    """``eval --kv-dtype float16`` decodes with float16 caches (every cache the target makes)
+    and says so in its report; without it the caches are float32."""
+    from fastspec.cli import main
+
+    made = []
+    real = Transformer.new_cache
+
+    def new_cache(self, *args, **kw):
+        made.append(real(self, *args, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(Transformer, "new_cache", new_cache)
+    out = tmp_path / "eval.json"
+    args = ["eval", "--prompts", "1", "--max-new-tokens", "6", "--temperatures", "0",
+            "--methods", "ngram", "--out", str(out)]
+    for kv, dtype in ((["--kv-dtype", "float16"], F16), ([], np.dtype(np.float32))):
+        made.clear()
+        assert main(args + kv) == 0
+        report = json.loads(out.read_text())
+        assert report["kv_dtype"] == dtype.name
+        assert made and all(c.dtype == dtype for c in made)
+        assert all(r["identical"] for r in report["runs"] if r["method"] == "ngram")

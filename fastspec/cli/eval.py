@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from fastspec.cli.args import (MODEL_SOURCES, WEIGHT_DTYPES, add_threads_option,
-                               gamma_or_adaptive, non_negative_float, positive_int)
+from fastspec.cli.args import (MODEL_SOURCES, WEIGHT_DTYPES, add_kv_dtype_option,
+                               add_threads_option, gamma_or_adaptive, non_negative_float,
+                               positive_int)
 
 __all__ = ["add_parser", "run"]
 
@@ -40,6 +41,7 @@ def add_parser(sub) -> None:
                    help="draft tokens per round for every drafter, an int or 'adaptive' "
                         "(default: each drafter's tuned default, "
                         "fastspec.tools.demo.DEFAULT_GAMMA)")
+    add_kv_dtype_option(p)
     add_threads_option(p)
     p.set_defaults(run=run)
 

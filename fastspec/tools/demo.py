@@ -303,6 +303,8 @@ def eval_main(args) -> int:
     from fastspec.text.corpus import heldout_prompts
 
     bundle = pretrained.load()
+    if getattr(args, "kv_dtype", None):
+        bundle.target.kv_dtype = args.kv_dtype
     tok = bundle.tokenizer
     prompts = heldout_prompts(args.prompts)
     chosen = getattr(args, "methods", None) or METHODS
@@ -336,6 +338,7 @@ def eval_main(args) -> int:
     report = {"environment": environment(), "max_new_tokens": args.max_new_tokens,
               "n_prompts": len(prompts), "temperatures": args.temperatures,
               "methods": list(methods), "dflash_tree_budget": DFLASH_TREE_BUDGET,
+              "kv_dtype": bundle.target.kv_dtype or bundle.target.config.dtype,
               "summary": summary, "runs": runs}
     Path(args.out).write_text(json_io.dumps(report, indent=1))
     print(f"wrote {args.out}", file=sys.stderr)
@@ -364,8 +367,8 @@ def results_markdown(report: dict) -> str:
              f"{report['max_new_tokens']} new tokens, backend `{env['backend']}`, "
              f"Python {env['python']}, NumPy {env['numpy']}, {env['cpus']} CPUs "
              f"({env['machine'] or env['processor']}), CPU: {env.get('cpu') or '?'}; matrix "
-             f"products: {env.get('isa', '?')}; {env.get('threads', 1)} thread(s), run at "
-             f"{env['time_utc']} UTC.",
+             f"products: {env.get('isa', '?')}; {env.get('threads', 1)} thread(s), "
+             f"{report.get('kv_dtype', 'float32')} KV cache, run at {env['time_utc']} UTC.",
              "",
              "Speedup is wall-clock tokens/s over fastspec's own cached vanilla decoding of the "
              "same target; tau is tokens emitted per target verification call. A prompt is "
