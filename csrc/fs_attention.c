@@ -92,7 +92,7 @@ static inline void fs_attn_hide(double *s, int j0, int j1, const uint8_t *mrow, 
  * converting floats to doubles (one conversion per multiply), ~7 GMAC/s. Here the products
  * and their sums stay in float vectors, so one fused multiply-add does 8 or 16 MACs:
  *
- *   scores:   s[r][j] = scale * dot(q[r], k[j]), two query rows and four keys per pass,
+ *   scores:   s[r][j] = scale * dot(q[r], k[j]), 3 (AVX2) or 4 query rows and four keys a pass,
  *             each key's partial sums reduced by one fixed shuffle tree (fs_f32_reduce4);
  *   softmax:  online over tiles of FS_F32_TILE keys (a running maximum m, and the sum of
  *             weights l in double, rescaled by exp(m_old - m_new) when m grows), exp in float;
