@@ -136,10 +136,23 @@ static inline void fs_attn_hide(double *s, int j0, int j1, const uint8_t *mrow, 
  * 9 heads on 3, 300 keys, 8 rows 75-79 -> 72-73, 16 rows 146-147 -> 131-139; 4 heads on 2,
  * 400 keys, 8 and 16 rows the same.
  * Only an AVX-512 variant transposes (fs_isa_select_attn leaves the others' keys function
- * out; a build for an AVX-512 target keeps its baseline's), and only copies of at most
- * FS_ATTN_KT_MAX floats. */
+ * out; a build for an AVX-512 target keeps its baseline's), only copies of at most
+ * FS_ATTN_KT_MAX floats, and only head sizes up to FS_ATTN_KT_MAXD. */
 #ifndef FS_ATTN_KT_ROWS
 #define FS_ATTN_KT_ROWS 24
+#endif
+/* Largest head size that transposes. A row's dot product over 256 inputs is 16 AVX-512
+ * multiply-adds before its one horizontal sum, so there is little left for the copy to save.
+ * Measured on an Intel Xeon guest without AMX (family 6 model 207, 2026-12-07, 1 thread,
+ * AVX-512; a C program calling two builds of this file in turn, min of 40 calls each, us a
+ * call, transposed -> as they are): head_dim 256, 4 heads on 1, 300 keys, 8 rows 107-157 ->
+ * 86-119 (0.76-0.80 of the time), 16 rows 0.80 (and 1.04 once, beside a busy core); 1024
+ * keys, 8 rows 489-685 -> 363-502 (0.73-0.75), 16 rows 0.80; 8 heads on 1, 1024 keys, 8 rows
+ * 0.79-0.80. Head size 128 (16 heads on 8, 16 rows, 300 and 1024 keys) transposed takes
+ * 0.96-1.01 of the time of its keys as they are: it keeps transposing. On the Zen 4 EPYC head
+ * 256 was within 4% either way (2026-12-07). */
+#ifndef FS_ATTN_KT_MAXD
+#define FS_ATTN_KT_MAXD 128
 #endif
 /* Largest transposed copy (floats, all heads) a call makes; larger calls read the keys. 256K
  * floats (1 MiB) since 2026-12-07, 4M before: every head's copy is made before the first block
@@ -148,7 +161,9 @@ static inline void fs_attn_hide(double *s, int j0, int j1, const uint8_t *mrow, 
  * as they are): head_dim 128, 8 heads on 2, 4096 keys (1M floats), 6 rows 1492 -> 1178,
  * 8 rows 1935 -> 1606, 16 rows 3433 -> 3307; head_dim 256, 4 heads on 1, 4096 keys, 1152 ->
  * 1056, 1618 -> 1421, 3086 -> 2927; at 300 and 1024 keys (at most 256K floats: they still
- * transpose) within 4% either way. */
+ * transposed; head 256 no longer does, FS_ATTN_KT_MAXD) within 4% either way. The Intel Xeon guest agrees (2026-12-07, script, min of 5
+ * processes a build, 4096 keys, 4M -> 256K): head_dim 64, 9 heads on 3, 8 rows 1136 -> 968;
+ * head_dim 128, 16 heads on 8, 16 rows 9670 -> 7659. */
 #ifndef FS_ATTN_KT_MAX
 #define FS_ATTN_KT_MAX ((size_t)256 << 10)
 #endif
@@ -172,14 +187,15 @@ static float *fs_attn_kt_buffer(size_t floats)
 
 /* Transposed keys [0, keys) of every kv head (head kv at the result + kv * *stride), or NULL
  * (*stride 0) when the call runs in nchunks > 1 pool chunks, is too small to gain from them,
- * too large, or out of memory. */
+ * too large, its head size is over FS_ATTN_KT_MAXD, or out of memory. */
 static const float *fs_attn_transpose(const float *k, int n_kv_heads, int head_dim,
                                       int capacity, int keys, int rows_per_kv, int nchunks,
                                       size_t *stride)
 {
     fs_attn_keys_fn keys_fn = fs_disp->attn_f32_keys;
     *stride = 0;
-    if (!keys_fn || nchunks > 1 || keys <= 0 || rows_per_kv < FS_ATTN_KT_ROWS)
+    if (!keys_fn || nchunks > 1 || keys <= 0 || rows_per_kv < FS_ATTN_KT_ROWS
+        || head_dim > FS_ATTN_KT_MAXD)
         return NULL;
     *stride = (size_t)(keys + FS_F32_PANEL - 1) / FS_F32_PANEL * FS_F32_PANEL * head_dim;
     if (*stride * n_kv_heads > FS_ATTN_KT_MAX)
