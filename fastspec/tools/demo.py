@@ -207,7 +207,8 @@ def _model_bundle(args):
     from fastspec.tools.eval_suites import suite
 
     model, tok = load_pretrained(resolve(args.model),
-                                 weight_dtype=getattr(args, "weight_dtype", None) or "auto")
+                                 weight_dtype=getattr(args, "weight_dtype", None) or "auto",
+                                 kv_dtype=getattr(args, "kv_dtype", None))
     prompt = args.prompt if args.prompt is not None else suite("grounded")[0].message
     ids = tok.apply_chat_template([{"role": "user", "content": prompt}],
                                   add_generation_prompt=True, tokenize=True)
@@ -235,7 +236,8 @@ def demo_main(args) -> int:
         print("fastspec demo: the embedded model files are not installed "
               f"(looked in {pretrained.data_dir()})", file=sys.stderr)
         return 1
-    bundle = pretrained.load(weight_dtype=getattr(args, "weight_dtype", None))  # auto: float16
+    bundle = pretrained.load(weight_dtype=getattr(args, "weight_dtype", None),  # auto: float16
+                             kv_dtype=getattr(args, "kv_dtype", None))
     tok = bundle.tokenizer
     prompt = args.prompt if args.prompt is not None else _default_prompt()
     ids = tok.encode(prompt, add_bos=True)
@@ -246,8 +248,6 @@ def demo_main(args) -> int:
 def _demo(args, bundle, tok, prompt: str, ids: list[int], methods: Sequence[str],
           eos: int | None) -> int:
     """Run and print the demo of ``methods`` on ``ids`` (``eos``: a chat model's end of turn)."""
-    if getattr(args, "kv_dtype", None):
-        bundle.target.kv_dtype = args.kv_dtype
     room = bundle.target.config.max_seq_len - len(ids)
     if room < 1:
         print(f"fastspec demo: the prompt has {len(ids)} tokens; the target holds "
@@ -302,9 +302,7 @@ def eval_main(args) -> int:
     from fastspec.models import pretrained
     from fastspec.text.corpus import heldout_prompts
 
-    bundle = pretrained.load()
-    if getattr(args, "kv_dtype", None):
-        bundle.target.kv_dtype = args.kv_dtype
+    bundle = pretrained.load(kv_dtype=getattr(args, "kv_dtype", None))
     tok = bundle.tokenizer
     prompts = heldout_prompts(args.prompts)
     chosen = getattr(args, "methods", None) or METHODS

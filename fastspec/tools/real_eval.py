@@ -132,10 +132,9 @@ def eval_model_main(args) -> int:
     """The ``eval --model`` command: load, run the suite, write JSON (and markdown)."""
     path = resolve(args.model)
     t0 = time.perf_counter()
-    model, tokenizer = load_pretrained(path, weight_dtype=args.weight_dtype)
+    model, tokenizer = load_pretrained(path, weight_dtype=args.weight_dtype,
+                                       kv_dtype=getattr(args, "kv_dtype", None))
     load_s = time.perf_counter() - t0
-    if getattr(args, "kv_dtype", None):
-        model.kv_dtype = args.kv_dtype
     requests = suite(args.suite)[:args.prompts]
     methods = args.methods or REAL_METHODS
     progress = Progress(len(requests) * len(args.temperatures), f"eval {args.suite}")
