@@ -13,7 +13,7 @@ The tile paths (avx512bf16, amx) run bf16 weights from the tile layout (``pack(w
 tiles=True)``, ``product_tiles``, which rounds the rows to bf16 itself); ``test_*_tiles`` runs
 them where the CPU has them. Their peak: avx512bf16's, ``isa_info()["peak"]["dot_bf16"]`` (one
 ``VDPBF16PS`` a cycle, 32 multiply-adds: measured on a Zen 4, 31.6 against 15.9 a cycle for
-the float32 FMA); amx records no peak.
+the float32 FMA; 16 on an Intel CPU, one every two cycles); amx records no peak.
 """
 import numpy as np
 import pytest

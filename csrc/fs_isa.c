@@ -110,12 +110,36 @@ static fs_dispatch fs_own = {
 };
 fs_dispatch *fs_disp = &fs_own;
 
-/* The widest product path the CPU runs (AMX only with the tile-data grant). */
+/* Whether the CPU is an Intel one (its CPUID vendor string). */
+static int fs_isa_intel(void)
+{
+#if FS_ISA_X86
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    return !memcmp(&b, "Genu", 4) && !memcmp(&d, "ineI", 4) && !memcmp(&c, "ntel", 4);
+#else
+    return 0;
+#endif
+}
+
+/* The widest product path the CPU runs (AMX only with the tile-data grant). The avx512bf16
+ * path only on a CPU that is not an Intel one: there VDPBF16PS runs at half the rate of the
+ * float32 FMA, so the AVX-512 panels' bf16 products (weights widened by a shift) are faster.
+ * Measured on an Intel Xeon guest without AMX (family 6 model 207, 2026-12-07): 12 or 24
+ * independent chains of zmm VDPBF16PS, 0.46 a cycle (14.7 multiply-adds) against 1.8
+ * VFMADD231PS (29); bench/test_bench_linear.py, 1 thread, a layer's seven products (W from
+ * memory), tiles -> panels: 8 rows 4.30 -> 2.74 ms, 16 rows 8.55 -> 5.65, 1-4 rows within 9%;
+ * the 576 x 49152 head 5.36 -> 3.51 and 11.07 -> 7.53 ms; the SmolLM-135M shape's step (bf16,
+ * context 64, paths interleaved in one process, medians of 6 and of 9 rounds) 1 thread: 8 rows
+ * 29.7 -> 25.7 and 31.3 -> 30.9 ms, 16 rows 55.8 -> 44.6 and 61.1 -> 51.2; 2 threads: 19.9
+ * -> 18.2 and 20.5 -> 18.2, 36.5 -> 31.5 and 36.6 -> 32.6; decode within the noise (minima
+ * 18.0-19.9 -> 18.5-20.7 at 1 thread, 11.3-12.8 -> 12.1-12.9 at 2). On a Zen 4 VDPBF16PS runs one a cycle, twice its zmm
+ * FMA (docs/PERFORMANCE.md). FASTSPEC_ISA=avx512bf16 still selects it on any CPU that has it. */
 static int fs_isa_auto(const fs_dispatch *t)
 {
 #if FS_LINF_SIMD
     if (t->amx) return FS_ISA_AMX;
-    if (t->bf16dp) return FS_ISA_AVX512BF16;
+    if (t->bf16dp && !fs_isa_intel()) return FS_ISA_AVX512BF16;
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c")) return FS_ISA_AVX512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
         && __builtin_cpu_supports("f16c"))
@@ -288,13 +312,8 @@ static int fs_isa_qpf_one(void)
 {
 #if defined(FS_Q_PF_ONE)
     return FS_Q_PF_ONE;
-#elif FS_ISA_X86
-    unsigned int a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
-    int intel = !memcmp(&b, "Genu", 4) && !memcmp(&d, "ineI", 4) && !memcmp(&c, "ntel", 4);
-    return intel ? FS_Q_PF_ONE_INTEL : 0;
 #else
-    return 0;
+    return fs_isa_intel() ? FS_Q_PF_ONE_INTEL : 0;
 #endif
 }
 

@@ -41,7 +41,7 @@ typedef struct {
     int amx_int8;     /* amx_tile and AMX_INT8 */
 } fs_isa_features;
 
-/* Matrix-product paths, in order of preference. */
+/* Matrix-product paths, in order of preference (fs_isa_auto: not avx512bf16 on Intel). */
 enum { FS_ISA_PORTABLE = 0, FS_ISA_AVX2 = 1, FS_ISA_AVX512 = 2, FS_ISA_AVX512BF16 = 3,
        FS_ISA_AMX = 4 };
 

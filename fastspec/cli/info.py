@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"float FMA peak (lanes x FMA units x {peak['clock_ghz']:.2f} GHz, clock from "
           f"{peak['clock_source']}): {rates or 'no vector path'}")
     for p, d in peak["dot_bf16"].items():
-        print(f"bf16 dot-product peak ({p}: one VDPBF16PS a cycle, 16 lanes x 2 inputs): "
+        rate = "a cycle" if d["macs_per_cycle"] >= 32 else "every 2 cycles"
+        print(f"bf16 dot-product peak ({p}: one VDPBF16PS {rate}, 16 lanes x 2 inputs): "
               f"{d['macs_per_cycle']} multiply-adds/cycle = {d['gmacs']:.1f} G/s")
     print(f"weight storage -> compute path (compiled backend, {path}):")
     print("  float32   packed float32 panels, float32 multiply-adds")

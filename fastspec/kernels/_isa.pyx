@@ -176,7 +176,9 @@ def fma_peak():
         multiply-adds per second / 1e9}. ``dot_bf16``: where the CPU runs avx512bf16, its bf16
         products' peak, ``{"avx512bf16": {"macs_per_cycle": 32, "gmacs": ...}}``: one
         ``VDPBF16PS`` a cycle, 16 float32 lanes x a pair of bf16 inputs (measured on a Zen 4:
-        0.99 a cycle; assumed elsewhere); else ``{}``.
+        0.99 a cycle; assumed on every other CPU), 16 on an Intel CPU (one every two cycles:
+        0.46 a cycle measured on an Intel Xeon, family 6 model 207, where the automatic path
+        is therefore avx512); else ``{}``.
     """
     global _peak
     if _peak is None:
@@ -189,12 +191,13 @@ def fma_peak():
         lanes = {p: n for p, n in (("avx2", 8), ("avx512", 16)) if p in have}
         vendor, family, model = cpu_model()
         units = fma_units(vendor, family, lanes)
+        dot = 16 if vendor == "GenuineIntel" else 32  # VDPBF16PS: 2 cycles each on Intel
         _peak = {"clock_ghz": hz / 1e9, "clock_source": source,
                  "cpu": {"vendor": vendor, "family": family, "model": model},
                  "fma_units": units,
                  "macs_per_cycle": {p: units[p] * n for p, n in lanes.items()},
                  "gmacs": {p: units[p] * n * hz / 1e9 for p, n in lanes.items()},
-                 "dot_bf16": ({"avx512bf16": {"macs_per_cycle": 32, "gmacs": 32 * hz / 1e9}}
+                 "dot_bf16": ({"avx512bf16": {"macs_per_cycle": dot, "gmacs": dot * hz / 1e9}}
                               if "avx512bf16" in have else {})}
     return {k: dict(v) if isinstance(v, dict) else v for k, v in _peak.items()}
 
@@ -225,7 +228,8 @@ def isa_info():
         ``features``: {name: bool} for avx2, fma, f16c, avx512f, avx512bf16, amx_tile,
         amx_bf16 (CPUID, enabled by the OS; AMX also needs the Linux tile-data grant, asked
         for only when the CPU has AMX) and ``amx_cpu`` (AMX in CPUID, granted or not);
-        ``available``: the paths this CPU could run, best first; ``kernels``: the paths this
+        ``available``: the paths this CPU could run, widest first (the automatic choice skips
+        ``avx512bf16`` on an Intel CPU); ``kernels``: the paths this
         build has kernels for; ``selected``: the path every product runs now; ``forced``: the
         name forced by ``FASTSPEC_ISA`` or :func:`set_isa`, else None; ``quant_kernels``:
         {path: the quantized products' kernel}; ``peak``: :func:`fma_peak`.
@@ -243,7 +247,8 @@ def set_isa(name):
     name : {"amx", "avx512bf16", "avx512", "avx2", "portable"} or None
         ``portable`` is the baseline build (no AVX); ``amx`` runs the bf16 products on AMX
         tiles and ``avx512bf16`` with AVX512-BF16 dot products (both: the others as
-        ``avx512``); None (or ``"auto"``) picks the widest path the CPU runs. Process-wide; do
+        ``avx512``); None (or ``"auto"``) picks the widest path the CPU runs (``avx512``
+        rather than ``avx512bf16`` on an Intel CPU: :func:`fma_peak`). Process-wide; do
         not call while another thread runs a forward. bf16 weights are packed for the path
         (``amx`` and ``avx512bf16`` share the tile layout): runners built before a change
         between a tile path and another path are
