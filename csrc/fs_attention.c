@@ -161,9 +161,10 @@ static inline void fs_attn_hide(double *s, int j0, int j1, const uint8_t *mrow, 
  * as they are): head_dim 128, 8 heads on 2, 4096 keys (1M floats), 6 rows 1492 -> 1178,
  * 8 rows 1935 -> 1606, 16 rows 3433 -> 3307; head_dim 256, 4 heads on 1, 4096 keys, 1152 ->
  * 1056, 1618 -> 1421, 3086 -> 2927; at 300 and 1024 keys (at most 256K floats: they still
- * transposed; head 256 no longer does, FS_ATTN_KT_MAXD) within 4% either way. The Intel Xeon guest agrees (2026-12-07, script, min of 5
- * processes a build, 4096 keys, 4M -> 256K): head_dim 64, 9 heads on 3, 8 rows 1136 -> 968;
- * head_dim 128, 16 heads on 8, 16 rows 9670 -> 7659. */
+ * transposed; head 256 no longer does, FS_ATTN_KT_MAXD) within 4% either way. The Intel Xeon
+ * guest agrees (2026-12-07, script, min of 5 processes a build, 4096 keys, 4M -> 256K):
+ * head_dim 64, 9 heads on 3, 8 rows 1136 -> 968; head_dim 128, 16 heads on 8, 16 rows 9670
+ * -> 7659. */
 #ifndef FS_ATTN_KT_MAX
 #define FS_ATTN_KT_MAX ((size_t)256 << 10)
 #endif

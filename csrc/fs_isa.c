@@ -133,8 +133,9 @@ static int fs_isa_intel(void)
  * context 64, paths interleaved in one process, medians of 6 and of 9 rounds) 1 thread: 8 rows
  * 29.7 -> 25.7 and 31.3 -> 30.9 ms, 16 rows 55.8 -> 44.6 and 61.1 -> 51.2; 2 threads: 19.9
  * -> 18.2 and 20.5 -> 18.2, 36.5 -> 31.5 and 36.6 -> 32.6; decode within the noise (minima
- * 18.0-19.9 -> 18.5-20.7 at 1 thread, 11.3-12.8 -> 12.1-12.9 at 2). On a Zen 4 VDPBF16PS runs one a cycle, twice its zmm
- * FMA (docs/PERFORMANCE.md). FASTSPEC_ISA=avx512bf16 still selects it on any CPU that has it. */
+ * 18.0-19.9 -> 18.5-20.7 at 1 thread, 11.3-12.8 -> 12.1-12.9 at 2). On a Zen 4 VDPBF16PS
+ * runs one a cycle, twice its zmm FMA (docs/PERFORMANCE.md). FASTSPEC_ISA=avx512bf16 still
+ * selects it on any CPU that has it. */
 static int fs_isa_auto(const fs_dispatch *t)
 {
 #if FS_LINF_SIMD
