@@ -28,6 +28,12 @@ TRANSCODED = {("Q4_K", "q4_1"): (144, 256), ("Q4_K", "q8_0"): (144, 256),
 _COLS = 8  # output columns per packed panel
 _FMAX = np.float32(np.finfo(np.float32).max)
 _TINY = np.float32(2.0 ** -96)
+# float64 bit fields of _fma32: the 29 bits below a float32's last, a float32 midpoint's
+# pattern there, the sign cleared, and 2^-126 (below it: float32's subnormal range)
+_LOW29, _HALF29 = np.uint64((1 << 29) - 1), np.uint64(1 << 28)
+_ABS64, _ONE64, _SUB32 = np.uint64((1 << 63) - 1), np.uint64(1), np.uint64(897 << 52)
+# rows x columns of one pass of linear's float steps (their float64 arrays stay in cache)
+_CHUNK = 1 << 15
 
 
 def _up64(n: int) -> int:
@@ -216,30 +222,58 @@ def unpack(kind: str, packed: np.ndarray, in_features: int, out_features: int) -
     return np.ascontiguousarray(b3[:out_features])
 
 
-def _split(kind: str, blocks: np.ndarray, in_features: int):
-    """(scales float32 (out, nb), mins float32 or None, integer weights int8 (out, nb, 32))
-    of GGUF rows; q4_0's weights are the nibbles minus 8."""
-    out_f, nb = blocks.shape[0], in_features // BLOCK
-    b3 = blocks.reshape(out_f, nb, BLOCK_BYTES[kind])
-    d = b3[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+def _panel_parts(kind: str, packed: np.ndarray, in_features: int, out_features: int):
+    """Scales (nb, out) float32, q4_1 mins (nb, out) float32 or None, and a view of the weight
+    bytes (ng, nb, groups, 8 columns, 4) of packed W's ``ng`` panels (docs: ``pack``)."""
+    nb = in_features // BLOCK
+    ng = (out_features + _COLS - 1) // _COLS
+    moff, qoff, qb = _panel(kind, nb)
+    panels = np.asarray(packed, np.uint8).reshape(ng, -1)
+
+    def half(start: int) -> np.ndarray:  # (ng, nb, 8) float16 -> (nb, out)
+        h = np.ascontiguousarray(panels[:, start:start + nb * 16]).view(np.float16)
+        return (h.reshape(ng, nb, _COLS).transpose(1, 0, 2).reshape(nb, ng * _COLS)
+                [:, :out_features].astype(np.float32))
+
+    q = panels[:, qoff:qoff + nb * qb].reshape(ng, nb, qb // (4 * _COLS), _COLS, 4)
+    return half(0), (half(moff) if kind == "q4_1" else None), q
+
+
+def _ints(kind: str, t: np.ndarray) -> np.ndarray:
+    """Integer weights (..., 32) float32 of the weight bytes ``t`` (..., groups, 4) of a block
+    (a strided view of :func:`_panel_parts`' bytes, read in one pass per part): q8_0 int8; q4
+    the low nibbles (inputs 0-15), then the high ones (16-31), q4_0's minus 8."""
+    lead, groups = t.shape[:-2], t.shape[-2]
+    w = np.empty((*lead, 32), np.float32)
     if kind == "q8_0":
-        return d, None, b3[:, :, 2:].copy().view(np.int8)
-    m = b3[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if kind == "q4_1" \
-        else None
-    nib = b3[:, :, (4 if kind == "q4_1" else 2):]
-    w = np.concatenate([nib & 15, nib >> 4], axis=2).astype(np.int8)
-    return d, m, (w - 8 if kind == "q4_0" else w)
+        w.reshape(*lead, groups, 4)[...] = t.view(np.int8)
+    else:
+        w4 = w.reshape(*lead, 2, groups, 4)
+        w4[..., 0, :, :] = t & 15
+        w4[..., 1, :, :] = t >> 4
+        if kind == "q4_0":
+            w -= np.float32(8)
+    return w
 
 
 def rows(kind: str, packed: np.ndarray, in_features: int, out_features: int,
          ids: np.ndarray) -> np.ndarray:
-    """Return the dequantized rows ``ids`` of W: float32 (len(ids), in_features)."""
-    blocks = unpack(kind, packed, in_features, out_features)[np.asarray(ids, np.int64)]
-    d, m, w = _split(kind, blocks, in_features)
-    v = d[:, :, None] * w.astype(np.float32)
+    """Return the dequantized rows ``ids`` of W: float32 (len(ids), in_features); only their
+    panels are read, each once."""
+    ids = np.asarray(ids, np.int64).reshape(-1)
+    if ids.size == 0:
+        return np.zeros((0, in_features), np.float32)
+    nb = in_features // BLOCK
+    panels = np.asarray(packed, np.uint8).reshape((out_features + _COLS - 1) // _COLS, -1)
+    used, at = np.unique(ids // _COLS, return_inverse=True)  # each panel read once
+    d, m, q = _panel_parts(kind, panels[used], in_features, used.size * _COLS)
+    cols = at.reshape(-1) * _COLS + ids % _COLS
+    w = _ints(kind, q.transpose(0, 3, 1, 2, 4)).reshape(used.size * _COLS, nb, 32)
+    w = w[:ids.size] if np.array_equal(cols, np.arange(ids.size)) else w[cols]
+    v = d.T[cols, :, None] * w  # (len(ids), nb, 32)
     if m is not None:
-        v = v + m[:, :, None]
-    return v.reshape(len(blocks), in_features)
+        v = v + m.T[cols, :, None]
+    return v.reshape(ids.size, in_features)
 
 
 def quantize_activations(x: np.ndarray, kind: str = "q8_0"):
@@ -264,16 +298,27 @@ def quantize_activations(x: np.ndarray, kind: str = "q8_0"):
 
 
 def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """fmaf(a, b, c) elementwise on float32 arrays, correctly rounded (see the module doc)."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        p = a.astype(np.float64) * b.astype(np.float64)  # exact
-        c64 = c.astype(np.float64)
-        s = p + c64
-        bv = s - p
-        err = (p - (s - bv)) + (c64 - bv)  # TwoSum: s + err == p + c exactly
-        even = (s.view(np.uint64) & np.uint64(1)) == 0
-        fix = (err != 0) & even & np.isfinite(s)
-        s = np.where(fix, np.nextafter(s, np.where(err > 0, np.inf, -np.inf)), s)
+    """fmaf(a, b, c) elementwise on float32 arrays, correctly rounded (see the module doc).
+
+    The float64 sum ``s`` of the exact product and ``c`` rounds to the fused result directly
+    unless ``s`` is a float32 midpoint: rounding ``s`` to odd moves it by one float64 unit,
+    which crosses no midpoint (adjacent float64 values) and lands on none (midpoints are even
+    in float64). So only midpoints (and, to keep the test simple, float32's subnormal range)
+    take the TwoSum; every result is the bits of the rounding to odd of all elements. The
+    caller silences NumPy's overflow and invalid warnings."""
+    p = np.multiply(a, b, dtype=np.float64)  # exact
+    s = np.add(p, c, dtype=np.float64)
+    u = s.view(np.uint64)
+    odd = ((u & _LOW29) == _HALF29) | ((u & _ABS64) - _ONE64 < _SUB32 - _ONE64)
+    if odd.any():
+        i = np.nonzero(odd)
+        ps, ss = p[i], s[i]
+        cs = np.broadcast_to(c, s.shape)[i].astype(np.float64)
+        bv = ss - ps
+        err = (ps - (ss - bv)) + (cs - bv)  # TwoSum: ss + err == ps + cs exactly
+        even = (ss.view(np.uint64) & np.uint64(1)) == 0
+        fix = (err != 0) & even & np.isfinite(ss)
+        s[i] = np.where(fix, np.nextafter(ss, np.where(err > 0, np.inf, -np.inf)), ss)
     return s.astype(np.float32)
 
 
@@ -283,23 +328,31 @@ def linear(kind: str, x: np.ndarray, packed: np.ndarray, in_features: int, out_f
     docs/FORMATS.md; returns ``out``."""
     nb = in_features // BLOCK
     q, da, sa = quantize_activations(x, kind)
-    dw, mw, w = _split(kind, unpack(kind, packed, in_features, out_features), in_features)
-    qb = q.reshape(len(q), nb, BLOCK).astype(np.float64)
-    wf = w.astype(np.float64)
-    acc = out.astype(np.float32) if accumulate else np.zeros(out.shape, np.float32)
+    dw, mw, wq = _panel_parts(kind, packed, in_features, out_features)
+    # integer sums in float32 products: each term and partial sum is an integer below 2^24
+    # (|sum| <= 32 * 127 * 128), so the float32 products of the blocks are exact
+    n = len(q)
+    qb = q.reshape(n, nb, BLOCK).astype(np.float32)
+    res = out.astype(np.float32) if accumulate else np.zeros(out.shape, np.float32)
+    # columns in chunks of whole panels, n x cols <= _CHUNK: the float64 steps stay in cache
+    cols = max(_COLS, _CHUNK // max(n, 1) // _COLS * _COLS)
     with np.errstate(invalid="ignore", over="ignore"):
         ds = da * sa.astype(np.float32)
-        for b in range(nb):
-            # exact integers (q4_0: the weights carry the -8, i.e. isum - 8 * s)
-            isum = (qb[:, b, :] @ wf[:, b, :].T).astype(np.float32)
-            sc = dw[None, :, b] * da[:, b, None]
-            acc = _fma32(sc, isum, acc)
-            if mw is not None:
-                acc = _fma32(np.broadcast_to(mw[None, :, b], acc.shape),
-                             np.broadcast_to(ds[:, b, None], acc.shape), acc)
+        for c0 in range(0, out_features, cols):
+            c1 = min(c0 + cols, out_features)
+            g = slice(c0 // _COLS, (c1 + _COLS - 1) // _COLS)
+            acc = res[:, c0:c1]
+            for b in range(nb):
+                # exact integers (q4_0: the weights carry the -8, i.e. isum - 8 * s)
+                w = _ints(kind, wq[g, b].swapaxes(1, 2)).reshape(-1, 32)[:c1 - c0]
+                isum = qb[:, b, :] @ w.T
+                acc = _fma32(dw[None, b, c0:c1] * da[:, b, None], isum, acc)
+                if mw is not None:
+                    acc = _fma32(mw[None, b, c0:c1], ds[:, b, None], acc)
+            res[:, c0:c1] = acc
         if bias is not None:
-            acc = acc + np.asarray(bias, np.float32)
-    out[...] = acc
+            res += np.asarray(bias, np.float32)
+    out[...] = res
     return out
 
 
