@@ -25,10 +25,13 @@ def _rn32(x: Fraction) -> np.float32:
 
 def _midpoint_cases():
     """(a, b, c) float32 with a * b + c = m +- d: m a float32 midpoint, 0 < d < half a float64
-    unit of m, so float64 rounds the sum onto m. 24-bit mantissas whose product is 2^47 + k
-    (0 < k < 2^17) make a * b = 2^-24 (1 + k 2^-47); c = 1 puts 1 + 2^-24 just below the sum,
-    c = 1 + 2^-22 with a negative product puts 1 + 3 * 2^-24 just above it; then all scaled
-    by powers of two down to float32's subnormal range."""
+    unit of m, so float64 rounds the sum onto m and a plain rounding of it to float32 breaks
+    the tie the wrong way. 24-bit mantissas whose product is 2^47 + k (0 < k < 2^17) make a
+    product p = 2^-24 (1 + k 2^-47): c = 1 puts the midpoint 1 + 2^-24 just below the sum, c =
+    1 + 2^-22 with -p puts 1 + 3 * 2^-24 just above it; scaled by powers of two. In float32's
+    subnormal range p = 2^-150 (1 + k 2^-47) (half its spacing) and c = an even multiple of
+    2^-149 (or 2 more with -p) of at least 2^-127, so that k 2^-197 stays below half a float64
+    unit of the sum."""
     pairs = []
     for ma in range(2**23 + 1, 2**23 + 200000):
         k = (-(2**47)) % ma
@@ -37,11 +40,14 @@ def _midpoint_cases():
         if len(pairs) == 12:
             break
     cases = []
-    for ma, mb in pairs:
-        for scale in (0, -60, 40, -126, -140):
-            for sign in (1, -1):
+    for i, (ma, mb) in enumerate(pairs):
+        for sign in (1, -1):
+            for scale in (0, -60, 40, -100):  # a stays normal
                 cases.append((ma * 2.0 ** (scale - 47), sign * mb * 2.0 ** -24,
                               (1.0 if sign > 0 else 1.0 + 2.0 ** -22) * 2.0 ** scale))
+            for cm in (2**22 + 2 * i, 2**23 - 4 - 2 * i):  # subnormal sums, c >= 2^-127
+                cases.append((ma * 2.0 ** -100, sign * mb * 2.0 ** -97,
+                              (cm if sign > 0 else cm + 2) * 2.0 ** -149))
     return (np.array(v, np.float32) for v in zip(*cases))
 
 
@@ -51,10 +57,22 @@ def test_twin_fma_is_correctly_rounded_at_float32_midpoints():
                      for x, y, z in zip(a, b, c)], np.float32)
     got = R._fma32(a, b, c)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    # the negative control: rounding the float64 sum to float32 gets many of them wrong, so
-    # the cases do land on midpoints
+    # the negative control: rounding the float64 sum to float32 gets every one of them wrong,
+    # so each case does land on a midpoint (normal and subnormal)
     twice = (a.astype(np.float64) * b + c).astype(np.float32)
-    assert (twice.view(np.uint32) != want.view(np.uint32)).sum() >= len(want) // 4
+    assert (twice.view(np.uint32) != want.view(np.uint32)).all()
+
+
+def test_twin_rows_gather_any_ids():
+    """Duplicate, unsorted and no ids read the same rows as the whole matrix."""
+    rng = np.random.default_rng(4)
+    for kind in Q.QUANT_KINDS:
+        W = Q.QuantMatrix.from_float(kind, rng.standard_normal((37, 64)).astype(np.float32))
+        whole = R.rows(kind, W.packed, 64, 37, np.arange(37))
+        ids = np.array([36, 3, 3, 17, 0, 36, 9])
+        got = R.rows(kind, W.packed, 64, 37, ids)
+        assert np.array_equal(got.view(np.uint32), whole[ids].view(np.uint32))
+        assert R.rows(kind, W.packed, 64, 37, ids[:0]).shape == (0, 64)
 
 
 @pytest.mark.parametrize("kind", Q.QUANT_KINDS)

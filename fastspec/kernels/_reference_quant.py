@@ -4,9 +4,10 @@ Same names, signatures and results as the compiled module: the packed layout byt
 (``csrc/fs_quant.h``), the activation rule, and the products' bits. The float steps of
 docs/FORMATS.md ("Quantized products") are float32 operations; the fused multiply-adds are
 emulated exactly: the product of two float32 values is exact in float64, the float64 sum is
-rounded to odd (its error from a TwoSum decides the last bit) and then to float32 once, which
-is the correctly rounded fused result. So the twin equals the C kernels bit for bit (the
-tolerance the tests allow is zero). Arguments are checked by :mod:`fastspec.kernels.quant`.
+rounded to odd (its error from a TwoSum decides the last bit; only where that can matter, see
+``_fma32``) and then to float32 once, which is the correctly rounded fused result. So the twin
+equals the C kernels bit for bit (the tolerance the tests allow is zero). Arguments are
+checked by :mod:`fastspec.kernels.quant`.
 """
 from __future__ import annotations
 
@@ -312,7 +313,7 @@ def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
     odd = ((u & _LOW29) == _HALF29) | ((u & _ABS64) - _ONE64 < _SUB32 - _ONE64)
     if odd.any():
         i = np.nonzero(odd)
-        ps, ss = p[i], s[i]
+        ps, ss = np.broadcast_to(p, s.shape)[i], s[i]
         cs = np.broadcast_to(c, s.shape)[i].astype(np.float64)
         bv = ss - ps
         err = (ps - (ss - bv)) + (cs - bv)  # TwoSum: ss + err == ps + cs exactly
@@ -334,7 +335,8 @@ def linear(kind: str, x: np.ndarray, packed: np.ndarray, in_features: int, out_f
     n = len(q)
     qb = q.reshape(n, nb, BLOCK).astype(np.float32)
     res = out.astype(np.float32) if accumulate else np.zeros(out.shape, np.float32)
-    # columns in chunks of whole panels, n x cols <= _CHUNK: the float64 steps stay in cache
+    # columns in chunks of whole panels, n x cols <= _CHUNK (one panel at the least): the
+    # float64 steps stay in cache
     cols = max(_COLS, _CHUNK // max(n, 1) // _COLS * _COLS)
     with np.errstate(invalid="ignore", over="ignore"):
         ds = da * sa.astype(np.float32)
