@@ -206,38 +206,38 @@ def _q5_0_to_q8_0(b: np.ndarray) -> np.ndarray:
     return out
 
 
-def unpack(kind: str, packed: np.ndarray, in_features: int, out_features: int) -> np.ndarray:
-    """Return the GGUF rows (out_features, nb * bytes) of a packed W (the inverse of pack)."""
-    nb, bb = in_features // BLOCK, BLOCK_BYTES[kind]
-    ng = (out_features + _COLS - 1) // _COLS
-    moff, qoff, qb = _panel(kind, nb)
-    panels = np.asarray(packed, np.uint8).reshape(ng, -1)
-    parts = [panels[:, :nb * 16].reshape(ng, nb, _COLS, 2).transpose(0, 2, 1, 3)]
-    if kind == "q4_1":
-        parts.append(panels[:, moff:moff + nb * 16].reshape(ng, nb, _COLS, 2)
-                     .transpose(0, 2, 1, 3))
-    groups = qb // (4 * _COLS)
-    parts.append(panels[:, qoff:].reshape(ng, nb, groups, _COLS, 4).transpose(0, 3, 1, 2, 4)
-                 .reshape(ng, _COLS, nb, groups * 4))
-    b3 = np.concatenate(parts, axis=3).reshape(ng * _COLS, nb * bb)
-    return np.ascontiguousarray(b3[:out_features])
-
-
-def _panel_parts(kind: str, packed: np.ndarray, in_features: int, out_features: int):
-    """Scales (nb, out) float32, q4_1 mins (nb, out) float32 or None, and a view of the weight
-    bytes (ng, nb, groups, 8 columns, 4) of packed W's ``ng`` panels (docs: ``pack``)."""
+def _panel_views(kind: str, packed: np.ndarray, in_features: int, out_features: int):
+    """Views of packed W's ``ng`` panels (the layout of :func:`pack`): scale bytes (ng, nb, 8
+    columns, 2), q4_1's min bytes (the same) or None, weight bytes (ng, nb, groups, 8, 4)."""
     nb = in_features // BLOCK
     ng = (out_features + _COLS - 1) // _COLS
     moff, qoff, qb = _panel(kind, nb)
     panels = np.asarray(packed, np.uint8).reshape(ng, -1)
+    d = panels[:, :nb * 16].reshape(ng, nb, _COLS, 2)
+    m = panels[:, moff:moff + nb * 16].reshape(ng, nb, _COLS, 2) if kind == "q4_1" else None
+    return d, m, panels[:, qoff:qoff + nb * qb].reshape(ng, nb, qb // (4 * _COLS), _COLS, 4)
 
-    def half(start: int) -> np.ndarray:  # (ng, nb, 8) float16 -> (nb, out)
-        h = np.ascontiguousarray(panels[:, start:start + nb * 16]).view(np.float16)
-        return (h.reshape(ng, nb, _COLS).transpose(1, 0, 2).reshape(nb, ng * _COLS)
-                [:, :out_features].astype(np.float32))
 
-    q = panels[:, qoff:qoff + nb * qb].reshape(ng, nb, qb // (4 * _COLS), _COLS, 4)
-    return half(0), (half(moff) if kind == "q4_1" else None), q
+def unpack(kind: str, packed: np.ndarray, in_features: int, out_features: int) -> np.ndarray:
+    """Return the GGUF rows (out_features, nb * bytes) of a packed W (the inverse of pack)."""
+    d, m, q = _panel_views(kind, packed, in_features, out_features)
+    ng, nb = q.shape[:2]
+    parts = [h.transpose(0, 2, 1, 3) for h in (d, m) if h is not None]
+    parts.append(q.transpose(0, 3, 1, 2, 4).reshape(ng, _COLS, nb, -1))
+    b3 = np.concatenate(parts, axis=3).reshape(ng * _COLS, nb * BLOCK_BYTES[kind])
+    return np.ascontiguousarray(b3[:out_features])
+
+
+def _panel_parts(kind: str, packed: np.ndarray, in_features: int, out_features: int):
+    """Scales (nb, out) float32, q4_1 mins (nb, out) float32 or None, and the weight bytes
+    (ng, nb, groups, 8 columns, 4) of packed W (:func:`_panel_views`)."""
+    d, m, q = _panel_views(kind, packed, in_features, out_features)
+
+    def floats(h: np.ndarray) -> np.ndarray:  # (ng, nb, 8, 2) f16 bytes -> (nb, out) float32
+        f = np.ascontiguousarray(h).view(np.float16)[..., 0].transpose(1, 0, 2)
+        return f.reshape(f.shape[0], -1)[:, :out_features].astype(np.float32)
+
+    return floats(d), (None if m is None else floats(m)), q
 
 
 def _ints(kind: str, t: np.ndarray) -> np.ndarray:
