@@ -56,7 +56,7 @@ def unbuilt_message() -> str | None:
     """Why this test run must stop, or None: the compiled modules are not importable while the
     run did not ask for the NumPy twin (``FASTSPEC_BACKEND=numpy``). A checkout without a build
     would otherwise test the NumPy backend only, silently."""
-    if os.environ.get("FASTSPEC_BACKEND", "").strip().lower() == "numpy":
+    if _REQUESTED == "numpy":
         return None
     missing = []
     for name in ("fastspec.kernels._kernels", "fastspec.model._model"):
